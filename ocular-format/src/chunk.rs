@@ -1,0 +1,148 @@
+//! The preamble and chunk header (FORMAT.md sections 2 and 3).
+
+use zerocopy::little_endian::{U16, U32, U64};
+use zerocopy::{FromBytes, Immutable, IntoBytes, KnownLayout, Unaligned};
+
+/// The file magic: `\x89OCL\r\n\x1a\n`.
+pub const MAGIC: [u8; 8] = *b"\x89OCL\r\n\x1a\n";
+/// Format major version this crate writes and the newest it reads.
+pub const MAJOR: u16 = 1;
+/// Format minor version this crate writes.
+pub const MINOR: u16 = 0;
+/// The chunk sync marker.
+pub const SYNC: [u8; 4] = *b"OCCH";
+
+/// Largest stored payload a reader accepts (64 MiB).
+pub const MAX_STORED_LEN: u32 = 64 << 20;
+/// Largest decompressed payload a reader accepts (256 MiB).
+pub const MAX_RAW_LEN: u32 = 256 << 20;
+/// Most events in one EVENTS chunk (2^22).
+pub const MAX_CHUNK_EVENTS: u32 = 1 << 22;
+/// Most records in one metadata chunk.
+pub const MAX_CHUNK_RECORDS: u32 = 1 << 20;
+
+/// The 16-byte preamble at offset 0.
+#[derive(Clone, Copy, Debug, FromBytes, IntoBytes, KnownLayout, Immutable, Unaligned)]
+#[repr(C)]
+pub struct Preamble {
+    /// [`MAGIC`].
+    pub magic: [u8; 8],
+    /// Format major version.
+    pub major: U16,
+    /// Format minor version.
+    pub minor: U16,
+    /// Reserved, 0.
+    pub flags: U32,
+}
+const _: () = assert!(std::mem::size_of::<Preamble>() == 16);
+
+/// The 56-byte header in front of every chunk.
+#[derive(Clone, Copy, Debug, FromBytes, IntoBytes, KnownLayout, Immutable, Unaligned)]
+#[repr(C)]
+pub struct ChunkHeader {
+    /// [`SYNC`].
+    pub sync: [u8; 4],
+    /// Chunk kind, see [`kind`].
+    pub kind: U16,
+    /// Codec byte, see [`codec`].
+    pub codec: u8,
+    /// Reserved, 0.
+    pub flags: u8,
+    /// Bytes of payload following the header, in bytes.
+    pub stored_len: U32,
+    /// Payload bytes after decompression.
+    pub raw_len: U32,
+    /// Native thread id, 0 for file-wide chunks.
+    pub thread_id: U64,
+    /// Chunk sequence number, from 0.
+    pub seq: U64,
+    /// Ticks of the first event (EVENTS, LOST), else 0.
+    pub first_ts: U64,
+    /// Ticks of the last event (EVENTS, LOST), else 0.
+    pub last_ts: U64,
+    /// Events or records in the payload.
+    pub count: U32,
+    /// CRC-32 of header bytes 0..52 and the stored payload.
+    pub crc32: U32,
+}
+/// Size of [`ChunkHeader`] in bytes.
+pub const CHUNK_HEADER_LEN: usize = 56;
+const _: () = assert!(std::mem::size_of::<ChunkHeader>() == CHUNK_HEADER_LEN);
+
+impl ChunkHeader {
+    /// The CRC this header should carry for `payload`.
+    pub fn compute_crc(&self, payload: &[u8]) -> u32 {
+        let mut h = crc32fast::Hasher::new();
+        h.update(&self.as_bytes()[..CHUNK_HEADER_LEN - 4]);
+        h.update(payload);
+        h.finalize()
+    }
+
+    /// Checks the fields that can be judged without the payload; the error says which one is wrong.
+    pub fn sanity(&self) -> Result<(), String> {
+        if self.sync != SYNC {
+            return Err(format!("sync marker is {}, expected {}", hex(&self.sync), hex(&SYNC)));
+        }
+        let (stored, raw, count) = (self.stored_len.get(), self.raw_len.get(), self.count.get());
+        if stored > MAX_STORED_LEN {
+            return Err(format!("stored length {stored} exceeds the limit of {MAX_STORED_LEN}"));
+        }
+        if raw > MAX_RAW_LEN {
+            return Err(format!("raw length {raw} exceeds the limit of {MAX_RAW_LEN}"));
+        }
+        let limit = if self.kind.get() == kind::EVENTS { MAX_CHUNK_EVENTS } else { MAX_CHUNK_RECORDS };
+        if count > limit {
+            return Err(format!("count {count} exceeds the limit of {limit}"));
+        }
+        if self.codec & 0x0f == codec::NONE && stored != raw {
+            return Err(format!("uncompressed chunk has stored length {stored} != raw length {raw}"));
+        }
+        Ok(())
+    }
+}
+
+/// Chunk kinds (FORMAT.md 3.2).
+pub mod kind {
+    /// File header.
+    pub const HEADER: u16 = 0x0001;
+    /// Events of one thread.
+    pub const EVENTS: u16 = 0x0002;
+    /// Code objects.
+    pub const CODE: u16 = 0x0003;
+    /// A thread's name.
+    pub const THREAD: u16 = 0x0004;
+    /// Dropped events.
+    pub const LOST: u16 = 0x0005;
+    /// Specialized bytecode snapshots.
+    pub const SNAPSHOT: u16 = 0x0006;
+    /// Clean close.
+    pub const TRAILER: u16 = 0x00FF;
+
+    /// A readable name for a kind number.
+    pub fn name(kind: u16) -> &'static str {
+        match kind {
+            HEADER => "HEADER",
+            EVENTS => "EVENTS",
+            CODE => "CODE",
+            THREAD => "THREAD",
+            LOST => "LOST",
+            SNAPSHOT => "SNAPSHOT",
+            TRAILER => "TRAILER",
+            _ => "UNKNOWN",
+        }
+    }
+}
+
+/// Codec byte values (FORMAT.md 3.3): compression in bits 0-3, transform in bits 4-7.
+pub mod codec {
+    /// No compression.
+    pub const NONE: u8 = 0x00;
+    /// zstd compression.
+    pub const ZSTD: u8 = 0x01;
+    /// Columnar delta v1 transform (EVENTS only).
+    pub const COLUMNAR: u8 = 0x10;
+}
+
+pub(crate) fn hex(bytes: &[u8]) -> String {
+    bytes.iter().map(|b| format!("{b:02x}")).collect::<Vec<_>>().join(" ")
+}

@@ -1,0 +1,195 @@
+//! Metadata records (FORMAT.md sections 4 and 6), serialized with postcard in the field order the spec
+//! gives. Adding a field is a minor version change and only ever appends it at the end of a record.
+
+use serde::{Deserialize, Serialize};
+
+/// The file header (FORMAT.md 4.2): everything needed to interpret the events without the recording
+/// interpreter.
+#[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
+pub struct Header {
+    /// Program and version that wrote the file, e.g. `ocular 0.1.0`.
+    pub recorder: String,
+    /// `sys.version`'s first word, e.g. `3.12.1`.
+    pub python_version: String,
+    /// `sys.hexversion`.
+    pub python_hexversion: u32,
+    /// `sys.implementation.name`.
+    pub implementation: String,
+    /// `sys.platform` and machine, e.g. `linux-x86_64`.
+    pub platform: String,
+    /// Process id of the recorded program.
+    pub pid: u32,
+    /// Wall clock at start, ns since the Unix epoch.
+    pub start_unix_ns: i64,
+    /// `CLOCK_MONOTONIC` at start, ns.
+    pub start_monotonic_ns: u64,
+    /// Tick counter at start.
+    pub start_ticks: u64,
+    /// What a tick is.
+    pub clock: Clock,
+    /// Calibrated ticks per second.
+    pub ticks_per_second: f64,
+    /// The recorder's options.
+    pub options: Options,
+    /// The recorder's own measured cost per event, in ticks; 0 if not measured.
+    pub event_cost_ticks: f64,
+    /// The interpreter's opcode tables.
+    pub opcodes: OpcodeTable,
+}
+
+/// The clock behind event timestamps (FORMAT.md 4.1).
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Serialize, Deserialize)]
+pub enum Clock {
+    /// The x86-64 time stamp counter.
+    Tsc,
+    /// `CLOCK_MONOTONIC` nanoseconds.
+    MonotonicNs,
+}
+
+/// What the recorder listened to.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash, Serialize, Deserialize)]
+pub enum Mode {
+    /// Function boundaries only.
+    Calls,
+    /// Function boundaries plus JUMP and BRANCH: basic blocks.
+    Adaptive,
+    /// Function boundaries plus every INSTRUCTION.
+    Precise,
+}
+
+impl Mode {
+    /// The name users type: `calls`, `adaptive`, `precise`.
+    pub fn name(self) -> &'static str {
+        match self {
+            Mode::Calls => "calls",
+            Mode::Adaptive => "adaptive",
+            Mode::Precise => "precise",
+        }
+    }
+}
+
+/// The recorder's options (FORMAT.md 4.2).
+#[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
+pub struct Options {
+    /// Recording mode.
+    pub mode: Mode,
+    /// Hits of one location before it is disabled; 0 = gapless.
+    pub deinstrument_threshold: u32,
+    /// When non-empty, only code objects matching one of these substrings are recorded.
+    pub include_only: Vec<String>,
+    /// Code objects matching one of these substrings are not recorded.
+    pub exclude: Vec<String>,
+    /// Events per per-thread buffer.
+    pub buffer_events: u32,
+    /// Buffers in flight before events are dropped (and counted).
+    pub max_buffers: u32,
+}
+
+/// The interpreter's opcode tables, 256 entries each, indexed by opcode number.
+#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
+pub struct OpcodeTable {
+    /// Opcode names, base and specialized; empty for unused numbers.
+    pub names: Vec<String>,
+    /// The base (de-specialized) opcode of each opcode.
+    pub base: Vec<u8>,
+    /// Inline cache code units that follow each base instruction.
+    pub cache_entries: Vec<u8>,
+    /// `opcode.HAVE_ARGUMENT`.
+    pub have_argument: u8,
+    /// `opcode.EXTENDED_ARG`.
+    pub extended_arg: u8,
+}
+
+impl OpcodeTable {
+    /// The name of `op`, or `<op N>` for numbers the table leaves empty or does not have.
+    pub fn name(&self, op: u8) -> std::borrow::Cow<'_, str> {
+        match self.names.get(op as usize) {
+            Some(n) if !n.is_empty() => n.as_str().into(),
+            _ => format!("<op {op}>").into(),
+        }
+    }
+}
+
+/// A code object seen while recording (FORMAT.md 6.1).
+#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
+pub struct CodeObject {
+    /// Id used by events; unique in the file, from 1.
+    pub id: u32,
+    /// `co_name`.
+    pub name: String,
+    /// `co_qualname`.
+    pub qualname: String,
+    /// `co_filename`.
+    pub filename: String,
+    /// `co_firstlineno`.
+    pub first_line: u32,
+    /// `co_flags`.
+    pub flags: u32,
+    /// `co_code`: base bytecode, 2 bytes per code unit.
+    pub bytecode: Vec<u8>,
+    /// One position per code unit, from `co_positions()`.
+    pub positions: Vec<Position>,
+}
+
+/// Source position of one code unit; -1 where `co_positions()` gives `None`.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Serialize, Deserialize)]
+pub struct Position {
+    /// First line.
+    pub line: i32,
+    /// Last line.
+    pub end_line: i32,
+    /// First column (UTF-8 byte offset).
+    pub column: i32,
+    /// End column.
+    pub end_column: i32,
+}
+
+/// A thread's name (FORMAT.md 6.2).
+#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
+pub struct ThreadInfo {
+    /// Native thread id, as in chunk headers.
+    pub thread_id: u64,
+    /// `threading.Thread.name`.
+    pub name: String,
+    /// Whether this is the interpreter's main thread.
+    pub is_main: bool,
+}
+
+/// Events the recorder had to drop (FORMAT.md 6.3).
+#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
+pub struct Lost {
+    /// Thread whose events were dropped.
+    pub thread_id: u64,
+    /// How many.
+    pub count: u64,
+    /// Ticks of the first dropped event.
+    pub first_ticks: u64,
+    /// Ticks of the last dropped event.
+    pub last_ticks: u64,
+}
+
+/// Specialized bytecode of a code object at stop (FORMAT.md 6.4).
+#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
+pub struct CodeSnapshot {
+    /// Code id.
+    pub id: u32,
+    /// `_co_code_adaptive` at stop.
+    pub bytecode: Vec<u8>,
+}
+
+/// The clean-close marker (FORMAT.md 6.5).
+#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
+pub struct Trailer {
+    /// Wall clock at stop, ns since the Unix epoch.
+    pub end_unix_ns: i64,
+    /// Monotonic clock at stop, ns.
+    pub end_monotonic_ns: u64,
+    /// Tick counter at stop.
+    pub end_ticks: u64,
+    /// Events written in EVENTS chunks.
+    pub events: u64,
+    /// Events counted in LOST records.
+    pub lost: u64,
+    /// Chunks before the trailer.
+    pub chunks: u64,
+}

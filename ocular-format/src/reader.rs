@@ -1,0 +1,599 @@
+//! The streaming reader: chunk by chunk, memory bounded by one chunk, never panicking on any input.
+
+use crate::chunk::{codec, hex, kind, ChunkHeader, Preamble, CHUNK_HEADER_LEN, MAGIC, MAJOR, SYNC};
+use crate::error::{Error, Result};
+use crate::event::RawEvent;
+use crate::meta::{CodeObject, CodeSnapshot, Header, Lost, ThreadInfo, Trailer};
+use serde::de::DeserializeOwned;
+use std::fs::File;
+use std::io::{BufReader, Read, Seek, SeekFrom};
+use std::path::Path;
+use zerocopy::FromBytes;
+
+/// How the reader treats damage.
+#[derive(Clone, Copy, Debug, Default)]
+pub struct ReadOptions {
+    /// Skip corrupt chunks (reporting the byte ranges) instead of failing on the first one.
+    pub salvage: bool,
+}
+
+/// Where a chunk sits in the file and what its header says.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct ChunkInfo {
+    /// Byte offset of the chunk header.
+    pub offset: u64,
+    /// Chunk kind.
+    pub kind: u16,
+    /// Codec byte.
+    pub codec: u8,
+    /// Sequence number.
+    pub seq: u64,
+    /// Thread id (0 for file-wide chunks).
+    pub thread_id: u64,
+    /// First timestamp.
+    pub first_ts: u64,
+    /// Last timestamp.
+    pub last_ts: u64,
+    /// Events or records.
+    pub count: u32,
+    /// Stored payload bytes.
+    pub stored_len: u32,
+    /// Decompressed payload bytes.
+    pub raw_len: u32,
+}
+
+/// What a chunk holds, decoded.
+#[derive(Debug)]
+pub enum Body<'a> {
+    /// One thread's events, in order; the slice is valid until the next call.
+    Events(&'a [RawEvent]),
+    /// Code objects.
+    Code(Vec<CodeObject>),
+    /// A thread's name.
+    Thread(ThreadInfo),
+    /// Dropped events.
+    Lost(Lost),
+    /// Specialized bytecode snapshots.
+    Snapshot(Vec<CodeSnapshot>),
+    /// The clean-close trailer.
+    Trailer(Trailer),
+    /// A chunk this reader does not understand (unknown kind or codec); skipped, and counted in the report.
+    Skipped(String),
+}
+
+/// A decoded chunk.
+#[derive(Debug)]
+pub struct Chunk<'a> {
+    /// Its place and header.
+    pub info: ChunkInfo,
+    /// Its content.
+    pub body: Body<'a>,
+}
+
+/// A byte range the reader could not use.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct Damage {
+    /// First byte of the range.
+    pub offset: u64,
+    /// Length of the range in bytes.
+    pub len: u64,
+    /// What was wrong.
+    pub reason: String,
+}
+
+/// What the reader saw so far: enough to tell a user what is missing and why.
+#[derive(Clone, Debug, Default)]
+pub struct Report {
+    /// Chunks decoded (including the header).
+    pub chunks: u64,
+    /// Events decoded.
+    pub events: u64,
+    /// Bytes consumed, up to the end of the last whole chunk.
+    pub bytes: u64,
+    /// Chunks whose kind or codec this reader does not know, skipped.
+    pub unknown_chunks: u64,
+    /// Damaged ranges skipped in salvage mode, and chunks missing by sequence number.
+    pub damage: Vec<Damage>,
+    /// A partial chunk at the end of the file: its offset and the bytes present.
+    pub truncated: Option<(u64, u64)>,
+    /// The trailer, if the file was closed cleanly.
+    pub trailer: Option<Trailer>,
+}
+
+impl Report {
+    /// Whether the file ended with a trailer and nothing was damaged.
+    pub fn clean(&self) -> bool {
+        self.trailer.is_some() && self.damage.is_empty() && self.truncated.is_none()
+    }
+
+    /// Human-readable warnings, one per problem, empty for a clean file.
+    pub fn warnings(&self, path: &str) -> Vec<String> {
+        let mut w = Vec::new();
+        if let Some((off, bytes)) = self.truncated {
+            w.push(format!(
+                "{path}: incomplete chunk at offset {off} ({bytes} bytes) ignored: the writer stopped mid-chunk \
+                 or is still writing"
+            ));
+        }
+        for d in &self.damage {
+            w.push(format!("{path}: skipped {} bytes at offset {}: {}", d.len, d.offset, d.reason));
+        }
+        if self.unknown_chunks > 0 {
+            w.push(format!(
+                "{path}: {} chunks of kinds or codecs this Ocular does not know were skipped",
+                self.unknown_chunks
+            ));
+        }
+        if self.trailer.is_none() {
+            w.push(format!(
+                "{path}: no trailer: the recording did not close cleanly; read up to the last whole chunk \
+                 (offset {})",
+                self.bytes
+            ));
+        }
+        w
+    }
+}
+
+enum Attempt {
+    Ok(ChunkHeader),
+    Eof,
+    Partial(u64),
+    Bad(String),
+}
+
+/// Reads an `.ocl` file chunk by chunk.
+///
+/// ```no_run
+/// use ocular_format::{Reader, Body};
+/// let mut r = Reader::open("run.ocl")?;
+/// println!("Python {}", r.header().python_version);
+/// while let Some(chunk) = r.next_chunk()? {
+///     if let Body::Events(events) = chunk.body {
+///         println!("thread {}: {} events", chunk.info.thread_id, events.len());
+///     }
+/// }
+/// for warning in r.report().warnings(r.path()) { eprintln!("warning: {warning}"); }
+/// # Ok::<(), ocular_format::Error>(())
+/// ```
+pub struct Reader<R> {
+    src: R,
+    path: String,
+    opts: ReadOptions,
+    version: (u16, u16),
+    header: Option<Header>,
+    pos: u64,
+    next_seq: u64,
+    done: bool,
+    stored: Vec<u8>,
+    raw: Vec<u8>,
+    events: Vec<RawEvent>,
+    scratch: Vec<u64>,
+    zstd: zstd::bulk::Decompressor<'static>,
+    report: Report,
+}
+
+impl<R> std::fmt::Debug for Reader<R> {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("Reader").field("path", &self.path).field("pos", &self.pos).finish_non_exhaustive()
+    }
+}
+
+impl Reader<BufReader<File>> {
+    /// Opens a file and reads its preamble and header.
+    pub fn open(path: impl AsRef<Path>) -> Result<Self> {
+        Self::open_with(path, ReadOptions::default())
+    }
+
+    /// [`Reader::open`] with options.
+    pub fn open_with(path: impl AsRef<Path>, opts: ReadOptions) -> Result<Self> {
+        let name = path.as_ref().display().to_string();
+        let file = File::open(path.as_ref()).map_err(|source| Error::Io { path: name.clone(), source })?;
+        if file.metadata().map(|m| m.is_dir()).unwrap_or(false) {
+            return Err(Error::Io {
+                path: name,
+                source: std::io::Error::new(std::io::ErrorKind::InvalidInput, "is a directory, not an .ocl file"),
+            });
+        }
+        Reader::new(BufReader::with_capacity(256 << 10, file), &name, opts)
+    }
+}
+
+impl<R: Read + Seek> Reader<R> {
+    /// Reads the preamble and the header chunk from `src`; `path` names it in messages.
+    pub fn new(src: R, path: &str, opts: ReadOptions) -> Result<Self> {
+        let zstd = zstd::bulk::Decompressor::new().map_err(|source| Error::Io { path: path.into(), source })?;
+        let mut r = Reader {
+            src,
+            path: path.to_owned(),
+            opts,
+            version: (0, 0),
+            header: None,
+            pos: 0,
+            next_seq: 0,
+            done: false,
+            stored: Vec::new(),
+            raw: Vec::new(),
+            events: Vec::new(),
+            scratch: Vec::new(),
+            zstd,
+            report: Report::default(),
+        };
+        let mut pre = [0u8; 16];
+        let got = r.read_full(&mut pre)?;
+        if got == 0 {
+            return Err(Error::Truncated { path: r.path, offset: 0, what: "the file is empty".into() });
+        }
+        let magic_len = got.min(8);
+        if pre[..magic_len] != MAGIC[..magic_len] || got < 8 {
+            if pre[..magic_len] == MAGIC[..magic_len] {
+                return Err(r.truncated(got as u64, "the file ends inside the magic"));
+            }
+            return Err(Error::NotOcular { path: r.path, found: hex(&pre[..magic_len]), expected: hex(&MAGIC) });
+        }
+        if got < 16 {
+            return Err(r.truncated(got as u64, "the file ends inside the 16-byte preamble"));
+        }
+        let pre = Preamble::read_from_bytes(&pre).expect("16 bytes");
+        r.version = (pre.major.get(), pre.minor.get());
+        if r.version.0 == 0 {
+            return Err(r.corrupt(8, "format major version 0 does not exist".into()));
+        }
+        if r.version.0 > MAJOR {
+            return Err(Error::UnsupportedVersion {
+                path: r.path,
+                major: r.version.0,
+                minor: r.version.1,
+                supported_major: MAJOR,
+            });
+        }
+        r.pos = 16;
+        r.report.bytes = 16;
+        // The header chunk is never salvaged: without it no event can be interpreted.
+        let h = match r.attempt()? {
+            Attempt::Ok(h) => h,
+            Attempt::Eof => return Err(r.truncated(16, "the file ends before the header chunk")),
+            Attempt::Partial(n) => {
+                return Err(r.truncated(16 + n, "the file ends inside the header chunk"));
+            }
+            Attempt::Bad(why) => return Err(r.corrupt(16, why)),
+        };
+        if h.kind.get() != kind::HEADER || h.seq.get() != 0 {
+            return Err(r.corrupt(16, format!("first chunk is {} seq {}, expected HEADER seq 0", kind::name(h.kind.get()), h.seq.get())));
+        }
+        r.unpack(&h, 16)?;
+        let header: Header = r.decode_one(16)?;
+        r.header = Some(header);
+        r.accept(&h);
+        Ok(r)
+    }
+
+    /// The file header.
+    pub fn header(&self) -> &Header {
+        self.header.as_ref().expect("set by new")
+    }
+
+    /// The format version `(major, minor)` the file declares.
+    pub fn version(&self) -> (u16, u16) {
+        self.version
+    }
+
+    /// The name used in messages.
+    pub fn path(&self) -> &str {
+        &self.path
+    }
+
+    /// What was read, skipped and found missing so far.
+    pub fn report(&self) -> &Report {
+        &self.report
+    }
+
+    /// The next chunk, or `None` at the end of the data. After `None` because of a partial chunk at the end,
+    /// a later call tries again from that chunk, so a file still being written can be followed.
+    pub fn next_chunk(&mut self) -> Result<Option<Chunk<'_>>> {
+        loop {
+            let offset = self.pos;
+            if self.done {
+                let mut probe = [0u8; 1];
+                if self.read_full(&mut probe)? > 0 {
+                    let end = self.src.seek(SeekFrom::End(0)).map_err(|e| self.io(e))?;
+                    let why = format!("{} bytes after the trailer", end - offset);
+                    if !self.opts.salvage {
+                        return Err(self.corrupt(offset, why));
+                    }
+                    self.report.damage.push(Damage { offset, len: end - offset, reason: why });
+                    self.pos = end;
+                }
+                return Ok(None);
+            }
+            match self.attempt()? {
+                Attempt::Eof => return Ok(None),
+                Attempt::Partial(n) => {
+                    if self.opts.salvage {
+                        if let Some(found) = self.resync(offset + 1)? {
+                            self.report.damage.push(Damage {
+                                offset,
+                                len: found - offset,
+                                reason: "chunk length runs past the data that follows".into(),
+                            });
+                            continue;
+                        }
+                    }
+                    self.report.truncated = Some((offset, n));
+                    self.seek(offset)?;
+                    return Ok(None);
+                }
+                Attempt::Bad(why) => {
+                    if !self.opts.salvage {
+                        return Err(self.corrupt(offset, why));
+                    }
+                    let end = match self.resync(offset + 1)? {
+                        Some(found) => found,
+                        None => self.src.seek(SeekFrom::End(0)).map_err(|e| self.io(e))?,
+                    };
+                    self.report.damage.push(Damage { offset, len: end - offset, reason: why });
+                    self.seek(end)?;
+                    continue;
+                }
+                Attempt::Ok(h) => {
+                    let seq = h.seq.get();
+                    if seq != self.next_seq {
+                        let why = format!("chunk sequence number {seq} where {} was expected", self.next_seq);
+                        if !self.opts.salvage {
+                            return Err(self.corrupt(offset, why));
+                        }
+                        if seq > self.next_seq {
+                            let missing = seq - self.next_seq;
+                            self.report.damage.push(Damage {
+                                offset,
+                                len: 0,
+                                reason: format!("{missing} chunks missing before this one ({why})"),
+                            });
+                        }
+                    }
+                    return self.decode_body(h, offset).map(Some);
+                }
+            }
+        }
+    }
+
+    fn decode_body(&mut self, h: ChunkHeader, offset: u64) -> Result<Chunk<'_>> {
+        let info = ChunkInfo {
+            offset,
+            kind: h.kind.get(),
+            codec: h.codec,
+            seq: h.seq.get(),
+            thread_id: h.thread_id.get(),
+            first_ts: h.first_ts.get(),
+            last_ts: h.last_ts.get(),
+            count: h.count.get(),
+            stored_len: h.stored_len.get(),
+            raw_len: h.raw_len.get(),
+        };
+        self.accept(&h);
+        let known_kind = matches!(
+            info.kind,
+            kind::HEADER | kind::EVENTS | kind::CODE | kind::THREAD | kind::LOST | kind::SNAPSHOT | kind::TRAILER
+        );
+        let known_codec = matches!(info.codec & 0x0f, codec::NONE | codec::ZSTD)
+            && match info.codec >> 4 {
+                0 => true,
+                1 => info.kind == kind::EVENTS,
+                _ => false,
+            };
+        if !known_kind || !known_codec {
+            self.report.unknown_chunks += 1;
+            let why = if known_kind {
+                format!("{} chunk with unknown codec 0x{:02x}", kind::name(info.kind), info.codec)
+            } else {
+                format!("unknown chunk kind 0x{:04x}", info.kind)
+            };
+            return Ok(Chunk { info, body: Body::Skipped(why) });
+        }
+        let result = self.unpack(&h, offset).and_then(|()| self.body_of(&info));
+        match result {
+            Ok(body) => {
+                if let Body::Events(ev) = &body {
+                    self.report.events += ev.len() as u64;
+                }
+                // Lifetimes: `body` borrows self.events only; re-borrow for the return.
+                let body = match body {
+                    Body::Events(_) => Body::Events(&self.events),
+                    other => other,
+                };
+                Ok(Chunk { info, body })
+            }
+            Err(e) if self.opts.salvage => {
+                let why = e.to_string();
+                self.report.damage.push(Damage { offset, len: CHUNK_HEADER_LEN as u64 + info.stored_len as u64, reason: why.clone() });
+                Ok(Chunk { info, body: Body::Skipped(why) })
+            }
+            Err(e) => Err(e),
+        }
+    }
+
+    fn body_of(&mut self, info: &ChunkInfo) -> Result<Body<'static>> {
+        let offset = info.offset;
+        Ok(match info.kind {
+            kind::EVENTS => {
+                let n = info.count as usize;
+                if info.codec >> 4 == 1 {
+                    crate::codec::decode(&self.raw, n, info.first_ts, &mut self.events, &mut self.scratch)
+                        .map_err(|why| self.corrupt(offset, format!("EVENTS payload: {why}")))?;
+                } else {
+                    let evs = <[RawEvent]>::ref_from_bytes(&self.raw).map_err(|_| {
+                        self.corrupt(offset, format!("raw EVENTS payload of {} bytes is not {n} records", self.raw.len()))
+                    })?;
+                    if evs.len() != n {
+                        return Err(self.corrupt(offset, format!("{} raw events where count says {n}", evs.len())));
+                    }
+                    self.events.clear();
+                    self.events.extend_from_slice(evs);
+                }
+                if let (Some(first), Some(last)) = (self.events.first(), self.events.last()) {
+                    if first.ticks.get() != info.first_ts || last.ticks.get() != info.last_ts {
+                        return Err(self.corrupt(offset, "event timestamps disagree with the chunk header".into()));
+                    }
+                }
+                Body::Events(&[])
+            }
+            kind::HEADER => {
+                return Err(self.corrupt(offset, "a second HEADER chunk".into()));
+            }
+            kind::CODE => Body::Code(self.decode_framed(info)?),
+            kind::SNAPSHOT => Body::Snapshot(self.decode_framed(info)?),
+            kind::THREAD => Body::Thread(self.decode_one(offset)?),
+            kind::LOST => Body::Lost(self.decode_one(offset)?),
+            kind::TRAILER => {
+                let t: Trailer = self.decode_one(offset)?;
+                self.done = true;
+                self.report.trailer = Some(t.clone());
+                Body::Trailer(t)
+            }
+            _ => unreachable!("filtered by decode_body"),
+        })
+    }
+
+    /// Reads and checks the chunk at `self.pos`: header sanity, payload present, CRC.
+    fn attempt(&mut self) -> Result<Attempt> {
+        let mut hb = [0u8; CHUNK_HEADER_LEN];
+        let got = self.read_full(&mut hb)?;
+        if got == 0 {
+            return Ok(Attempt::Eof);
+        }
+        if got < CHUNK_HEADER_LEN {
+            return Ok(if hb[..got.min(4)] == SYNC[..got.min(4)] { Attempt::Partial(got as u64) } else { Attempt::Bad(format!("{got} stray bytes at the end")) });
+        }
+        let h = ChunkHeader::read_from_bytes(&hb).expect("56 bytes");
+        if let Err(why) = h.sanity() {
+            return Ok(Attempt::Bad(why));
+        }
+        let want = h.stored_len.get() as usize;
+        self.stored.clear();
+        // Grow with the data actually present, so a damaged length never allocates what is not there.
+        self.stored.reserve(want.min(1 << 20));
+        let got = (&mut self.src).take(want as u64).read_to_end(&mut self.stored).map_err(|e| self.io(e))?;
+        if got < want {
+            return Ok(Attempt::Partial((CHUNK_HEADER_LEN + got) as u64));
+        }
+        let crc = h.compute_crc(&self.stored);
+        if crc != h.crc32.get() {
+            return Ok(Attempt::Bad(format!("CRC mismatch: stored {:08x}, computed {crc:08x}", h.crc32.get())));
+        }
+        Ok(Attempt::Ok(h))
+    }
+
+    /// Scans from `from` for the next offset holding a whole, CRC-valid chunk; leaves the source there.
+    fn resync(&mut self, from: u64) -> Result<Option<u64>> {
+        let mut base = from;
+        let mut window = vec![0u8; 64 << 10];
+        loop {
+            self.seek(base)?;
+            let n = self.read_full(&mut window)?;
+            if n < SYNC.len() {
+                return Ok(None);
+            }
+            let mut i = 0;
+            while let Some(p) = window[i..n].windows(4).position(|w| w == SYNC) {
+                let cand = base + (i + p) as u64;
+                self.seek(cand)?;
+                if let Attempt::Ok(_) = self.attempt()? {
+                    self.seek(cand)?;
+                    return Ok(Some(cand));
+                }
+                i += p + 1;
+                self.seek(base + n as u64)?;
+            }
+            // Keep the last 3 bytes: a marker may straddle the window boundary.
+            base += (n - 3) as u64;
+            if n < window.len() {
+                return Ok(None);
+            }
+        }
+    }
+
+    /// Decompresses the stored payload into `self.raw`.
+    fn unpack(&mut self, h: &ChunkHeader, offset: u64) -> Result<()> {
+        let raw_len = h.raw_len.get() as usize;
+        match h.codec & 0x0f {
+            codec::NONE => {
+                std::mem::swap(&mut self.raw, &mut self.stored);
+            }
+            _ => {
+                self.raw.clear();
+                self.raw.reserve(raw_len);
+                let n = self
+                    .zstd
+                    .decompress_to_buffer(&self.stored, &mut self.raw)
+                    .map_err(|e| self.corrupt(offset, format!("zstd payload does not decompress: {e}")))?;
+                if n != raw_len {
+                    return Err(self.corrupt(offset, format!("payload decompresses to {n} bytes, header says {raw_len}")));
+                }
+            }
+        }
+        Ok(())
+    }
+
+    fn decode_one<T: DeserializeOwned>(&self, offset: u64) -> Result<T> {
+        // Trailing bytes are fields appended by a newer minor version: ignored (FORMAT.md 2).
+        postcard::take_from_bytes::<T>(&self.raw)
+            .map(|(v, _rest)| v)
+            .map_err(|e| self.corrupt(offset, format!("{} record does not decode: {e}", std::any::type_name::<T>().rsplit("::").next().unwrap_or("?"))))
+    }
+
+    fn decode_framed<T: DeserializeOwned>(&self, info: &ChunkInfo) -> Result<Vec<T>> {
+        let mut rest: &[u8] = &self.raw;
+        let mut out = Vec::new();
+        for i in 0..info.count {
+            let (frame, tail) = postcard::take_from_bytes::<&[u8]>(rest)
+                .map_err(|e| self.corrupt(info.offset, format!("record {i} frame: {e}")))?;
+            let (v, _appended) = postcard::take_from_bytes::<T>(frame)
+                .map_err(|e| self.corrupt(info.offset, format!("record {i} does not decode: {e}")))?;
+            out.push(v);
+            rest = tail;
+        }
+        if !rest.is_empty() {
+            return Err(self.corrupt(info.offset, format!("{} bytes after the last of {} records", rest.len(), info.count)));
+        }
+        Ok(out)
+    }
+
+    fn accept(&mut self, h: &ChunkHeader) {
+        self.pos += (CHUNK_HEADER_LEN + h.stored_len.get() as usize) as u64;
+        self.next_seq = h.seq.get() + 1;
+        self.report.chunks += 1;
+        self.report.bytes = self.pos;
+        self.report.truncated = None;
+    }
+
+    fn read_full(&mut self, buf: &mut [u8]) -> Result<usize> {
+        let mut got = 0;
+        while got < buf.len() {
+            match self.src.read(&mut buf[got..]) {
+                Ok(0) => break,
+                Ok(n) => got += n,
+                Err(e) if e.kind() == std::io::ErrorKind::Interrupted => {}
+                Err(e) => return Err(self.io(e)),
+            }
+        }
+        Ok(got)
+    }
+
+    fn seek(&mut self, to: u64) -> Result<()> {
+        self.src.seek(SeekFrom::Start(to)).map_err(|e| self.io(e))?;
+        self.pos = to;
+        Ok(())
+    }
+
+    fn io(&self, source: std::io::Error) -> Error {
+        Error::Io { path: self.path.clone(), source }
+    }
+
+    fn corrupt(&self, offset: u64, what: String) -> Error {
+        Error::Corrupt { path: self.path.clone(), offset, what }
+    }
+
+    fn truncated(&self, offset: u64, what: &str) -> Error {
+        Error::Truncated { path: self.path.clone(), offset, what: what.into() }
+    }
+}

@@ -1,0 +1,223 @@
+//! The streaming writer: turns per-thread event buffers and metadata records into chunks.
+
+use crate::chunk::{codec, kind, ChunkHeader, Preamble, MAGIC, MAJOR, MAX_CHUNK_EVENTS, MINOR, SYNC};
+use crate::error::{Error, Result};
+use crate::event::RawEvent;
+use crate::meta::{CodeObject, CodeSnapshot, Header, Lost, ThreadInfo, Trailer};
+use serde::Serialize;
+use std::io::Write;
+use zerocopy::little_endian::{U16, U32, U64};
+use zerocopy::IntoBytes;
+
+/// How the writer stores payloads.
+#[derive(Clone, Copy, Debug)]
+pub struct WriterOptions {
+    /// Compress payloads with zstd (codec bit 0). Off only for tests and golden files.
+    pub compress: bool,
+    /// zstd level for event chunks.
+    pub level: i32,
+}
+
+impl Default for WriterOptions {
+    fn default() -> Self {
+        Self { compress: true, level: 3 }
+    }
+}
+
+/// Writes an `.ocl` file chunk by chunk. Every chunk is handed to the underlying writer whole with a
+/// single `write_all` and then flushed, so a process killed at any time leaves only whole chunks plus at
+/// most one partial chunk at the end, which readers skip.
+///
+/// ```
+/// # use ocular_format::*;
+/// # let header = ocular_format::testing::header();
+/// let mut w = Writer::new(Vec::new(), "<memory>", &header, WriterOptions::default())?;
+/// w.events(42, &[RawEvent::new(100, 1, 0, 0, EventKind::PY_START as u8)])?;
+/// let bytes = w.finish(Trailer { end_unix_ns: 0, end_monotonic_ns: 0, end_ticks: 200, events: 0, lost: 0, chunks: 0 })?;
+/// assert_eq!(&bytes[..8], &MAGIC);
+/// # Ok::<(), ocular_format::Error>(())
+/// ```
+pub struct Writer<W: Write> {
+    out: W,
+    path: String,
+    opts: WriterOptions,
+    seq: u64,
+    events: u64,
+    lost: u64,
+    zstd: zstd::bulk::Compressor<'static>,
+    raw: Vec<u8>,
+    stored: Vec<u8>,
+    scratch: Vec<u64>,
+    frame: Vec<u8>,
+    bytes: u64,
+}
+
+impl<W: Write> std::fmt::Debug for Writer<W> {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("Writer").field("path", &self.path).field("seq", &self.seq).finish_non_exhaustive()
+    }
+}
+
+impl<W: Write> Writer<W> {
+    /// Writes the preamble and the header chunk. `path` names the destination in error messages.
+    pub fn new(out: W, path: &str, header: &Header, opts: WriterOptions) -> Result<Self> {
+        let zstd = zstd::bulk::Compressor::new(opts.level).map_err(|e| io_err(path, e))?;
+        let mut w = Writer {
+            out,
+            path: path.to_owned(),
+            opts,
+            seq: 0,
+            events: 0,
+            lost: 0,
+            zstd,
+            raw: Vec::new(),
+            stored: Vec::new(),
+            scratch: Vec::new(),
+            frame: Vec::new(),
+            bytes: 0,
+        };
+        let pre = Preamble { magic: MAGIC, major: U16::new(MAJOR), minor: U16::new(MINOR), flags: U32::new(0) };
+        w.out.write_all(pre.as_bytes()).map_err(|e| io_err(path, e))?;
+        w.bytes += 16;
+        w.record(kind::HEADER, 0, header, "header")?;
+        Ok(w)
+    }
+
+    /// Events written so far.
+    pub fn events_written(&self) -> u64 {
+        self.events
+    }
+
+    /// Bytes written so far.
+    pub fn bytes_written(&self) -> u64 {
+        self.bytes
+    }
+
+    /// Writes one thread's events, in order, as one or more EVENTS chunks.
+    pub fn events(&mut self, thread_id: u64, events: &[RawEvent]) -> Result<()> {
+        for part in events.chunks(MAX_CHUNK_EVENTS as usize) {
+            crate::codec::encode(part, &mut self.raw, &mut self.scratch);
+            let (first, last) = (part[0].ticks.get(), part[part.len() - 1].ticks.get());
+            self.emit(kind::EVENTS, codec::COLUMNAR, thread_id, (first, last), part.len() as u32, true)?;
+            self.events += part.len() as u64;
+        }
+        Ok(())
+    }
+
+    /// Writes code objects as one CODE chunk.
+    pub fn code_objects(&mut self, objects: &[CodeObject]) -> Result<()> {
+        self.framed(kind::CODE, objects, "code object")
+    }
+
+    /// Writes specialized-bytecode snapshots as one SNAPSHOT chunk.
+    pub fn snapshots(&mut self, snapshots: &[CodeSnapshot]) -> Result<()> {
+        self.framed(kind::SNAPSHOT, snapshots, "code snapshot")
+    }
+
+    /// Names a thread.
+    pub fn thread(&mut self, info: &ThreadInfo) -> Result<()> {
+        self.record(kind::THREAD, info.thread_id, info, "thread")
+    }
+
+    /// Counts dropped events.
+    pub fn lost(&mut self, lost: &Lost) -> Result<()> {
+        self.raw.clear();
+        postcard::to_io(lost, &mut self.raw).map_err(|source| Error::Encode { what: "lost", source })?;
+        self.emit(kind::LOST, codec::NONE, lost.thread_id, (lost.first_ticks, lost.last_ticks), 1, false)?;
+        self.lost += lost.count;
+        Ok(())
+    }
+
+    /// Writes the trailer (its `events`, `lost` and `chunks` are filled in from what was written),
+    /// flushes, and returns the underlying writer.
+    pub fn finish(mut self, mut trailer: Trailer) -> Result<W> {
+        trailer.events = self.events;
+        trailer.lost = self.lost;
+        trailer.chunks = self.seq;
+        self.record(kind::TRAILER, 0, &trailer, "trailer")?;
+        Ok(self.out)
+    }
+
+    /// Flushes the underlying writer.
+    pub fn flush(&mut self) -> Result<()> {
+        self.out.flush().map_err(|e| io_err(&self.path, e))
+    }
+
+    /// Access to the underlying writer (e.g. to fsync a file).
+    pub fn get_ref(&self) -> &W {
+        &self.out
+    }
+
+    fn record<T: Serialize>(&mut self, kind: u16, thread_id: u64, value: &T, what: &'static str) -> Result<()> {
+        self.raw.clear();
+        postcard::to_io(value, &mut self.raw).map_err(|source| Error::Encode { what, source })?;
+        self.emit(kind, codec::NONE, thread_id, (0, 0), 1, false)
+    }
+
+    fn framed<T: Serialize>(&mut self, kind: u16, items: &[T], what: &'static str) -> Result<()> {
+        for part in items.chunks(crate::chunk::MAX_CHUNK_RECORDS as usize) {
+            self.raw.clear();
+            let mut one = Vec::new();
+            for item in part {
+                one.clear();
+                postcard::to_io(item, &mut one).map_err(|source| Error::Encode { what, source })?;
+                // A framed record is postcard's encoding of a byte string: varint length, then the bytes.
+                postcard::to_io(one.as_slice(), &mut self.raw).map_err(|source| Error::Encode { what, source })?;
+            }
+            self.emit(kind, codec::NONE, 0, (0, 0), part.len() as u32, true)?;
+        }
+        Ok(())
+    }
+
+    /// Compresses `self.raw` if asked and allowed, and writes header + payload as one chunk.
+    fn emit(
+        &mut self,
+        kind: u16,
+        transform: u8,
+        thread_id: u64,
+        (first_ts, last_ts): (u64, u64),
+        count: u32,
+        compressible: bool,
+    ) -> Result<()> {
+        let compress = self.opts.compress && compressible;
+        let payload: &[u8] = if compress {
+            self.stored.clear();
+            self.stored.reserve(zstd::zstd_safe::compress_bound(self.raw.len()));
+            self.zstd.compress_to_buffer(&self.raw, &mut self.stored).map_err(|e| io_err(&self.path, e))?;
+            &self.stored
+        } else {
+            &self.raw
+        };
+        let codec = transform | if compress { codec::ZSTD } else { codec::NONE };
+        let mut h = ChunkHeader {
+            sync: SYNC,
+            kind: U16::new(kind),
+            codec,
+            flags: 0,
+            stored_len: U32::new(payload.len() as u32),
+            raw_len: U32::new(self.raw.len() as u32),
+            thread_id: U64::new(thread_id),
+            seq: U64::new(self.seq),
+            first_ts: U64::new(first_ts),
+            last_ts: U64::new(last_ts),
+            count: U32::new(count),
+            crc32: U32::new(0),
+        };
+        h.crc32 = U32::new(h.compute_crc(payload));
+        // One buffer, one write: a reader never sees a header without the payload the writer meant.
+        let total = crate::chunk::CHUNK_HEADER_LEN + payload.len();
+        self.frame.clear();
+        self.frame.reserve(total);
+        self.frame.extend_from_slice(h.as_bytes());
+        self.frame.extend_from_slice(payload);
+        self.out.write_all(&self.frame).map_err(|e| io_err(&self.path, e))?;
+        self.out.flush().map_err(|e| io_err(&self.path, e))?;
+        self.seq += 1;
+        self.bytes += total as u64;
+        Ok(())
+    }
+}
+
+fn io_err(path: &str, source: std::io::Error) -> Error {
+    Error::Io { path: path.to_owned(), source }
+}
