@@ -50,7 +50,12 @@ fn put_column(out: &mut Vec<u8>, values: &[u64]) {
     }
 }
 
-fn delta_column(events: &[RawEvent], scratch: &mut [u64], out: &mut Vec<u8>, field: impl Fn(&RawEvent) -> u32) {
+fn delta_column(
+    events: &[RawEvent],
+    scratch: &mut [u64],
+    out: &mut Vec<u8>,
+    field: impl Fn(&RawEvent) -> u32,
+) {
     let mut prev = 0u32;
     for (slot, e) in scratch.iter_mut().zip(events) {
         let v = field(e);
@@ -96,16 +101,21 @@ struct Cursor<'a> {
 impl<'a> Cursor<'a> {
     /// Takes one column's width byte and its planes.
     fn column(&mut self, n: usize, name: &str) -> Result<(u8, &'a [u8]), DecodeError> {
-        let w = *self.buf.get(self.pos).ok_or_else(|| format!("{name} column: missing width byte"))?;
+        let w = *self
+            .buf
+            .get(self.pos)
+            .ok_or_else(|| format!("{name} column: missing width byte"))?;
         if !matches!(w, 0 | 1 | 2 | 4 | 8) {
             return Err(format!("{name} column: invalid width {w}"));
         }
         self.pos += 1;
         let len = n * w as usize;
-        let planes = self
-            .buf
-            .get(self.pos..self.pos + len)
-            .ok_or_else(|| format!("{name} column: needs {len} bytes, {} left", self.buf.len() - self.pos))?;
+        let planes = self.buf.get(self.pos..self.pos + len).ok_or_else(|| {
+            format!(
+                "{name} column: needs {len} bytes, {} left",
+                self.buf.len() - self.pos
+            )
+        })?;
         self.pos += len;
         Ok((w, planes))
     }
@@ -139,10 +149,17 @@ pub fn decode(
     if kw > 1 {
         return Err(format!("kind column: width {kw}, expected 0 or 1"));
     }
-    let cols = [cur.column(n, "code")?, cur.column(n, "offset")?, cur.column(n, "arg")?];
+    let cols = [
+        cur.column(n, "code")?,
+        cur.column(n, "offset")?,
+        cur.column(n, "arg")?,
+    ];
     let ticks = cur.column(n, "ticks")?;
     if cur.pos != raw.len() {
-        return Err(format!("{} bytes after the last column", raw.len() - cur.pos));
+        return Err(format!(
+            "{} bytes after the last column",
+            raw.len() - cur.pos
+        ));
     }
     out.resize(n, RawEvent::default());
     for (i, e) in out.iter_mut().enumerate() {
@@ -210,7 +227,10 @@ mod tests {
         // kind w=1 ×4, code/offset/arg w=1 ×4, ticks all equal: w=0.
         assert_eq!(raw.len(), 5 * 3 + 5 + 1);
         let mut dec = |bytes: &[u8], n| decode(bytes, n, 10, &mut out, &mut scratch).unwrap_err();
-        assert_eq!(dec(&raw[..raw.len() - 1], 4), "ticks column: missing width byte");
+        assert_eq!(
+            dec(&raw[..raw.len() - 1], 4),
+            "ticks column: missing width byte"
+        );
         assert_eq!(dec(&[1, 0, 0], 3), "kind column: needs 3 bytes, 2 left");
         assert_eq!(dec(&[3], 1), "kind column: invalid width 3");
         assert_eq!(dec(&[2, 0, 0], 1), "kind column: width 2, expected 0 or 1");

@@ -1,1 +1,10 @@
+//! Integration tests of the format crate: one binary, so it compiles once.
+
+mod alloc_meter;
+mod damage;
+mod golden;
 mod roundtrip;
+mod util;
+
+#[global_allocator]
+static METER: alloc_meter::Meter = alloc_meter::Meter;

@@ -1,0 +1,167 @@
+//! What goes in comes out: every record kind, several threads, big buffers, followed files.
+
+use crate::util::{chunk_bounds, read_all, reseal, sample_file};
+use ocular_format::*;
+use std::io::Write;
+
+#[test]
+fn every_record_round_trips_compressed_and_not() {
+    for compress in [true, false] {
+        let (bytes, sent) = sample_file(compress);
+        let all = read_all(&bytes, false).unwrap();
+        assert_eq!(all.events, sent, "compress={compress}");
+        assert_eq!(
+            all.code,
+            vec![
+                crate::util::code(1, "work"),
+                crate::util::code(2, "Worker.run")
+            ]
+        );
+        assert_eq!(
+            all.threads
+                .iter()
+                .map(|t| (t.thread_id, t.name.as_str()))
+                .collect::<Vec<_>>(),
+            [(100, "MainThread"), (200, "worker-1")]
+        );
+        assert_eq!(
+            all.lost,
+            [Lost {
+                thread_id: 200,
+                count: 17,
+                first_ticks: 50_000,
+                last_ticks: 51_000
+            }]
+        );
+        assert_eq!(all.snapshots[0].bytecode, [151, 0, 194, 2, 140, 4, 83, 0]);
+        let t = all.trailer.clone().unwrap();
+        assert_eq!(
+            (t.events, t.lost, t.chunks),
+            (all.event_count() as u64, 17, 9)
+        );
+        assert_eq!(all.report.events, all.event_count() as u64);
+        assert_eq!(all.report.chunks, 10);
+        assert!(all.report.clean(), "{:?}", all.report);
+        assert!(all.report.warnings("x").is_empty());
+    }
+}
+
+#[test]
+fn header_round_trips() {
+    let (bytes, _) = sample_file(true);
+    let r = Reader::new(std::io::Cursor::new(&bytes), "m", ReadOptions::default()).unwrap();
+    assert_eq!(r.header(), &ocular_format::testing::header());
+    assert_eq!(r.version(), (1, 0));
+}
+
+#[test]
+fn buffers_larger_than_a_chunk_are_split_in_order() {
+    let n = MAX_CHUNK_EVENTS_PLUS;
+    let events: Vec<RawEvent> = (0..n as u64)
+        .map(|i| RawEvent::new(i * 3, 1, (i % 50) as u32 * 2, 0, 6))
+        .collect();
+    let mut w = Writer::new(
+        Vec::new(),
+        "m",
+        &ocular_format::testing::header(),
+        WriterOptions {
+            compress: true,
+            level: 1,
+        },
+    )
+    .unwrap();
+    w.events(5, &events).unwrap();
+    let bytes = w.finish(crate::util::trailer()).unwrap();
+    let all = read_all(&bytes, false).unwrap();
+    let sizes: Vec<usize> = all.events.iter().map(|(_, e)| e.len()).collect();
+    assert_eq!(sizes, [1 << 22, n - (1 << 22)]);
+    let back: Vec<RawEvent> = all.events.into_iter().flat_map(|(_, e)| e).collect();
+    assert!(back == events);
+}
+const MAX_CHUNK_EVENTS_PLUS: usize = (1 << 22) + 1000;
+
+#[test]
+fn a_growing_file_is_followed_chunk_by_chunk() {
+    let (bytes, sent) = sample_file(true);
+    let bounds = chunk_bounds(&bytes);
+    // Cut in the middle of the third EVENTS chunk (chunk index 5).
+    let cut = bounds[5].0 + 30;
+    let dir = std::env::temp_dir().join(format!("ocular-follow-{}", std::process::id()));
+    std::fs::create_dir_all(&dir).unwrap();
+    let path = dir.join("growing.ocl");
+    std::fs::write(&path, &bytes[..cut]).unwrap();
+
+    let mut r = Reader::open(&path).unwrap();
+    let mut n = 0;
+    while let Some(c) = r.next_chunk().unwrap() {
+        if let Body::Events(e) = c.body {
+            n += e.len();
+        }
+    }
+    assert_eq!(n, sent[0].1.len() + sent[1].1.len());
+    assert_eq!(r.report().truncated, Some((bounds[5].0 as u64, 30)));
+    assert!(r.report().warnings("growing.ocl")[0].contains("incomplete chunk at offset"));
+
+    // The writer carries on: the reader picks up where it stopped.
+    std::fs::OpenOptions::new()
+        .append(true)
+        .open(&path)
+        .unwrap()
+        .write_all(&bytes[cut..])
+        .unwrap();
+    while let Some(c) = r.next_chunk().unwrap() {
+        if let Body::Events(e) = c.body {
+            n += e.len();
+        }
+    }
+    assert_eq!(n, sent.iter().map(|(_, e)| e.len()).sum::<usize>());
+    assert!(r.report().clean(), "{:?}", r.report());
+    std::fs::remove_dir_all(&dir).unwrap();
+}
+
+#[test]
+fn unknown_chunk_kinds_are_skipped_and_counted() {
+    let (bytes, sent) = sample_file(true);
+    let bounds = chunk_bounds(&bytes);
+    // Header, then a chunk of a future kind 0x0100, then the rest renumbered.
+    let mut out = bytes[..bounds[0].1].to_vec();
+    let mut future = bytes[bounds[3].0..bounds[3].1].to_vec();
+    future[4..6].copy_from_slice(&0x0100u16.to_le_bytes());
+    reseal(&mut future, 1);
+    out.extend(&future);
+    for (i, &(a, b)) in bounds[1..].iter().enumerate() {
+        let mut c = bytes[a..b].to_vec();
+        reseal(&mut c, i as u64 + 2);
+        out.extend(c);
+    }
+    let all = read_all(&out, false).unwrap();
+    assert_eq!(all.events, sent);
+    assert_eq!(all.skipped, ["unknown chunk kind 0x0100"]);
+    assert_eq!(all.report.unknown_chunks, 1);
+    assert!(all.report.trailer.is_some());
+}
+
+#[test]
+fn trailing_fields_from_a_newer_minor_version_are_ignored() {
+    // A THREAD record with one extra appended field (a varint 300), as a format 1.1 writer might emit.
+    let (bytes, _) = sample_file(false);
+    let bounds = chunk_bounds(&bytes);
+    let (a, b) = bounds[2];
+    assert_eq!(
+        &bytes[a + 4..a + 6],
+        &4u16.to_le_bytes(),
+        "chunk 2 is THREAD"
+    );
+    let mut c = bytes[a..b].to_vec();
+    c.extend([0xac, 0x02]);
+    let len = (c.len() - 56) as u32;
+    c[8..12].copy_from_slice(&len.to_le_bytes());
+    c[12..16].copy_from_slice(&len.to_le_bytes());
+    reseal(&mut c, 2);
+    let mut out = bytes[..a].to_vec();
+    out.extend(c);
+    out.extend(&bytes[b..]);
+    let all = read_all(&out, false).unwrap();
+    assert_eq!(all.threads[0].name, "MainThread");
+    assert!(all.report.clean());
+}
