@@ -81,35 +81,21 @@ impl ChunkHeader {
     /// Checks the fields that can be judged without the payload; the error says which one is wrong.
     pub fn sanity(&self) -> Result<(), String> {
         if self.sync != SYNC {
-            return Err(format!(
-                "sync marker is {}, expected {}",
-                hex(&self.sync),
-                hex(&SYNC)
-            ));
+            return Err(format!("sync marker is {}, expected {}", hex(&self.sync), hex(&SYNC)));
         }
         let (stored, raw, count) = (self.stored_len.get(), self.raw_len.get(), self.count.get());
         if stored > MAX_STORED_LEN {
-            return Err(format!(
-                "stored length {stored} exceeds the limit of {MAX_STORED_LEN}"
-            ));
+            return Err(format!("stored length {stored} exceeds the limit of {MAX_STORED_LEN}"));
         }
         if raw > MAX_RAW_LEN {
-            return Err(format!(
-                "raw length {raw} exceeds the limit of {MAX_RAW_LEN}"
-            ));
+            return Err(format!("raw length {raw} exceeds the limit of {MAX_RAW_LEN}"));
         }
-        let limit = if self.kind.get() == kind::EVENTS {
-            MAX_CHUNK_EVENTS
-        } else {
-            MAX_CHUNK_RECORDS
-        };
+        let limit = if self.kind.get() == kind::EVENTS { MAX_CHUNK_EVENTS } else { MAX_CHUNK_RECORDS };
         if count > limit {
             return Err(format!("count {count} exceeds the limit of {limit}"));
         }
         if self.codec & 0x0f == codec::NONE && stored != raw {
-            return Err(format!(
-                "uncompressed chunk has stored length {stored} != raw length {raw}"
-            ));
+            return Err(format!("uncompressed chunk has stored length {stored} != raw length {raw}"));
         }
         Ok(())
     }
@@ -158,9 +144,5 @@ pub mod codec {
 }
 
 pub(crate) fn hex(bytes: &[u8]) -> String {
-    bytes
-        .iter()
-        .map(|b| format!("{b:02x}"))
-        .collect::<Vec<_>>()
-        .join(" ")
+    bytes.iter().map(|b| format!("{b:02x}")).collect::<Vec<_>>().join(" ")
 }

@@ -1,14 +1,20 @@
-//! Columnar delta v1 (FORMAT.md 5.2): the transform that makes event buffers compress to about a byte per
-//! event. It runs on the writer's background thread, never on the recording thread.
+//! Columnar v1 (FORMAT.md 5.2): the transform that makes event buffers compress to under a byte per event.
+//! It runs on the writer's background thread, never on the recording thread.
+//!
+//! Each event is a *location* (kind, code, offset, arg) and a time. A buffer visits few distinct
+//! locations, over and over, and a location's block costs about the same each time it runs. So:
 //!
 //! ```text
-//!   events ──split──> kind | zz(Δcode) | zz(Δoffset) | zz(Δarg) | zz(Δticks)
+//!   dictionary: the distinct locations in first-seen order, as columns
+//!               kind | zz(Δcode) | zz(Δoffset) | zz(Δarg)
+//!   events:     location index | zz(Δticks − previous Δticks at the same location)
 //!   each column:  [w] plane0 plane1 … plane(w-1)     w ∈ {0,1,2,4,8}
 //!   plane k = byte k (little-endian) of every value, so high planes are long runs of zeros
 //! ```
 
 use crate::event::RawEvent;
-use zerocopy::little_endian::{U16, U32, U64};
+use rustc_hash::FxHashMap;
+use zerocopy::little_endian::U64;
 
 #[inline(always)]
 fn zz32(d: u32) -> u32 {
@@ -50,44 +56,65 @@ fn put_column(out: &mut Vec<u8>, values: &[u64]) {
     }
 }
 
-fn delta_column(
-    events: &[RawEvent],
-    scratch: &mut [u64],
-    out: &mut Vec<u8>,
-    field: impl Fn(&RawEvent) -> u32,
-) {
+fn delta_column(dict: &[RawEvent], scratch: &mut Vec<u64>, out: &mut Vec<u8>, field: impl Fn(&RawEvent) -> u32) {
+    scratch.clear();
     let mut prev = 0u32;
-    for (slot, e) in scratch.iter_mut().zip(events) {
+    scratch.extend(dict.iter().map(|e| {
         let v = field(e);
-        *slot = zz32(v.wrapping_sub(prev)) as u64;
+        let z = zz32(v.wrapping_sub(prev)) as u64;
         prev = v;
-    }
+        z
+    }));
     put_column(out, scratch);
 }
 
-/// Encodes `events` (all of one thread) into `out` (cleared first), with `first_ts = events[0].ticks`.
-/// `scratch` is reused between calls so the writer does not allocate per chunk.
-pub fn encode(events: &[RawEvent], out: &mut Vec<u8>, scratch: &mut Vec<u64>) {
-    out.clear();
-    let n = events.len();
-    // Kind: one plane of raw bytes.
-    let any_kind = events.iter().any(|e| e.kind != 0);
-    out.push(if any_kind { 1 } else { 0 });
-    if any_kind {
-        out.extend(events.iter().map(|e| e.kind));
+/// Reusable state of the encoder, so the writer does not allocate per chunk.
+#[derive(Debug, Default)]
+pub struct Encoder {
+    index: FxHashMap<(u8, u32, u32, u32), u32>,
+    dict: Vec<RawEvent>,
+    locs: Vec<u64>,
+    ticks: Vec<u64>,
+    last: Vec<u64>,
+    scratch: Vec<u64>,
+}
+
+impl Encoder {
+    /// Encodes `events` (all of one thread, in order) into `out` (cleared first); `first_ts` is
+    /// `events[0].ticks`.
+    pub fn encode(&mut self, events: &[RawEvent], out: &mut Vec<u8>) {
+        out.clear();
+        self.index.clear();
+        self.dict.clear();
+        self.locs.clear();
+        self.ticks.clear();
+        self.last.clear();
+        let mut prev_ticks = events.first().map_or(0, |e| e.ticks.get());
+        for e in events {
+            let key = (e.kind, e.code.get(), e.offset.get(), e.arg.get());
+            let next = self.dict.len() as u32;
+            let loc = *self.index.entry(key).or_insert_with(|| {
+                self.dict.push(RawEvent::new(0, key.1, key.2, key.3, key.0));
+                self.last.push(0);
+                next
+            });
+            let t = e.ticks.get();
+            let delta = t.wrapping_sub(prev_ticks);
+            prev_ticks = t;
+            let predicted = std::mem::replace(&mut self.last[loc as usize], delta);
+            self.locs.push(loc as u64);
+            self.ticks.push(zz64(delta.wrapping_sub(predicted)));
+        }
+        out.extend_from_slice(&(self.dict.len() as u32).to_le_bytes());
+        self.scratch.clear();
+        self.scratch.extend(self.dict.iter().map(|e| e.kind as u64));
+        put_column(out, &self.scratch);
+        delta_column(&self.dict, &mut self.scratch, out, |e| e.code.get());
+        delta_column(&self.dict, &mut self.scratch, out, |e| e.offset.get());
+        delta_column(&self.dict, &mut self.scratch, out, |e| e.arg.get());
+        put_column(out, &self.locs);
+        put_column(out, &self.ticks);
     }
-    scratch.clear();
-    scratch.resize(n, 0);
-    delta_column(events, scratch, out, |e| e.code.get());
-    delta_column(events, scratch, out, |e| e.offset.get());
-    delta_column(events, scratch, out, |e| e.arg.get());
-    let mut prev = events.first().map_or(0, |e| e.ticks.get());
-    for (slot, e) in scratch.iter_mut().zip(events) {
-        let v = e.ticks.get();
-        *slot = zz64(v.wrapping_sub(prev));
-        prev = v;
-    }
-    put_column(out, scratch);
 }
 
 /// Why a payload could not be decoded.
@@ -101,93 +128,110 @@ struct Cursor<'a> {
 impl<'a> Cursor<'a> {
     /// Takes one column's width byte and its planes.
     fn column(&mut self, n: usize, name: &str) -> Result<(u8, &'a [u8]), DecodeError> {
-        let w = *self
-            .buf
-            .get(self.pos)
-            .ok_or_else(|| format!("{name} column: missing width byte"))?;
+        let w = *self.buf.get(self.pos).ok_or_else(|| format!("{name} column: missing width byte"))?;
         if !matches!(w, 0 | 1 | 2 | 4 | 8) {
             return Err(format!("{name} column: invalid width {w}"));
         }
         self.pos += 1;
         let len = n * w as usize;
-        let planes = self.buf.get(self.pos..self.pos + len).ok_or_else(|| {
-            format!(
-                "{name} column: needs {len} bytes, {} left",
-                self.buf.len() - self.pos
-            )
-        })?;
+        let planes = self
+            .buf
+            .get(self.pos..self.pos + len)
+            .ok_or_else(|| format!("{name} column: needs {len} bytes, {} left", self.buf.len() - self.pos))?;
         self.pos += len;
         Ok((w, planes))
     }
 }
 
-/// Reassembles the values of a column into `dst` (zigzag-encoded, before un-delta).
-fn gather(w: u8, planes: &[u8], dst: &mut [u64]) {
-    let n = dst.len();
-    dst.fill(0);
-    for k in 0..w as usize {
-        let plane = &planes[k * n..(k + 1) * n];
-        let shift = 8 * k;
-        for (d, &b) in dst.iter_mut().zip(plane) {
-            *d |= (b as u64) << shift;
+/// Reassembles the values of a column into `dst` (before any un-delta).
+fn gather(w: u8, planes: &[u8], dst: &mut Vec<u64>, n: usize) {
+    dst.clear();
+    match w {
+        0 => dst.resize(n, 0),
+        1 => dst.extend(planes.iter().map(|&b| b as u64)),
+        _ => {
+            dst.extend(planes[..n].iter().map(|&b| b as u64));
+            for k in 1..w as usize {
+                let shift = 8 * k;
+                for (d, &b) in dst.iter_mut().zip(&planes[k * n..(k + 1) * n]) {
+                    *d |= (b as u64) << shift;
+                }
+            }
         }
     }
 }
 
-/// Decodes a raw columnar payload of `n` events with first timestamp `first_ts` into `out` (cleared
-/// first). Errors describe the first inconsistency; nothing panics on any input.
-pub fn decode(
-    raw: &[u8],
-    n: usize,
-    first_ts: u64,
-    out: &mut Vec<RawEvent>,
-    scratch: &mut Vec<u64>,
-) -> Result<(), DecodeError> {
-    out.clear();
-    let mut cur = Cursor { buf: raw, pos: 0 };
-    let (kw, kinds) = cur.column(n, "kind")?;
-    if kw > 1 {
-        return Err(format!("kind column: width {kw}, expected 0 or 1"));
-    }
-    let cols = [
-        cur.column(n, "code")?,
-        cur.column(n, "offset")?,
-        cur.column(n, "arg")?,
-    ];
-    let ticks = cur.column(n, "ticks")?;
-    if cur.pos != raw.len() {
-        return Err(format!(
-            "{} bytes after the last column",
-            raw.len() - cur.pos
-        ));
-    }
-    out.resize(n, RawEvent::default());
-    for (i, e) in out.iter_mut().enumerate() {
-        e.kind = if kw == 1 { kinds[i] } else { 0 };
-    }
-    scratch.resize(n, 0);
-    for (c, (w, planes)) in cols.iter().enumerate() {
-        gather(*w, planes, scratch);
-        let mut prev = 0u32;
-        for (e, &z) in out.iter_mut().zip(scratch.iter()) {
-            prev = prev.wrapping_add(unzz32(z as u32));
-            let v = U32::new(prev);
-            match c {
-                0 => e.code = v,
-                1 => e.offset = v,
-                _ => e.arg = v,
+/// Reusable state of the decoder.
+#[derive(Debug, Default)]
+pub struct Decoder {
+    dict: Vec<RawEvent>,
+    last: Vec<u64>,
+    a: Vec<u64>,
+    b: Vec<u64>,
+}
+
+impl Decoder {
+    /// Decodes a raw payload of `n` events whose first timestamp is `first_ts` into `out` (cleared
+    /// first). Errors describe the first inconsistency; nothing panics on any input.
+    pub fn decode(&mut self, raw: &[u8], n: usize, first_ts: u64, out: &mut Vec<RawEvent>) -> Result<(), DecodeError> {
+        out.clear();
+        let m = raw.get(..4).ok_or("missing dictionary size")?;
+        let m = u32::from_le_bytes(m.try_into().expect("4 bytes")) as usize;
+        if m > n {
+            return Err(format!("dictionary of {m} locations for {n} events"));
+        }
+        let mut cur = Cursor { buf: raw, pos: 4 };
+        let kinds = cur.column(m, "dictionary kind")?;
+        if kinds.0 > 1 {
+            return Err(format!("dictionary kind column: width {}, expected 0 or 1", kinds.0));
+        }
+        let fields =
+            [cur.column(m, "dictionary code")?, cur.column(m, "dictionary offset")?, cur.column(m, "dictionary arg")?];
+        let locs = cur.column(n, "location")?;
+        let ticks = cur.column(n, "ticks")?;
+        if cur.pos != raw.len() {
+            return Err(format!("{} bytes after the last column", raw.len() - cur.pos));
+        }
+
+        self.dict.clear();
+        self.dict.resize(m, RawEvent::default());
+        gather(kinds.0, kinds.1, &mut self.a, m);
+        for (d, &k) in self.dict.iter_mut().zip(&self.a) {
+            d.kind = k as u8;
+        }
+        for (f, (w, planes)) in fields.iter().enumerate() {
+            gather(*w, planes, &mut self.a, m);
+            let mut prev = 0u32;
+            for (d, &z) in self.dict.iter_mut().zip(&self.a) {
+                prev = prev.wrapping_add(unzz32(z as u32));
+                match f {
+                    0 => d.code.set(prev),
+                    1 => d.offset.set(prev),
+                    _ => d.arg.set(prev),
+                }
             }
         }
+
+        gather(locs.0, locs.1, &mut self.a, n);
+        gather(ticks.0, ticks.1, &mut self.b, n);
+        if let Some(bad) = self.a.iter().position(|&l| l >= m as u64) {
+            return Err(format!("event {bad} refers to location {} of {m}", self.a[bad]));
+        }
+        self.last.clear();
+        self.last.resize(m, 0);
+        out.reserve(n);
+        let mut t = first_ts;
+        for (&loc, &z) in self.a.iter().zip(&self.b) {
+            let loc = loc as usize;
+            let delta = self.last[loc].wrapping_add(unzz64(z));
+            self.last[loc] = delta;
+            t = t.wrapping_add(delta);
+            let mut e = self.dict[loc];
+            e.ticks = U64::new(t);
+            out.push(e);
+        }
+        Ok(())
     }
-    gather(ticks.0, ticks.1, scratch);
-    let mut prev = first_ts;
-    for (e, &z) in out.iter_mut().zip(scratch.iter()) {
-        prev = prev.wrapping_add(unzz64(z));
-        e.ticks = U64::new(prev);
-        e.flags = 0;
-        e.reserved = U16::new(0);
-    }
-    Ok(())
 }
 
 #[cfg(test)]
@@ -212,30 +256,33 @@ mod tests {
             RawEvent::new(u64::MAX - 5, 7, 0, 0, 0),
             RawEvent::new(3, u32::MAX, 1 << 31, 9, 18),
             RawEvent::new(1 << 40, 1, 200, u32::MAX, 200),
+            RawEvent::new(1 << 41, 7, 0, 0, 0),
         ];
-        let (mut raw, mut scratch, mut out) = (Vec::new(), Vec::new(), Vec::new());
-        encode(&events, &mut raw, &mut scratch);
-        decode(&raw, 3, events[0].ticks.get(), &mut out, &mut scratch).unwrap();
+        let mut raw = Vec::new();
+        let mut out = Vec::new();
+        Encoder::default().encode(&events, &mut raw);
+        Decoder::default().decode(&raw, 4, events[0].ticks.get(), &mut out).unwrap();
         assert_eq!(out, events);
     }
 
     #[test]
     fn malformed_payloads_are_errors_naming_the_column() {
         let events = vec![RawEvent::new(10, 1, 2, 3, 7); 4];
-        let (mut raw, mut scratch, mut out) = (Vec::new(), Vec::new(), Vec::new());
-        encode(&events, &mut raw, &mut scratch);
-        // kind w=1 ×4, code/offset/arg w=1 ×4, ticks all equal: w=0.
-        assert_eq!(raw.len(), 5 * 3 + 5 + 1);
-        let mut dec = |bytes: &[u8], n| decode(bytes, n, 10, &mut out, &mut scratch).unwrap_err();
-        assert_eq!(
-            dec(&raw[..raw.len() - 1], 4),
-            "ticks column: missing width byte"
-        );
-        assert_eq!(dec(&[1, 0, 0], 3), "kind column: needs 3 bytes, 2 left");
-        assert_eq!(dec(&[3], 1), "kind column: invalid width 3");
-        assert_eq!(dec(&[2, 0, 0], 1), "kind column: width 2, expected 0 or 1");
+        let (mut raw, mut out) = (Vec::new(), Vec::new());
+        Encoder::default().encode(&events, &mut raw);
+        // m=1; dictionary kind/code/offset/arg w=1 ×1; location all 0: w=0; ticks all equal: w=0.
+        assert_eq!(raw, [1, 0, 0, 0, 1, 7, 1, 2, 1, 4, 1, 6, 0, 0]);
+        let mut d = Decoder::default();
+        let mut dec = |bytes: &[u8], n| d.decode(bytes, n, 10, &mut out).unwrap_err();
+        assert_eq!(dec(&raw[..raw.len() - 1], 4), "ticks column: missing width byte");
+        assert_eq!(dec(&[2, 0, 0, 0, 1, 0], 3), "dictionary kind column: needs 2 bytes, 1 left");
+        assert_eq!(dec(&[1, 0, 0, 0, 3], 1), "dictionary kind column: invalid width 3");
+        assert_eq!(dec(&[9, 0, 0, 0], 3), "dictionary of 9 locations for 3 events");
+        assert_eq!(dec(&[1, 0], 3), "missing dictionary size");
         let mut long = raw.clone();
         long.push(0);
         assert_eq!(dec(&long, 4), "1 bytes after the last column");
+        let bad_loc = [1, 0, 0, 0, 1, 7, 1, 2, 1, 4, 1, 6, 1, 0, 1, 0, 0, 0];
+        assert_eq!(dec(&bad_loc, 4), "event 1 refers to location 1 of 1");
     }
 }

@@ -7,19 +7,7 @@ use zerocopy::{FromBytes, Immutable, IntoBytes, KnownLayout, Unaligned};
 ///
 /// The fields are byte-order wrappers, so on little-endian machines reading and writing them is a plain
 /// load or store.
-#[derive(
-    Clone,
-    Copy,
-    Default,
-    PartialEq,
-    Eq,
-    Hash,
-    FromBytes,
-    IntoBytes,
-    KnownLayout,
-    Immutable,
-    Unaligned,
-)]
+#[derive(Clone, Copy, Default, PartialEq, Eq, Hash, FromBytes, IntoBytes, KnownLayout, Immutable, Unaligned)]
 #[repr(C)]
 pub struct RawEvent {
     /// Tick counter when the callback ran, in ticks of the file's clock (FORMAT.md 4.1).
@@ -141,13 +129,7 @@ mod tests {
     fn layout_matches_format_md() {
         let e = RawEvent::new(0x0807060504030201, 0x0c0b0a09, 0x100f0e0d, 0x14131211, 0x15);
         let b = e.as_bytes();
-        assert_eq!(
-            b,
-            &[
-                1, 2, 3, 4, 5, 6, 7, 8, 9, 10, 11, 12, 13, 14, 15, 16, 0x11, 0x12, 0x13, 0x14,
-                0x15, 0, 0, 0
-            ]
-        );
+        assert_eq!(b, &[1, 2, 3, 4, 5, 6, 7, 8, 9, 10, 11, 12, 13, 14, 15, 16, 0x11, 0x12, 0x13, 0x14, 0x15, 0, 0, 0]);
     }
 
     #[test]

@@ -39,8 +39,7 @@ pub use chunk::{MAGIC, MAJOR, MINOR};
 pub use error::{Error, Result};
 pub use event::{kind_name, EventKind, RawEvent};
 pub use meta::{
-    Clock, CodeObject, CodeSnapshot, Header, Lost, Mode, OpcodeTable, Options, Position,
-    ThreadInfo, Trailer,
+    Clock, CodeObject, CodeSnapshot, Header, Lost, Mode, OpcodeTable, Options, Position, ThreadInfo, Trailer,
 };
 pub use reader::{Body, Chunk, ChunkInfo, Damage, ReadOptions, Reader, Report};
 pub use writer::{Writer, WriterOptions};
@@ -67,13 +66,9 @@ pub mod testing {
         let mut names = vec![String::new(); 256];
         let mut base: Vec<u8> = (0..=255).collect();
         let mut cache_entries = vec![0u8; 256];
-        for (op, name) in [
-            (1u8, "POP_TOP"),
-            (83, "RETURN_VALUE"),
-            (93, "FOR_ITER"),
-            (140, "JUMP_BACKWARD"),
-            (151, "RESUME"),
-        ] {
+        for (op, name) in
+            [(1u8, "POP_TOP"), (83, "RETURN_VALUE"), (93, "FOR_ITER"), (140, "JUMP_BACKWARD"), (151, "RESUME")]
+        {
             names[op as usize] = name.into();
         }
         names[194] = "FOR_ITER_RANGE".into();
@@ -100,13 +95,7 @@ pub mod testing {
                 max_buffers: 64,
             },
             event_cost_ticks: 120.0,
-            opcodes: OpcodeTable {
-                names,
-                base,
-                cache_entries,
-                have_argument: 44,
-                extended_arg: 69,
-            },
+            opcodes: OpcodeTable { names, base, cache_entries, have_argument: 44, extended_arg: 69 },
         }
     }
 }

@@ -116,10 +116,7 @@ impl Report {
             ));
         }
         for d in &self.damage {
-            w.push(format!(
-                "{path}: skipped {} bytes at offset {}: {}",
-                d.len, d.offset, d.reason
-            ));
+            w.push(format!("{path}: skipped {} bytes at offset {}: {}", d.len, d.offset, d.reason));
         }
         if self.unknown_chunks > 0 {
             w.push(format!(
@@ -171,17 +168,14 @@ pub struct Reader<R> {
     stored: Vec<u8>,
     raw: Vec<u8>,
     events: Vec<RawEvent>,
-    scratch: Vec<u64>,
+    decoder: crate::codec::Decoder,
     zstd: zstd::bulk::Decompressor<'static>,
     report: Report,
 }
 
 impl<R> std::fmt::Debug for Reader<R> {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
-        f.debug_struct("Reader")
-            .field("path", &self.path)
-            .field("pos", &self.pos)
-            .finish_non_exhaustive()
+        f.debug_struct("Reader").field("path", &self.path).field("pos", &self.pos).finish_non_exhaustive()
     }
 }
 
@@ -194,17 +188,11 @@ impl Reader<BufReader<File>> {
     /// [`Reader::open`] with options.
     pub fn open_with(path: impl AsRef<Path>, opts: ReadOptions) -> Result<Self> {
         let name = path.as_ref().display().to_string();
-        let file = File::open(path.as_ref()).map_err(|source| Error::Io {
-            path: name.clone(),
-            source,
-        })?;
+        let file = File::open(path.as_ref()).map_err(|source| Error::Io { path: name.clone(), source })?;
         if file.metadata().map(|m| m.is_dir()).unwrap_or(false) {
             return Err(Error::Io {
                 path: name,
-                source: std::io::Error::new(
-                    std::io::ErrorKind::InvalidInput,
-                    "is a directory, not an .ocl file",
-                ),
+                source: std::io::Error::new(std::io::ErrorKind::InvalidInput, "is a directory, not an .ocl file"),
             });
         }
         Reader::new(BufReader::with_capacity(256 << 10, file), &name, opts)
@@ -214,10 +202,7 @@ impl Reader<BufReader<File>> {
 impl<R: Read + Seek> Reader<R> {
     /// Reads the preamble and the header chunk from `src`; `path` names it in messages.
     pub fn new(src: R, path: &str, opts: ReadOptions) -> Result<Self> {
-        let zstd = zstd::bulk::Decompressor::new().map_err(|source| Error::Io {
-            path: path.into(),
-            source,
-        })?;
+        let zstd = zstd::bulk::Decompressor::new().map_err(|source| Error::Io { path: path.into(), source })?;
         let mut r = Reader {
             src,
             path: path.to_owned(),
@@ -230,29 +215,21 @@ impl<R: Read + Seek> Reader<R> {
             stored: Vec::new(),
             raw: Vec::new(),
             events: Vec::new(),
-            scratch: Vec::new(),
+            decoder: Default::default(),
             zstd,
             report: Report::default(),
         };
         let mut pre = [0u8; 16];
         let got = r.read_full(&mut pre)?;
         if got == 0 {
-            return Err(Error::Truncated {
-                path: r.path,
-                offset: 0,
-                what: "the file is empty".into(),
-            });
+            return Err(Error::Truncated { path: r.path, offset: 0, what: "the file is empty".into() });
         }
         let magic_len = got.min(8);
         if pre[..magic_len] != MAGIC[..magic_len] || got < 8 {
             if pre[..magic_len] == MAGIC[..magic_len] {
                 return Err(r.truncated(got as u64, "the file ends inside the magic"));
             }
-            return Err(Error::NotOcular {
-                path: r.path,
-                found: hex(&pre[..magic_len]),
-                expected: hex(&MAGIC),
-            });
+            return Err(Error::NotOcular { path: r.path, found: hex(&pre[..magic_len]), expected: hex(&MAGIC) });
         }
         if got < 16 {
             return Err(r.truncated(got as u64, "the file ends inside the 16-byte preamble"));
@@ -284,11 +261,7 @@ impl<R: Read + Seek> Reader<R> {
         if h.kind.get() != kind::HEADER || h.seq.get() != 0 {
             return Err(r.corrupt(
                 16,
-                format!(
-                    "first chunk is {} seq {}, expected HEADER seq 0",
-                    kind::name(h.kind.get()),
-                    h.seq.get()
-                ),
+                format!("first chunk is {} seq {}, expected HEADER seq 0", kind::name(h.kind.get()), h.seq.get()),
             ));
         }
         r.unpack(&h, 16)?;
@@ -331,11 +304,7 @@ impl<R: Read + Seek> Reader<R> {
                     if !self.opts.salvage {
                         return Err(self.corrupt(offset, why));
                     }
-                    self.report.damage.push(Damage {
-                        offset,
-                        len: end - offset,
-                        reason: why,
-                    });
+                    self.report.damage.push(Damage { offset, len: end - offset, reason: why });
                     self.pos = end;
                 }
                 return Ok(None);
@@ -350,11 +319,7 @@ impl<R: Read + Seek> Reader<R> {
                         if !self.opts.salvage {
                             return Err(self.corrupt(offset, why));
                         }
-                        self.report.damage.push(Damage {
-                            offset,
-                            len: found - offset,
-                            reason: why,
-                        });
+                        self.report.damage.push(Damage { offset, len: found - offset, reason: why });
                         continue;
                     }
                     self.report.truncated = Some((offset, n));
@@ -369,21 +334,14 @@ impl<R: Read + Seek> Reader<R> {
                         Some(found) => found,
                         None => self.src.seek(SeekFrom::End(0)).map_err(|e| self.io(e))?,
                     };
-                    self.report.damage.push(Damage {
-                        offset,
-                        len: end - offset,
-                        reason: why,
-                    });
+                    self.report.damage.push(Damage { offset, len: end - offset, reason: why });
                     self.seek(end)?;
                     continue;
                 }
                 Attempt::Ok(h) => {
                     let seq = h.seq.get();
                     if seq != self.next_seq {
-                        let why = format!(
-                            "chunk sequence number {seq} where {} was expected",
-                            self.next_seq
-                        );
+                        let why = format!("chunk sequence number {seq} where {} was expected", self.next_seq);
                         if !self.opts.salvage {
                             return Err(self.corrupt(offset, why));
                         }
@@ -418,13 +376,7 @@ impl<R: Read + Seek> Reader<R> {
         self.accept(&h);
         let known_kind = matches!(
             info.kind,
-            kind::HEADER
-                | kind::EVENTS
-                | kind::CODE
-                | kind::THREAD
-                | kind::LOST
-                | kind::SNAPSHOT
-                | kind::TRAILER
+            kind::HEADER | kind::EVENTS | kind::CODE | kind::THREAD | kind::LOST | kind::SNAPSHOT | kind::TRAILER
         );
         let known_codec = matches!(info.codec & 0x0f, codec::NONE | codec::ZSTD)
             && match info.codec >> 4 {
@@ -435,18 +387,11 @@ impl<R: Read + Seek> Reader<R> {
         if !known_kind || !known_codec {
             self.report.unknown_chunks += 1;
             let why = if known_kind {
-                format!(
-                    "{} chunk with unknown codec 0x{:02x}",
-                    kind::name(info.kind),
-                    info.codec
-                )
+                format!("{} chunk with unknown codec 0x{:02x}", kind::name(info.kind), info.codec)
             } else {
                 format!("unknown chunk kind 0x{:04x}", info.kind)
             };
-            return Ok(Chunk {
-                info,
-                body: Body::Skipped(why),
-            });
+            return Ok(Chunk { info, body: Body::Skipped(why) });
         }
         let result = self.unpack(&h, offset).and_then(|()| self.body_of(&info));
         match result {
@@ -468,10 +413,7 @@ impl<R: Read + Seek> Reader<R> {
                     len: CHUNK_HEADER_LEN as u64 + info.stored_len as u64,
                     reason: why.clone(),
                 });
-                Ok(Chunk {
-                    info,
-                    body: Body::Skipped(why),
-                })
+                Ok(Chunk { info, body: Body::Skipped(why) })
             }
             Err(e) => Err(e),
         }
@@ -483,39 +425,25 @@ impl<R: Read + Seek> Reader<R> {
             kind::EVENTS => {
                 let n = info.count as usize;
                 if info.codec >> 4 == 1 {
-                    crate::codec::decode(
-                        &self.raw,
-                        n,
-                        info.first_ts,
-                        &mut self.events,
-                        &mut self.scratch,
-                    )
-                    .map_err(|why| self.corrupt(offset, format!("EVENTS payload: {why}")))?;
+                    self.decoder
+                        .decode(&self.raw, n, info.first_ts, &mut self.events)
+                        .map_err(|why| self.corrupt(offset, format!("EVENTS payload: {why}")))?;
                 } else {
                     let evs = <[RawEvent]>::ref_from_bytes(&self.raw).map_err(|_| {
                         self.corrupt(
                             offset,
-                            format!(
-                                "raw EVENTS payload of {} bytes is not {n} records",
-                                self.raw.len()
-                            ),
+                            format!("raw EVENTS payload of {} bytes is not {n} records", self.raw.len()),
                         )
                     })?;
                     if evs.len() != n {
-                        return Err(self.corrupt(
-                            offset,
-                            format!("{} raw events where count says {n}", evs.len()),
-                        ));
+                        return Err(self.corrupt(offset, format!("{} raw events where count says {n}", evs.len())));
                     }
                     self.events.clear();
                     self.events.extend_from_slice(evs);
                 }
                 if let (Some(first), Some(last)) = (self.events.first(), self.events.last()) {
                     if first.ticks.get() != info.first_ts || last.ticks.get() != info.last_ts {
-                        return Err(self.corrupt(
-                            offset,
-                            "event timestamps disagree with the chunk header".into(),
-                        ));
+                        return Err(self.corrupt(offset, "event timestamps disagree with the chunk header".into()));
                     }
                 }
                 Body::Events(&[])
@@ -559,19 +487,13 @@ impl<R: Read + Seek> Reader<R> {
         self.stored.clear();
         // Grow with the data actually present, so a damaged length never allocates what is not there.
         self.stored.reserve(want.min(1 << 20));
-        let got = (&mut self.src)
-            .take(want as u64)
-            .read_to_end(&mut self.stored)
-            .map_err(|e| self.io(e))?;
+        let got = (&mut self.src).take(want as u64).read_to_end(&mut self.stored).map_err(|e| self.io(e))?;
         if got < want {
             return Ok(Attempt::Partial((CHUNK_HEADER_LEN + got) as u64));
         }
         let crc = h.compute_crc(&self.stored);
         if crc != h.crc32.get() {
-            return Ok(Attempt::Bad(format!(
-                "CRC mismatch: stored {:08x}, computed {crc:08x}",
-                h.crc32.get()
-            )));
+            return Ok(Attempt::Bad(format!("CRC mismatch: stored {:08x}, computed {crc:08x}", h.crc32.get())));
         }
         Ok(Attempt::Ok(h))
     }
@@ -618,14 +540,11 @@ impl<R: Read + Seek> Reader<R> {
                 let n = self
                     .zstd
                     .decompress_to_buffer(&self.stored, &mut self.raw)
-                    .map_err(|e| {
-                        self.corrupt(offset, format!("zstd payload does not decompress: {e}"))
-                    })?;
+                    .map_err(|e| self.corrupt(offset, format!("zstd payload does not decompress: {e}")))?;
                 if n != raw_len {
-                    return Err(self.corrupt(
-                        offset,
-                        format!("payload decompresses to {n} bytes, header says {raw_len}"),
-                    ));
+                    return Err(
+                        self.corrupt(offset, format!("payload decompresses to {n} bytes, header says {raw_len}"))
+                    );
                 }
             }
         }
@@ -634,20 +553,15 @@ impl<R: Read + Seek> Reader<R> {
 
     fn decode_one<T: DeserializeOwned>(&self, offset: u64) -> Result<T> {
         // Trailing bytes are fields appended by a newer minor version: ignored (FORMAT.md 2).
-        postcard::take_from_bytes::<T>(&self.raw)
-            .map(|(v, _rest)| v)
-            .map_err(|e| {
-                self.corrupt(
-                    offset,
-                    format!(
-                        "{} record does not decode: {e}",
-                        std::any::type_name::<T>()
-                            .rsplit("::")
-                            .next()
-                            .unwrap_or("?")
-                    ),
-                )
-            })
+        postcard::take_from_bytes::<T>(&self.raw).map(|(v, _rest)| v).map_err(|e| {
+            self.corrupt(
+                offset,
+                format!(
+                    "{} record does not decode: {e}",
+                    std::any::type_name::<T>().rsplit("::").next().unwrap_or("?")
+                ),
+            )
+        })
     }
 
     fn decode_framed<T: DeserializeOwned>(&self, info: &ChunkInfo) -> Result<Vec<T>> {
@@ -656,21 +570,15 @@ impl<R: Read + Seek> Reader<R> {
         for i in 0..info.count {
             let (frame, tail) = postcard::take_from_bytes::<&[u8]>(rest)
                 .map_err(|e| self.corrupt(info.offset, format!("record {i} frame: {e}")))?;
-            let (v, _appended) = postcard::take_from_bytes::<T>(frame).map_err(|e| {
-                self.corrupt(info.offset, format!("record {i} does not decode: {e}"))
-            })?;
+            let (v, _appended) = postcard::take_from_bytes::<T>(frame)
+                .map_err(|e| self.corrupt(info.offset, format!("record {i} does not decode: {e}")))?;
             out.push(v);
             rest = tail;
         }
         if !rest.is_empty() {
-            return Err(self.corrupt(
-                info.offset,
-                format!(
-                    "{} bytes after the last of {} records",
-                    rest.len(),
-                    info.count
-                ),
-            ));
+            return Err(
+                self.corrupt(info.offset, format!("{} bytes after the last of {} records", rest.len(), info.count))
+            );
         }
         Ok(out)
     }
@@ -703,25 +611,14 @@ impl<R: Read + Seek> Reader<R> {
     }
 
     fn io(&self, source: std::io::Error) -> Error {
-        Error::Io {
-            path: self.path.clone(),
-            source,
-        }
+        Error::Io { path: self.path.clone(), source }
     }
 
     fn corrupt(&self, offset: u64, what: String) -> Error {
-        Error::Corrupt {
-            path: self.path.clone(),
-            offset,
-            what,
-        }
+        Error::Corrupt { path: self.path.clone(), offset, what }
     }
 
     fn truncated(&self, offset: u64, what: &str) -> Error {
-        Error::Truncated {
-            path: self.path.clone(),
-            offset,
-            what: what.into(),
-        }
+        Error::Truncated { path: self.path.clone(), offset, what: what.into() }
     }
 }

@@ -1,8 +1,6 @@
 //! The streaming writer: turns per-thread event buffers and metadata records into chunks.
 
-use crate::chunk::{
-    codec, kind, ChunkHeader, Preamble, MAGIC, MAJOR, MAX_CHUNK_EVENTS, MINOR, SYNC,
-};
+use crate::chunk::{codec, kind, ChunkHeader, Preamble, MAGIC, MAJOR, MAX_CHUNK_EVENTS, MINOR, SYNC};
 use crate::error::{Error, Result};
 use crate::event::RawEvent;
 use crate::meta::{CodeObject, CodeSnapshot, Header, Lost, ThreadInfo, Trailer};
@@ -22,10 +20,7 @@ pub struct WriterOptions {
 
 impl Default for WriterOptions {
     fn default() -> Self {
-        Self {
-            compress: true,
-            level: 3,
-        }
+        Self { compress: true, level: 3 }
     }
 }
 
@@ -52,17 +47,14 @@ pub struct Writer<W: Write> {
     zstd: zstd::bulk::Compressor<'static>,
     raw: Vec<u8>,
     stored: Vec<u8>,
-    scratch: Vec<u64>,
+    encoder: crate::codec::Encoder,
     frame: Vec<u8>,
     bytes: u64,
 }
 
 impl<W: Write> std::fmt::Debug for Writer<W> {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
-        f.debug_struct("Writer")
-            .field("path", &self.path)
-            .field("seq", &self.seq)
-            .finish_non_exhaustive()
+        f.debug_struct("Writer").field("path", &self.path).field("seq", &self.seq).finish_non_exhaustive()
     }
 }
 
@@ -80,19 +72,12 @@ impl<W: Write> Writer<W> {
             zstd,
             raw: Vec::new(),
             stored: Vec::new(),
-            scratch: Vec::new(),
+            encoder: Default::default(),
             frame: Vec::new(),
             bytes: 0,
         };
-        let pre = Preamble {
-            magic: MAGIC,
-            major: U16::new(MAJOR),
-            minor: U16::new(MINOR),
-            flags: U32::new(0),
-        };
-        w.out
-            .write_all(pre.as_bytes())
-            .map_err(|e| io_err(path, e))?;
+        let pre = Preamble { magic: MAGIC, major: U16::new(MAJOR), minor: U16::new(MINOR), flags: U32::new(0) };
+        w.out.write_all(pre.as_bytes()).map_err(|e| io_err(path, e))?;
         w.bytes += 16;
         w.record(kind::HEADER, 0, header, "header")?;
         Ok(w)
@@ -111,16 +96,9 @@ impl<W: Write> Writer<W> {
     /// Writes one thread's events, in order, as one or more EVENTS chunks.
     pub fn events(&mut self, thread_id: u64, events: &[RawEvent]) -> Result<()> {
         for part in events.chunks(MAX_CHUNK_EVENTS as usize) {
-            crate::codec::encode(part, &mut self.raw, &mut self.scratch);
+            self.encoder.encode(part, &mut self.raw);
             let (first, last) = (part[0].ticks.get(), part[part.len() - 1].ticks.get());
-            self.emit(
-                kind::EVENTS,
-                codec::COLUMNAR,
-                thread_id,
-                (first, last),
-                part.len() as u32,
-                true,
-            )?;
+            self.emit(kind::EVENTS, codec::COLUMNAR, thread_id, (first, last), part.len() as u32, true)?;
             self.events += part.len() as u64;
         }
         Ok(())
@@ -144,18 +122,8 @@ impl<W: Write> Writer<W> {
     /// Counts dropped events.
     pub fn lost(&mut self, lost: &Lost) -> Result<()> {
         self.raw.clear();
-        postcard::to_io(lost, &mut self.raw).map_err(|source| Error::Encode {
-            what: "lost",
-            source,
-        })?;
-        self.emit(
-            kind::LOST,
-            codec::NONE,
-            lost.thread_id,
-            (lost.first_ticks, lost.last_ticks),
-            1,
-            false,
-        )?;
+        postcard::to_io(lost, &mut self.raw).map_err(|source| Error::Encode { what: "lost", source })?;
+        self.emit(kind::LOST, codec::NONE, lost.thread_id, (lost.first_ticks, lost.last_ticks), 1, false)?;
         self.lost += lost.count;
         Ok(())
     }
@@ -180,13 +148,7 @@ impl<W: Write> Writer<W> {
         &self.out
     }
 
-    fn record<T: Serialize>(
-        &mut self,
-        kind: u16,
-        thread_id: u64,
-        value: &T,
-        what: &'static str,
-    ) -> Result<()> {
+    fn record<T: Serialize>(&mut self, kind: u16, thread_id: u64, value: &T, what: &'static str) -> Result<()> {
         self.raw.clear();
         postcard::to_io(value, &mut self.raw).map_err(|source| Error::Encode { what, source })?;
         self.emit(kind, codec::NONE, thread_id, (0, 0), 1, false)
@@ -200,8 +162,7 @@ impl<W: Write> Writer<W> {
                 one.clear();
                 postcard::to_io(item, &mut one).map_err(|source| Error::Encode { what, source })?;
                 // A framed record is postcard's encoding of a byte string: varint length, then the bytes.
-                postcard::to_io(one.as_slice(), &mut self.raw)
-                    .map_err(|source| Error::Encode { what, source })?;
+                postcard::to_io(one.as_slice(), &mut self.raw).map_err(|source| Error::Encode { what, source })?;
             }
             self.emit(kind, codec::NONE, 0, (0, 0), part.len() as u32, true)?;
         }
@@ -221,11 +182,8 @@ impl<W: Write> Writer<W> {
         let compress = self.opts.compress && compressible;
         let payload: &[u8] = if compress {
             self.stored.clear();
-            self.stored
-                .reserve(zstd::zstd_safe::compress_bound(self.raw.len()));
-            self.zstd
-                .compress_to_buffer(&self.raw, &mut self.stored)
-                .map_err(|e| io_err(&self.path, e))?;
+            self.stored.reserve(zstd::zstd_safe::compress_bound(self.raw.len()));
+            self.zstd.compress_to_buffer(&self.raw, &mut self.stored).map_err(|e| io_err(&self.path, e))?;
             &self.stored
         } else {
             &self.raw
@@ -252,9 +210,7 @@ impl<W: Write> Writer<W> {
         self.frame.reserve(total);
         self.frame.extend_from_slice(h.as_bytes());
         self.frame.extend_from_slice(payload);
-        self.out
-            .write_all(&self.frame)
-            .map_err(|e| io_err(&self.path, e))?;
+        self.out.write_all(&self.frame).map_err(|e| io_err(&self.path, e))?;
         self.out.flush().map_err(|e| io_err(&self.path, e))?;
         self.seq += 1;
         self.bytes += total as u64;
@@ -263,8 +219,5 @@ impl<W: Write> Writer<W> {
 }
 
 fn io_err(path: &str, source: std::io::Error) -> Error {
-    Error::Io {
-        path: path.to_owned(),
-        source,
-    }
+    Error::Io { path: path.to_owned(), source }
 }

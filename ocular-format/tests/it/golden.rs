@@ -56,15 +56,9 @@ fn small_header() -> Header {
 
 fn header_payload(h: &Header) -> Vec<u8> {
     let mut p = Pc::default();
-    p.string(&h.recorder)
-        .string(&h.python_version)
-        .varint(h.python_hexversion as u64);
-    p.string(&h.implementation)
-        .string(&h.platform)
-        .varint(h.pid as u64);
-    p.zigzag(h.start_unix_ns)
-        .varint(h.start_monotonic_ns)
-        .varint(h.start_ticks);
+    p.string(&h.recorder).string(&h.python_version).varint(h.python_hexversion as u64);
+    p.string(&h.implementation).string(&h.platform).varint(h.pid as u64);
+    p.zigzag(h.start_unix_ns).varint(h.start_monotonic_ns).varint(h.start_ticks);
     p.varint(0); // Clock::Tsc
     p.f64(h.ticks_per_second);
     // Options
@@ -72,8 +66,7 @@ fn header_payload(h: &Header) -> Vec<u8> {
     p.varint(h.options.deinstrument_threshold as u64);
     p.varint(0); // include_only: empty
     p.varint(1).string("threading"); // exclude
-    p.varint(h.options.buffer_events as u64)
-        .varint(h.options.max_buffers as u64);
+    p.varint(h.options.buffer_events as u64).varint(h.options.max_buffers as u64);
     p.f64(h.event_cost_ticks);
     // OpcodeTable
     p.varint(2).string("CACHE").string("POP_TOP");
@@ -83,34 +76,18 @@ fn header_payload(h: &Header) -> Vec<u8> {
 
 fn code_record(c: &CodeObject) -> Vec<u8> {
     let mut p = Pc::default();
-    p.varint(c.id as u64)
-        .string(&c.name)
-        .string(&c.qualname)
-        .string(&c.filename);
-    p.varint(c.first_line as u64)
-        .varint(c.flags as u64)
-        .bytes(&c.bytecode);
+    p.varint(c.id as u64).string(&c.name).string(&c.qualname).string(&c.filename);
+    p.varint(c.first_line as u64).varint(c.flags as u64).bytes(&c.bytecode);
     p.varint(c.positions.len() as u64);
     for pos in &c.positions {
-        p.zigzag(pos.line as i64)
-            .zigzag(pos.end_line as i64)
-            .zigzag(pos.column as i64)
-            .zigzag(pos.end_column as i64);
+        p.zigzag(pos.line as i64).zigzag(pos.end_line as i64).zigzag(pos.column as i64).zigzag(pos.end_column as i64);
     }
     p.0
 }
 
 /// A chunk header and payload, from the table in FORMAT.md 3.1.
 #[allow(clippy::too_many_arguments)]
-fn chunk(
-    kind: u16,
-    codec: u8,
-    thread: u64,
-    seq: u64,
-    ts: (u64, u64),
-    count: u32,
-    payload: &[u8],
-) -> Vec<u8> {
+fn chunk(kind: u16, codec: u8, thread: u64, seq: u64, ts: (u64, u64), count: u32, payload: &[u8]) -> Vec<u8> {
     let mut c = Vec::new();
     c.extend_from_slice(b"OCCH");
     c.extend_from_slice(&kind.to_le_bytes());
@@ -132,50 +109,38 @@ fn chunk(
     c
 }
 
-/// The three events of FORMAT.md section 8.
+/// The four events of FORMAT.md section 8.
 fn example_events() -> Vec<RawEvent> {
     vec![
         RawEvent::new(1000, 1, 0, 0, 0),
         RawEvent::new(1100, 1, 20, 4, 7),
-        RawEvent::new(1350, 1, 30, 0, 2),
+        RawEvent::new(1210, 1, 20, 4, 7),
+        RawEvent::new(1460, 1, 30, 0, 2),
     ]
 }
 
-const EXAMPLE_PAYLOAD: [u8; 23] = [
-    0x01, 0x00, 0x07, 0x02, // kind
-    0x01, 0x02, 0x00, 0x00, // code
-    0x01, 0x00, 0x28, 0x14, // offset
-    0x01, 0x00, 0x08, 0x07, // arg
-    0x02, 0x00, 0xc8, 0xf4, 0x00, 0x00, 0x01, // ticks
+const EXAMPLE_PAYLOAD: [u8; 34] = [
+    0x03, 0x00, 0x00, 0x00, // m
+    0x01, 0x00, 0x07, 0x02, // dictionary kind
+    0x01, 0x02, 0x00, 0x00, // dictionary code
+    0x01, 0x00, 0x28, 0x14, // dictionary offset
+    0x01, 0x00, 0x08, 0x07, // dictionary arg
+    0x01, 0x00, 0x01, 0x01, 0x02, // location
+    0x02, 0x00, 0xc8, 0x14, 0xf4, 0x00, 0x00, 0x00, 0x01, // ticks
 ];
 
 #[test]
 fn golden_bytes() {
     let h = small_header();
     let c = code(1, "work");
-    let thread = ThreadInfo {
-        thread_id: 77,
-        name: "MainThread".into(),
-        is_main: true,
-    };
-    let mut w = Writer::new(
-        Vec::new(),
-        "<memory>",
-        &h,
-        WriterOptions {
-            compress: false,
-            level: 0,
-        },
-    )
-    .unwrap();
+    let thread = ThreadInfo { thread_id: 77, name: "MainThread".into(), is_main: true };
+    let mut w = Writer::new(Vec::new(), "<memory>", &h, WriterOptions { compress: false, level: 0 }).unwrap();
     w.code_objects(std::slice::from_ref(&c)).unwrap();
     w.thread(&thread).unwrap();
     w.events(77, &example_events()).unwrap();
     let got = w.finish(trailer()).unwrap();
 
-    let mut want = vec![
-        0x89, b'O', b'C', b'L', 0x0d, 0x0a, 0x1a, 0x0a, 1, 0, 0, 0, 0, 0, 0, 0,
-    ];
+    let mut want = vec![0x89, b'O', b'C', b'L', 0x0d, 0x0a, 0x1a, 0x0a, 1, 0, 0, 0, 0, 0, 0, 0];
     want.extend(chunk(0x0001, 0x00, 0, 0, (0, 0), 1, &header_payload(&h)));
     let mut framed = Pc::default();
     framed.bytes(&code_record(&c));
@@ -183,29 +148,15 @@ fn golden_bytes() {
     let mut tp = Pc::default();
     tp.varint(77).string("MainThread").u8(1);
     want.extend(chunk(0x0004, 0x00, 77, 2, (0, 0), 1, &tp.0));
-    want.extend(chunk(
-        0x0002,
-        0x10,
-        77,
-        3,
-        (1000, 1350),
-        3,
-        &EXAMPLE_PAYLOAD,
-    ));
+    want.extend(chunk(0x0002, 0x10, 77, 3, (1000, 1460), 4, &EXAMPLE_PAYLOAD));
     let t = trailer();
     let mut tr = Pc::default();
-    tr.zigzag(t.end_unix_ns)
-        .varint(t.end_monotonic_ns)
-        .varint(t.end_ticks);
-    tr.varint(3).varint(0).varint(4); // events, lost, chunks before the trailer
+    tr.zigzag(t.end_unix_ns).varint(t.end_monotonic_ns).varint(t.end_ticks);
+    tr.varint(4).varint(0).varint(4); // events, lost, chunks before the trailer
     want.extend(chunk(0x00ff, 0x00, 0, 4, (0, 0), 1, &tr.0));
 
     if got != want {
-        let at = got
-            .iter()
-            .zip(&want)
-            .position(|(a, b)| a != b)
-            .unwrap_or(got.len().min(want.len()));
+        let at = got.iter().zip(&want).position(|(a, b)| a != b).unwrap_or(got.len().min(want.len()));
         panic!(
             "writer output differs from FORMAT.md at byte {at} (writer {} bytes, spec {} bytes)",
             got.len(),
@@ -216,24 +167,14 @@ fn golden_bytes() {
 
 #[test]
 fn compressed_events_chunk_decompresses_to_the_spec_payload() {
-    let mut w = Writer::new(
-        Vec::new(),
-        "<memory>",
-        &small_header(),
-        WriterOptions::default(),
-    )
-    .unwrap();
+    let mut w = Writer::new(Vec::new(), "<memory>", &small_header(), WriterOptions::default()).unwrap();
     w.events(77, &example_events()).unwrap();
     let bytes = w.finish(trailer()).unwrap();
     let events_chunk = crate::util::chunk_bounds(&bytes)[1];
     let c = &bytes[events_chunk.0..events_chunk.1];
     assert_eq!(&c[4..6], &0x0002u16.to_le_bytes());
     assert_eq!(c[6], 0x11, "columnar + zstd");
-    assert_eq!(
-        u32::from_le_bytes(c[12..16].try_into().unwrap()),
-        23,
-        "raw_len"
-    );
-    let raw = zstd::bulk::decompress(&c[56..], 23).unwrap();
+    assert_eq!(u32::from_le_bytes(c[12..16].try_into().unwrap()), 34, "raw_len");
+    let raw = zstd::bulk::decompress(&c[56..], 34).unwrap();
     assert_eq!(raw, EXAMPLE_PAYLOAD);
 }

@@ -10,35 +10,15 @@ fn every_record_round_trips_compressed_and_not() {
         let (bytes, sent) = sample_file(compress);
         let all = read_all(&bytes, false).unwrap();
         assert_eq!(all.events, sent, "compress={compress}");
+        assert_eq!(all.code, vec![crate::util::code(1, "work"), crate::util::code(2, "Worker.run")]);
         assert_eq!(
-            all.code,
-            vec![
-                crate::util::code(1, "work"),
-                crate::util::code(2, "Worker.run")
-            ]
-        );
-        assert_eq!(
-            all.threads
-                .iter()
-                .map(|t| (t.thread_id, t.name.as_str()))
-                .collect::<Vec<_>>(),
+            all.threads.iter().map(|t| (t.thread_id, t.name.as_str())).collect::<Vec<_>>(),
             [(100, "MainThread"), (200, "worker-1")]
         );
-        assert_eq!(
-            all.lost,
-            [Lost {
-                thread_id: 200,
-                count: 17,
-                first_ticks: 50_000,
-                last_ticks: 51_000
-            }]
-        );
+        assert_eq!(all.lost, [Lost { thread_id: 200, count: 17, first_ticks: 50_000, last_ticks: 51_000 }]);
         assert_eq!(all.snapshots[0].bytecode, [151, 0, 194, 2, 140, 4, 83, 0]);
         let t = all.trailer.clone().unwrap();
-        assert_eq!(
-            (t.events, t.lost, t.chunks),
-            (all.event_count() as u64, 17, 9)
-        );
+        assert_eq!((t.events, t.lost, t.chunks), (all.event_count() as u64, 17, 9));
         assert_eq!(all.report.events, all.event_count() as u64);
         assert_eq!(all.report.chunks, 10);
         assert!(all.report.clean(), "{:?}", all.report);
@@ -57,19 +37,10 @@ fn header_round_trips() {
 #[test]
 fn buffers_larger_than_a_chunk_are_split_in_order() {
     let n = MAX_CHUNK_EVENTS_PLUS;
-    let events: Vec<RawEvent> = (0..n as u64)
-        .map(|i| RawEvent::new(i * 3, 1, (i % 50) as u32 * 2, 0, 6))
-        .collect();
-    let mut w = Writer::new(
-        Vec::new(),
-        "m",
-        &ocular_format::testing::header(),
-        WriterOptions {
-            compress: true,
-            level: 1,
-        },
-    )
-    .unwrap();
+    let events: Vec<RawEvent> = (0..n as u64).map(|i| RawEvent::new(i * 3, 1, (i % 50) as u32 * 2, 0, 6)).collect();
+    let mut w =
+        Writer::new(Vec::new(), "m", &ocular_format::testing::header(), WriterOptions { compress: true, level: 1 })
+            .unwrap();
     w.events(5, &events).unwrap();
     let bytes = w.finish(crate::util::trailer()).unwrap();
     let all = read_all(&bytes, false).unwrap();
@@ -103,12 +74,7 @@ fn a_growing_file_is_followed_chunk_by_chunk() {
     assert!(r.report().warnings("growing.ocl")[0].contains("incomplete chunk at offset"));
 
     // The writer carries on: the reader picks up where it stopped.
-    std::fs::OpenOptions::new()
-        .append(true)
-        .open(&path)
-        .unwrap()
-        .write_all(&bytes[cut..])
-        .unwrap();
+    std::fs::OpenOptions::new().append(true).open(&path).unwrap().write_all(&bytes[cut..]).unwrap();
     while let Some(c) = r.next_chunk().unwrap() {
         if let Body::Events(e) = c.body {
             n += e.len();
@@ -147,11 +113,7 @@ fn trailing_fields_from_a_newer_minor_version_are_ignored() {
     let (bytes, _) = sample_file(false);
     let bounds = chunk_bounds(&bytes);
     let (a, b) = bounds[2];
-    assert_eq!(
-        &bytes[a + 4..a + 6],
-        &4u16.to_le_bytes(),
-        "chunk 2 is THREAD"
-    );
+    assert_eq!(&bytes[a + 4..a + 6], &4u16.to_le_bytes(), "chunk 2 is THREAD");
     let mut c = bytes[a..b].to_vec();
     c.extend([0xac, 0x02]);
     let len = (c.len() - 56) as u32;

@@ -25,12 +25,7 @@ pub fn code(id: u32, qualname: &str) -> CodeObject {
         flags: 3,
         bytecode: vec![151, 0, 93, 2, 140, 4, 83, 0],
         positions: (0..4)
-            .map(|i| Position {
-                line: 10 * id as i32 + i,
-                end_line: 10 * id as i32 + i,
-                column: 4,
-                end_column: -1,
-            })
+            .map(|i| Position { line: 10 * id as i32 + i, end_line: 10 * id as i32 + i, column: 4, end_column: -1 })
             .collect(),
     }
 }
@@ -41,64 +36,27 @@ pub fn loop_events(code: u32, start: u64, n: usize) -> Vec<RawEvent> {
     let mut t = start;
     for i in 0..n {
         t += 80 + (i as u64 * 7919) % 23;
-        let (kind, off, dest) = if i % 2 == 0 {
-            (EventKind::BRANCH, 12, 16)
-        } else {
-            (EventKind::JUMP, 40, 8)
-        };
+        let (kind, off, dest) = if i % 2 == 0 { (EventKind::BRANCH, 12, 16) } else { (EventKind::JUMP, 40, 8) };
         v.push(RawEvent::new(t, code, off, dest, kind as u8));
     }
-    v.push(RawEvent::new(
-        t + 50,
-        code,
-        44,
-        0,
-        EventKind::PY_RETURN as u8,
-    ));
+    v.push(RawEvent::new(t + 50, code, 44, 0, EventKind::PY_RETURN as u8));
     v
 }
 
 /// A small file with every kind of chunk, several EVENTS chunks from two threads.
 pub fn sample_file(compress: bool) -> (Vec<u8>, Vec<(u64, Vec<RawEvent>)>) {
-    let mut w = Writer::new(
-        Vec::new(),
-        "<memory>",
-        &header(),
-        WriterOptions { compress, level: 3 },
-    )
-    .unwrap();
-    w.code_objects(&[code(1, "work"), code(2, "Worker.run")])
-        .unwrap();
-    w.thread(&ThreadInfo {
-        thread_id: 100,
-        name: "MainThread".into(),
-        is_main: true,
-    })
-    .unwrap();
+    let mut w = Writer::new(Vec::new(), "<memory>", &header(), WriterOptions { compress, level: 3 }).unwrap();
+    w.code_objects(&[code(1, "work"), code(2, "Worker.run")]).unwrap();
+    w.thread(&ThreadInfo { thread_id: 100, name: "MainThread".into(), is_main: true }).unwrap();
     let mut sent = Vec::new();
     for (i, (tid, code)) in [(100u64, 1u32), (200, 2), (100, 1)].into_iter().enumerate() {
         let ev = loop_events(code, 10_000 * (i as u64 + 1), 40 + 10 * i);
         w.events(tid, &ev).unwrap();
         sent.push((tid, ev));
     }
-    w.thread(&ThreadInfo {
-        thread_id: 200,
-        name: "worker-1".into(),
-        is_main: false,
-    })
-    .unwrap();
-    w.lost(&Lost {
-        thread_id: 200,
-        count: 17,
-        first_ticks: 50_000,
-        last_ticks: 51_000,
-    })
-    .unwrap();
-    w.snapshots(&[CodeSnapshot {
-        id: 1,
-        bytecode: vec![151, 0, 194, 2, 140, 4, 83, 0],
-    }])
-    .unwrap();
+    w.thread(&ThreadInfo { thread_id: 200, name: "worker-1".into(), is_main: false }).unwrap();
+    w.lost(&Lost { thread_id: 200, count: 17, first_ticks: 50_000, last_ticks: 51_000 }).unwrap();
+    w.snapshots(&[CodeSnapshot { id: 1, bytecode: vec![151, 0, 194, 2, 140, 4, 83, 0] }]).unwrap();
     (w.finish(trailer()).unwrap(), sent)
 }
 
