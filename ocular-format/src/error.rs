@@ -7,13 +7,13 @@ use std::io;
 #[derive(Debug, thiserror::Error)]
 pub enum Error {
     /// The operating system refused a read or write.
-    #[error("{path}: {source}")]
+    #[error("{path}: {error}")]
     Io {
         /// File (or `<memory>`) being read or written.
         path: String,
-        /// The underlying error.
-        #[source]
-        source: io::Error,
+        /// The underlying error. Part of the message rather than a chained source, so the message is
+        /// complete on its own and `{:#}` chains do not repeat it.
+        error: io::Error,
     },
 
     /// The file does not start with the Ocular magic.

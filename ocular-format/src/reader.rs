@@ -188,11 +188,11 @@ impl Reader<BufReader<File>> {
     /// [`Reader::open`] with options.
     pub fn open_with(path: impl AsRef<Path>, opts: ReadOptions) -> Result<Self> {
         let name = path.as_ref().display().to_string();
-        let file = File::open(path.as_ref()).map_err(|source| Error::Io { path: name.clone(), source })?;
+        let file = File::open(path.as_ref()).map_err(|source| Error::Io { path: name.clone(), error: source })?;
         if file.metadata().map(|m| m.is_dir()).unwrap_or(false) {
             return Err(Error::Io {
                 path: name,
-                source: std::io::Error::new(std::io::ErrorKind::InvalidInput, "is a directory, not an .ocl file"),
+                error: std::io::Error::new(std::io::ErrorKind::InvalidInput, "is a directory, not an .ocl file"),
             });
         }
         Reader::new(BufReader::with_capacity(256 << 10, file), &name, opts)
@@ -202,7 +202,7 @@ impl Reader<BufReader<File>> {
 impl<R: Read + Seek> Reader<R> {
     /// Reads the preamble and the header chunk from `src`; `path` names it in messages.
     pub fn new(src: R, path: &str, opts: ReadOptions) -> Result<Self> {
-        let zstd = zstd::bulk::Decompressor::new().map_err(|source| Error::Io { path: path.into(), source })?;
+        let zstd = zstd::bulk::Decompressor::new().map_err(|source| Error::Io { path: path.into(), error: source })?;
         let mut r = Reader {
             src,
             path: path.to_owned(),
@@ -611,7 +611,7 @@ impl<R: Read + Seek> Reader<R> {
     }
 
     fn io(&self, source: std::io::Error) -> Error {
-        Error::Io { path: self.path.clone(), source }
+        Error::Io { path: self.path.clone(), error: source }
     }
 
     fn corrupt(&self, offset: u64, what: String) -> Error {

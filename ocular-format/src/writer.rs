@@ -219,5 +219,5 @@ impl<W: Write> Writer<W> {
 }
 
 fn io_err(path: &str, source: std::io::Error) -> Error {
-    Error::Io { path: path.to_owned(), source }
+    Error::Io { path: path.to_owned(), error: source }
 }

@@ -141,7 +141,10 @@ fn a_zstd_frame_larger_than_its_declared_raw_length_is_refused() {
     data.extend(c);
     data.extend(&bytes[b..]);
     let err = read_all(&data, false).unwrap_err().to_string();
-    assert_eq!(err, format!("mem.ocl: corrupt chunk at offset {a}: payload decompresses to {raw} bytes, header says {}", raw - 1));
+    assert_eq!(
+        err,
+        format!("mem.ocl: corrupt chunk at offset {a}: payload decompresses to {raw} bytes, header says {}", raw - 1)
+    );
 }
 
 #[test]

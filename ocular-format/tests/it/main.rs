@@ -2,6 +2,7 @@
 
 mod alloc_meter;
 mod damage;
+mod frozen;
 mod golden;
 mod roundtrip;
 mod util;

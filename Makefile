@@ -1,0 +1,46 @@
+# Ocular: `make demo` runs the main job on a bundled workload, `make test` builds everything and runs
+# every test. `make help` lists the targets.
+
+CARGO ?= cargo
+OUT   ?= out
+
+.DEFAULT_GOAL := help
+.PHONY: help demo test test-rust lint bench bench-format fuzz fixture clean
+
+help: ## list the targets
+	@grep -E '^[a-zA-Z_-]+:.*## ' $(MAKEFILE_LIST) | awk 'BEGIN {FS = ":.*## "}; {printf "  make %-14s %s\n", $$1, $$2}'
+
+demo: ## write a synthetic trace and analyze it (the recorder is not built yet)
+	@mkdir -p $(OUT)
+	$(CARGO) build --release -p ocular-analyze -p ocular-format --examples --bins
+	rm -f $(OUT)/synthetic.ocl
+	./target/release/examples/make_fixture $(OUT)/synthetic.ocl
+	./target/release/ocular-analyze info $(OUT)/synthetic.ocl
+	@echo
+	@echo "The recorder (python -m ocular run) does not exist yet: this demo wrote a synthetic trace with the"
+	@echo "format library. Dump it with: ./target/release/ocular-analyze dump $(OUT)/synthetic.ocl"
+
+test: test-rust ## build everything and run every test
+
+test-rust:
+	$(CARGO) test --workspace --locked
+
+lint: ## rustfmt, clippy with warnings as errors, docs without warnings
+	$(CARGO) fmt --all -- --check
+	$(CARGO) clippy --workspace --all-targets --locked -- -D warnings
+	RUSTDOCFLAGS="-D warnings" $(CARGO) doc --workspace --no-deps --locked
+
+bench: bench-format ## every benchmark (prints tables; see BENCHMARKS.md)
+
+bench-format: ## .ocl size and read/write throughput on 10M synthetic events
+	$(CARGO) run --release --locked -p ocular-format --example format_bench
+
+fuzz: ## fuzz the .ocl reader for FUZZ_SECONDS (default 60); installs cargo-fuzz if missing
+	@command -v cargo-fuzz >/dev/null || $(CARGO) install cargo-fuzz --locked
+	mkdir -p ocular-format/fuzz/corpus/reader
+	cp testdata/v1.0/*.ocl ocular-format/fuzz/corpus/reader/
+	cd ocular-format/fuzz && RUSTC_BOOTSTRAP=1 cargo fuzz run reader -- -max_total_time=$${FUZZ_SECONDS:-60} -rss_limit_mb=1024
+
+clean: ## remove build outputs and demo files
+	$(CARGO) clean
+	rm -rf $(OUT)

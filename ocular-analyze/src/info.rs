@@ -1,0 +1,184 @@
+//! `info`: what a file holds, in one pass, memory bounded by one chunk plus per-thread counters.
+
+use ocular_format::{kind_name, Body, ReadOptions, Reader};
+use serde::Serialize;
+use std::collections::BTreeMap;
+use std::path::Path;
+
+/// A summary of one `.ocl` file.
+#[derive(Debug, Serialize)]
+pub struct Info {
+    /// The file.
+    pub path: String,
+    /// `major.minor`.
+    pub format_version: String,
+    /// Who wrote it.
+    pub recorder: String,
+    /// Python version of the recorded program.
+    pub python_version: String,
+    /// Platform.
+    pub platform: String,
+    /// Recorded process id.
+    pub pid: u32,
+    /// Recording mode.
+    pub mode: String,
+    /// De-instrumentation threshold (0 = gapless).
+    pub deinstrument_threshold: u32,
+    /// Include filters.
+    pub include_only: Vec<String>,
+    /// Exclude filters.
+    pub exclude: Vec<String>,
+    /// Clock name.
+    pub clock: String,
+    /// Ticks per second.
+    pub ticks_per_second: f64,
+    /// Measured recorder cost per event, ns.
+    pub event_cost_ns: f64,
+    /// From the first to the last event, seconds.
+    pub duration_s: f64,
+    /// Events decoded.
+    pub events: u64,
+    /// Events by kind name.
+    pub events_by_kind: BTreeMap<String, u64>,
+    /// Threads.
+    pub threads: Vec<ThreadSummary>,
+    /// Code objects described.
+    pub code_objects: u64,
+    /// Code objects with a specialized-bytecode snapshot.
+    pub snapshots: u64,
+    /// Chunks read.
+    pub chunks: u64,
+    /// File size in bytes.
+    pub file_bytes: u64,
+    /// File bytes per event.
+    pub bytes_per_event: f64,
+    /// Events the recorder dropped.
+    pub lost_events: u64,
+    /// Whether the file ends with a trailer and nothing was damaged.
+    pub closed_cleanly: bool,
+    /// Reader warnings.
+    pub warnings: Vec<String>,
+}
+
+/// One thread's share.
+#[derive(Debug, Serialize)]
+pub struct ThreadSummary {
+    /// Native thread id.
+    pub id: u64,
+    /// Name, if recorded.
+    pub name: String,
+    /// Events recorded.
+    pub events: u64,
+}
+
+/// Reads `path` once and summarizes it.
+pub fn summarize(path: impl AsRef<Path>, opts: ReadOptions) -> ocular_format::Result<Info> {
+    let path = path.as_ref();
+    let mut r = Reader::open_with(path, opts)?;
+    let h = r.header().clone();
+    let mut by_kind = [0u64; 256];
+    let mut threads: BTreeMap<u64, (String, u64)> = BTreeMap::new();
+    let (mut code, mut snaps, mut lost) = (0u64, 0u64, 0u64);
+    let (mut first, mut last) = (u64::MAX, 0u64);
+    while let Some(c) = r.next_chunk()? {
+        match c.body {
+            Body::Events(ev) => {
+                for e in ev {
+                    by_kind[e.kind as usize] += 1;
+                }
+                threads.entry(c.info.thread_id).or_default().1 += ev.len() as u64;
+                if !ev.is_empty() {
+                    first = first.min(c.info.first_ts);
+                    last = last.max(c.info.last_ts);
+                }
+            }
+            Body::Thread(t) => threads.entry(t.thread_id).or_default().0 = t.name,
+            Body::Code(c) => code += c.len() as u64,
+            Body::Snapshot(s) => snaps += s.len() as u64,
+            Body::Lost(l) => lost += l.count,
+            Body::Trailer(_) | Body::Skipped(_) => {}
+        }
+    }
+    let report = r.report().clone();
+    let file_bytes = std::fs::metadata(path).map(|m| m.len()).unwrap_or(report.bytes);
+    let events = report.events;
+    let tps = h.ticks_per_second;
+    let duration_s = if last > first && tps > 0.0 { (last - first) as f64 / tps } else { 0.0 };
+    let (major, minor) = r.version();
+    Ok(Info {
+        path: path.display().to_string(),
+        format_version: format!("{major}.{minor}"),
+        recorder: h.recorder,
+        python_version: h.python_version,
+        platform: h.platform,
+        pid: h.pid,
+        mode: h.options.mode.name().into(),
+        deinstrument_threshold: h.options.deinstrument_threshold,
+        include_only: h.options.include_only,
+        exclude: h.options.exclude,
+        clock: format!("{:?}", h.clock),
+        ticks_per_second: tps,
+        event_cost_ns: if tps > 0.0 { h.event_cost_ticks * 1e9 / tps } else { 0.0 },
+        duration_s,
+        events,
+        events_by_kind: by_kind
+            .iter()
+            .enumerate()
+            .filter(|(_, &n)| n > 0)
+            .map(|(k, &n)| (kind_name(k as u8).into_owned(), n))
+            .collect(),
+        threads: threads.into_iter().map(|(id, (name, events))| ThreadSummary { id, name, events }).collect(),
+        code_objects: code,
+        snapshots: snaps,
+        chunks: report.chunks,
+        file_bytes,
+        bytes_per_event: if events > 0 { file_bytes as f64 / events as f64 } else { 0.0 },
+        lost_events: lost,
+        closed_cleanly: report.clean(),
+        warnings: report.warnings(&path.display().to_string()),
+    })
+}
+
+impl std::fmt::Display for Info {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        writeln!(f, "file          {} (.ocl {}, {} bytes)", self.path, self.format_version, self.file_bytes)?;
+        writeln!(
+            f,
+            "recorded by   {} on Python {} ({}), pid {}",
+            self.recorder, self.python_version, self.platform, self.pid
+        )?;
+        let threshold = match self.deinstrument_threshold {
+            0 => "gapless".to_string(),
+            n => format!("de-instrument after {n} hits"),
+        };
+        writeln!(f, "mode          {}, {threshold}", self.mode)?;
+        if !self.include_only.is_empty() || !self.exclude.is_empty() {
+            writeln!(f, "filters       include_only={:?} exclude={:?}", self.include_only, self.exclude)?;
+        }
+        writeln!(
+            f,
+            "clock         {} at {:.3} GHz, recorder cost {:.1} ns/event (measured at start)",
+            self.clock,
+            self.ticks_per_second / 1e9,
+            self.event_cost_ns
+        )?;
+        writeln!(f, "duration      {:.6} s", self.duration_s)?;
+        writeln!(
+            f,
+            "events        {} in {} chunks, {:.3} bytes/event on disk",
+            self.events, self.chunks, self.bytes_per_event
+        )?;
+        for (k, n) in &self.events_by_kind {
+            writeln!(f, "  {k:<18} {n}")?;
+        }
+        writeln!(f, "threads       {}", self.threads.len())?;
+        for t in &self.threads {
+            let name = if t.name.is_empty() { "(unnamed)" } else { &t.name };
+            writeln!(f, "  {:<10} {name:<24} {} events", t.id, t.events)?;
+        }
+        writeln!(f, "code objects  {} ({} with a specialized snapshot)", self.code_objects, self.snapshots)?;
+        writeln!(f, "lost events   {}", self.lost_events)?;
+        write!(f, "closed        {}", if self.closed_cleanly { "cleanly" } else { "NOT cleanly (see warnings)" })?;
+        Ok(())
+    }
+}

@@ -1,0 +1,10 @@
+//! Offline analysis of Ocular traces. The `ocular-analyze` binary is a thin clap layer over this library.
+//!
+//! ```no_run
+//! let info = ocular_analyze::info::summarize("run.ocl", Default::default())?;
+//! println!("{} events in {} threads", info.events, info.threads.len());
+//! # Ok::<(), ocular_format::Error>(())
+//! ```
+
+pub mod dump;
+pub mod info;

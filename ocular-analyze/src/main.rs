@@ -1,0 +1,92 @@
+//! `ocular-analyze`: the command line over the `ocular_analyze` library.
+
+use anyhow::Context;
+use clap::{Parser, Subcommand};
+use ocular_format::ReadOptions;
+use std::io::Write;
+use std::path::PathBuf;
+use std::process::ExitCode;
+
+/// Analyze Ocular traces (.ocl files) recorded from Python programs.
+///
+/// Record with `python -m ocular run script.py` (writes ocular.ocl), then:
+///
+///   ocular-analyze info ocular.ocl
+///   ocular-analyze dump ocular.ocl | less
+#[derive(Parser, Debug)]
+#[command(version, about, long_about, propagate_version = true)]
+struct Cli {
+    #[command(subcommand)]
+    command: Command,
+}
+
+#[derive(Subcommand, Debug)]
+enum Command {
+    /// Summarize a trace: Python version, mode, duration, threads, events by kind, size, lost events.
+    ///
+    /// Example: ocular-analyze info run.ocl --json | jq .events_by_kind
+    Info {
+        /// The .ocl file.
+        file: PathBuf,
+        /// Print JSON instead of text.
+        #[arg(long)]
+        json: bool,
+        /// Skip damaged chunks instead of stopping at the first one.
+        #[arg(long)]
+        salvage: bool,
+    },
+    /// Print every record of a trace as text, one line per event (the golden format of the tests).
+    ///
+    /// Example: ocular-analyze dump run.ocl | grep PY_START | head
+    Dump {
+        /// The .ocl file.
+        file: PathBuf,
+        /// Skip damaged chunks instead of stopping at the first one.
+        #[arg(long)]
+        salvage: bool,
+    },
+}
+
+fn run(cli: Cli) -> anyhow::Result<()> {
+    match cli.command {
+        Command::Info { file, json, salvage } => {
+            let info = ocular_analyze::info::summarize(&file, ReadOptions { salvage })?;
+            for w in &info.warnings {
+                eprintln!("warning: {w}");
+            }
+            let mut out = std::io::stdout().lock();
+            if json {
+                serde_json::to_writer_pretty(&mut out, &info)?;
+                writeln!(out)?;
+            } else {
+                writeln!(out, "{info}")?;
+            }
+        }
+        Command::Dump { file, salvage } => {
+            let mut out = std::io::BufWriter::new(std::io::stdout().lock());
+            let warnings = ocular_analyze::dump::dump(&file, ReadOptions { salvage }, &mut out)
+                .with_context(|| format!("cannot dump {}", file.display()))?;
+            out.flush()?;
+            for w in warnings {
+                eprintln!("warning: {w}");
+            }
+        }
+    }
+    Ok(())
+}
+
+fn main() -> ExitCode {
+    match run(Cli::parse()) {
+        Ok(()) => ExitCode::SUCCESS,
+        Err(e) => {
+            // A closed pipe (`| head`) is not an error worth a message.
+            if let Some(io) = e.downcast_ref::<std::io::Error>() {
+                if io.kind() == std::io::ErrorKind::BrokenPipe {
+                    return ExitCode::SUCCESS;
+                }
+            }
+            eprintln!("ocular-analyze: error: {e:#}");
+            ExitCode::from(2)
+        }
+    }
+}

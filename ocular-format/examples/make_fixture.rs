@@ -1,0 +1,58 @@
+//! Writes the frozen format fixture `testdata/v1.0/synthetic.ocl`: every chunk kind, two threads, a lost
+//! record, a snapshot and a trailer. Frozen files are never rewritten: this refuses to overwrite one.
+//!
+//!     cargo run -p ocular-format --example make_fixture -- testdata/v1.0/synthetic.ocl
+
+use ocular_format::*;
+
+fn main() -> Result<()> {
+    let path = std::env::args().nth(1).unwrap_or_else(|| "testdata/v1.0/synthetic.ocl".into());
+    if std::path::Path::new(&path).exists() {
+        eprintln!("{path} exists: frozen fixtures are never rewritten; make a new version's directory instead");
+        std::process::exit(1);
+    }
+    let file = std::fs::File::create(&path).map_err(|source| Error::Io { path: path.clone(), error: source })?;
+    let mut w = Writer::new(file, &path, &testing::header(), WriterOptions::default())?;
+    let code = |id: u32, qualname: &str, line: u32| CodeObject {
+        id,
+        name: qualname.rsplit('.').next().unwrap_or(qualname).into(),
+        qualname: qualname.into(),
+        filename: "workload.py".into(),
+        first_line: line,
+        flags: 3,
+        bytecode: vec![151, 0, 93, 2, 0, 0, 1, 0, 140, 4, 83, 0],
+        positions: (0..6)
+            .map(|i| Position { line: line as i32 + i / 2, end_line: line as i32 + i / 2, column: 4, end_column: 12 })
+            .collect(),
+    };
+    w.code_objects(&[code(1, "main", 1), code(2, "Worker.run", 10)])?;
+    w.thread(&ThreadInfo { thread_id: 1001, name: "MainThread".into(), is_main: true })?;
+    for (tid, id, start, iterations) in [(1001u64, 1u32, 10_000u64, 20u64), (1002, 2, 10_050, 12), (1001, 1, 20_000, 5)]
+    {
+        let mut ev = vec![RawEvent::new(start, id, 0, 0, EventKind::PY_START as u8)];
+        let mut t = start;
+        for i in 0..iterations {
+            t += 150 + (i * 37) % 11;
+            ev.push(RawEvent::new(t, id, 2, 6, EventKind::BRANCH as u8));
+            t += 90 + (i * 53) % 7;
+            ev.push(RawEvent::new(t, id, 8, 2, EventKind::JUMP as u8));
+        }
+        t += 40;
+        ev.push(RawEvent::new(t, id, 2, 12, EventKind::BRANCH as u8));
+        ev.push(RawEvent::new(t + 60, id, 10, 0, EventKind::PY_RETURN as u8));
+        w.events(tid, &ev)?;
+    }
+    w.thread(&ThreadInfo { thread_id: 1002, name: "worker-1".into(), is_main: false })?;
+    w.lost(&Lost { thread_id: 1002, count: 3, first_ticks: 15_000, last_ticks: 15_200 })?;
+    w.snapshots(&[CodeSnapshot { id: 1, bytecode: vec![151, 0, 194, 2, 0, 0, 1, 0, 140, 4, 83, 0] }])?;
+    w.finish(Trailer {
+        end_unix_ns: 1_795_000_000_500_000_000,
+        end_monotonic_ns: 623_456_789,
+        end_ticks: 1_500_001_000,
+        events: 0,
+        lost: 0,
+        chunks: 0,
+    })?;
+    println!("wrote {path}");
+    Ok(())
+}

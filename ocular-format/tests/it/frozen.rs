@@ -1,0 +1,39 @@
+//! Frozen files, one per format version, read by this test forever. Never regenerate them: a reader
+//! change that breaks this test breaks every user's old traces.
+
+use crate::util::read_all;
+
+fn fixture(rel: &str) -> Vec<u8> {
+    let path = concat!(env!("CARGO_MANIFEST_DIR"), "/../testdata/");
+    std::fs::read(format!("{path}{rel}")).unwrap_or_else(|e| panic!("{path}{rel}: {e}"))
+}
+
+#[test]
+fn v1_0_synthetic_reads_forever() {
+    let bytes = fixture("v1.0/synthetic.ocl");
+    assert_eq!(bytes.len(), 1918);
+    let r = ocular_format::Reader::new(std::io::Cursor::new(&bytes), "v1.0", Default::default()).unwrap();
+    let h = r.header();
+    assert_eq!(r.version(), (1, 0));
+    assert_eq!((h.python_version.as_str(), h.python_hexversion, h.pid), ("3.12.1", 0x030c01f0, 4242));
+    assert_eq!(h.options.mode, ocular_format::Mode::Adaptive);
+    assert_eq!(h.options.exclude, ["threading"]);
+    assert_eq!(h.opcodes.name(194), "FOR_ITER_RANGE");
+    assert_eq!(h.opcodes.base[194], 93);
+    assert_eq!(h.ticks_per_second, 3.0e9);
+
+    let all = read_all(&bytes, false).unwrap();
+    assert!(all.report.clean());
+    let per_thread: Vec<(u64, usize)> = all.events.iter().map(|(t, e)| (*t, e.len())).collect();
+    assert_eq!(per_thread, [(1001, 43), (1002, 27), (1001, 13)]);
+    let first = &all.events[0].1;
+    assert_eq!(format!("{:?}", first[0]), "PY_START ticks=10000 code=1 offset=0 arg=0");
+    assert_eq!(format!("{:?}", first[2]), "JUMP ticks=10240 code=1 offset=8 arg=2");
+    assert_eq!(format!("{:?}", first[42]), "PY_RETURN ticks=15060 code=1 offset=10 arg=0");
+    assert_eq!(all.code.iter().map(|c| c.qualname.as_str()).collect::<Vec<_>>(), ["main", "Worker.run"]);
+    assert_eq!(all.code[1].positions[5].line, 12);
+    assert_eq!(all.lost[0].count, 3);
+    assert_eq!(all.snapshots[0].bytecode[2], 194);
+    let t = all.trailer.unwrap();
+    assert_eq!((t.events, t.lost, t.chunks), (83, 3, 9));
+}
