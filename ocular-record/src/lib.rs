@@ -1,0 +1,26 @@
+//! The Ocular recorder.
+//!
+//! The plain-Rust core (this crate without features) is the clock, the per-thread buffers and the writer
+//! thread; `cargo test` covers it without an interpreter. The `python` feature adds `src/py/`, the
+//! CPython extension `ocular._ocular` built by maturin, which is as thin as it can be: raw
+//! `METH_FASTCALL` callbacks that read the clock and push into a [`session::ThreadBuffer`].
+//!
+//! ```no_run
+//! use ocular_record::session::{Config, Session, ThreadBuffer};
+//! use ocular_format::{RawEvent, EventKind};
+//! # let header = ocular_format::testing::header();
+//! let session = Session::start("run.ocl".as_ref(), &header, Config::default())?;
+//! let mut buf = ThreadBuffer::new(1234);
+//! buf.push(RawEvent::new(ocular_record::clock::ticks(), 1, 0, 0, EventKind::PY_START as u8), &session);
+//! buf.flush(&session);
+//! let outcome = session.finish(ocular_record::clock::ClockPoint::now());
+//! assert_eq!(outcome.events, 1);
+//! # Ok::<(), ocular_format::Error>(())
+//! ```
+
+pub mod clock;
+pub mod filter;
+pub mod session;
+
+#[cfg(feature = "python")]
+mod py;

@@ -1,0 +1,443 @@
+//! A recording session without Python in it: the buffer pool, the per-thread buffer the hot path appends
+//! to, and the named writer thread that turns full buffers into chunks.
+//!
+//! ```text
+//!   recording thread(s)                         ocular-writer thread
+//!   ThreadBuffer::push ── full ──> channel ───> Writer::events (encode, zstd, write, flush)
+//!        ^                                           │
+//!        └──────────── Pool (free buffers) <─────────┘
+//! ```
+//!
+//! The channel is unbounded, but every event buffer in it comes from the pool, which never holds more than
+//! `max_buffers`: memory is bounded, and the recording thread never blocks on the disk. When the pool is
+//! empty the events are dropped, counted, and written as a LOST record once buffers come back.
+
+use crate::clock::ClockPoint;
+use ocular_format::{CodeObject, CodeSnapshot, Header, Lost, RawEvent, ThreadInfo, Trailer, Writer, WriterOptions};
+use std::fs::File;
+use std::io::BufWriter;
+use std::path::{Path, PathBuf};
+use std::sync::atomic::{AtomicUsize, Ordering};
+use std::sync::mpsc::{channel, Sender};
+use std::sync::{Arc, Mutex};
+use std::thread::JoinHandle;
+
+/// A buffer of events, owned by one thread while it fills it.
+pub type Buffer = Box<[RawEvent]>;
+
+/// Sizes of the buffers.
+#[derive(Clone, Copy, Debug)]
+pub struct Config {
+    /// Events per buffer (one full buffer is one EVENTS chunk).
+    pub buffer_events: usize,
+    /// Buffers that may exist at once; beyond this, events are dropped and counted.
+    pub max_buffers: usize,
+}
+
+impl Default for Config {
+    fn default() -> Self {
+        // 16 Ki events = 384 KiB per buffer; 256 buffers = 96 MiB at most, reached only if the disk
+        // cannot keep up.
+        Config { buffer_events: 16 * 1024, max_buffers: 256 }
+    }
+}
+
+/// Free buffers, and how many exist.
+#[derive(Debug)]
+pub struct Pool {
+    free: Mutex<Vec<Buffer>>,
+    allocated: AtomicUsize,
+    cfg: Config,
+}
+
+impl Pool {
+    /// An empty pool that will allocate up to `cfg.max_buffers` buffers on demand.
+    pub fn new(cfg: Config) -> Self {
+        Pool { free: Mutex::new(Vec::new()), allocated: AtomicUsize::new(0), cfg }
+    }
+
+    /// A free buffer, allocating one if the limit allows; `None` when all are in flight.
+    pub fn take(&self) -> Option<Buffer> {
+        if let Some(b) = self.free.lock().unwrap_or_else(|e| e.into_inner()).pop() {
+            return Some(b);
+        }
+        let n = self.allocated.fetch_add(1, Ordering::Relaxed);
+        if n >= self.cfg.max_buffers {
+            self.allocated.fetch_sub(1, Ordering::Relaxed);
+            return None;
+        }
+        Some(vec![RawEvent::default(); self.cfg.buffer_events.max(1)].into_boxed_slice())
+    }
+
+    /// Returns a buffer for reuse.
+    pub fn give(&self, b: Buffer) {
+        self.free.lock().unwrap_or_else(|e| e.into_inner()).push(b);
+    }
+
+    /// Buffers allocated so far.
+    pub fn allocated(&self) -> usize {
+        self.allocated.load(Ordering::Relaxed)
+    }
+}
+
+/// Where a [`ThreadBuffer`] sends full buffers and gets empty ones.
+pub trait Sink {
+    /// An empty buffer, or `None` if none can be had now.
+    fn take(&self) -> Option<Buffer>;
+    /// The first `len` events of `buf`, from `thread_id`, are complete.
+    fn submit(&self, thread_id: u64, buf: Buffer, len: usize);
+    /// Events were dropped.
+    fn lost(&self, lost: Lost);
+}
+
+/// Dropped events not yet reported.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub struct LostRun {
+    /// How many.
+    pub count: u64,
+    /// Ticks of the first.
+    pub first: u64,
+    /// Ticks of the last.
+    pub last: u64,
+}
+
+/// The buffer one thread appends to. Its `push` is the whole of the recording hot path after the
+/// callback has read its arguments: a compare, a 24-byte store and a pointer increment.
+#[derive(Debug)]
+pub struct ThreadBuffer {
+    cur: *mut RawEvent,
+    end: *mut RawEvent,
+    buf: Option<Buffer>,
+    /// Native thread id of the owner.
+    pub thread_id: u64,
+    lost: LostRun,
+    /// Events pushed into buffers (not counting lost ones).
+    pub pushed: u64,
+}
+
+// SAFETY: the raw pointers point into `buf`, which the struct owns; moving the struct to another thread
+// moves the buffer with it. (Recording threads only touch their own ThreadBuffer, under the GIL.)
+unsafe impl Send for ThreadBuffer {}
+
+impl ThreadBuffer {
+    /// A thread buffer with no buffer yet: the first push takes one from the sink.
+    pub fn new(thread_id: u64) -> Self {
+        ThreadBuffer {
+            cur: std::ptr::null_mut(),
+            end: std::ptr::null_mut(),
+            buf: None,
+            thread_id,
+            lost: LostRun::default(),
+            pushed: 0,
+        }
+    }
+
+    /// Appends an event.
+    #[inline(always)]
+    pub fn push(&mut self, ev: RawEvent, sink: &dyn Sink) {
+        if self.cur == self.end {
+            self.refill(sink, ev.ticks.get());
+            if self.cur == self.end {
+                return;
+            }
+        }
+        // SAFETY: cur < end, both within `buf`'s allocation (set by `install`), so cur is valid for a write.
+        unsafe {
+            self.cur.write(ev);
+            self.cur = self.cur.add(1);
+        }
+    }
+
+    /// Events in the current buffer.
+    pub fn len(&self) -> usize {
+        match &self.buf {
+            // SAFETY: cur was derived from the buffer's base pointer and never passes its end.
+            Some(b) => unsafe { self.cur.offset_from(b.as_ptr()) as usize },
+            None => 0,
+        }
+    }
+
+    /// Whether the current buffer is empty.
+    pub fn is_empty(&self) -> bool {
+        self.len() == 0
+    }
+
+    #[cold]
+    #[inline(never)]
+    fn refill(&mut self, sink: &dyn Sink, ticks: u64) {
+        self.submit(sink);
+        match sink.take() {
+            Some(b) => {
+                self.install(b);
+                if self.lost.count > 0 {
+                    self.report_lost(sink);
+                }
+            }
+            None => {
+                let l = &mut self.lost;
+                if l.count == 0 {
+                    l.first = ticks;
+                }
+                l.count += 1;
+                l.last = ticks;
+            }
+        }
+    }
+
+    fn install(&mut self, mut b: Buffer) {
+        let range = b.as_mut_ptr_range();
+        self.cur = range.start;
+        self.end = range.end;
+        self.buf = Some(b);
+    }
+
+    fn submit(&mut self, sink: &dyn Sink) {
+        let len = self.len();
+        if let Some(b) = self.buf.take() {
+            // An empty buffer goes back for reuse too; the writer makes no chunk of it.
+            self.pushed += len as u64;
+            sink.submit(self.thread_id, b, len);
+        }
+        self.cur = std::ptr::null_mut();
+        self.end = std::ptr::null_mut();
+    }
+
+    fn report_lost(&mut self, sink: &dyn Sink) {
+        let l = std::mem::take(&mut self.lost);
+        sink.lost(Lost { thread_id: self.thread_id, count: l.count, first_ticks: l.first, last_ticks: l.last });
+    }
+
+    /// Submits the current buffer, however full, and reports any lost events. The next push takes a new
+    /// buffer.
+    pub fn flush(&mut self, sink: &dyn Sink) {
+        self.submit(sink);
+        if self.lost.count > 0 {
+            self.report_lost(sink);
+        }
+    }
+
+    /// Forgets the events in the current buffer (used after calibration, whose events are not recorded).
+    pub fn rewind(&mut self) {
+        if let Some(b) = &mut self.buf {
+            self.cur = b.as_mut_ptr();
+        }
+    }
+
+    /// Drops the buffer without submitting it (a forked child must not write the parent's file).
+    pub fn abandon(&mut self) {
+        self.buf = None;
+        self.cur = std::ptr::null_mut();
+        self.end = std::ptr::null_mut();
+        self.lost = LostRun::default();
+    }
+
+    /// Dropped events not yet reported.
+    pub fn lost_pending(&self) -> LostRun {
+        self.lost
+    }
+}
+
+enum Msg {
+    Events { thread_id: u64, buf: Buffer, len: usize },
+    Code(Vec<CodeObject>),
+    Thread(ThreadInfo),
+    Lost(Lost),
+    Snapshots(Vec<CodeSnapshot>),
+    Finish(Trailer),
+}
+
+/// What the writer did, reported when the session finishes.
+#[derive(Clone, Debug, Default, PartialEq, Eq)]
+pub struct Outcome {
+    /// Events written.
+    pub events: u64,
+    /// Events counted as lost (LOST records), including any that could not be written.
+    pub lost: u64,
+    /// File size.
+    pub bytes: u64,
+    /// The first write error, if any; events after it are counted in `lost`.
+    pub error: Option<String>,
+}
+
+/// A recording in progress: the file, the writer thread, the pool.
+#[derive(Debug)]
+pub struct Session {
+    tx: Sender<Msg>,
+    pool: Arc<Pool>,
+    writer: Option<JoinHandle<Outcome>>,
+    path: PathBuf,
+}
+
+impl Session {
+    /// Creates the file, writes its header, and starts the `ocular-writer` thread. Errors (a directory
+    /// that does not exist, no permission) surface here, before anything is recorded.
+    pub fn start(path: &Path, header: &Header, cfg: Config) -> ocular_format::Result<Session> {
+        let name = path.display().to_string();
+        let file = File::create(path).map_err(|error| ocular_format::Error::Io { path: name.clone(), error })?;
+        let mut writer = Writer::new(BufWriter::with_capacity(1 << 20, file), &name, header, WriterOptions::default())?;
+        writer.flush()?;
+        let pool = Arc::new(Pool::new(cfg));
+        let (tx, rx) = channel::<Msg>();
+        let wpool = Arc::clone(&pool);
+        let handle = std::thread::Builder::new()
+            .name("ocular-writer".into())
+            .spawn(move || {
+                let mut out = Outcome::default();
+                let mut writer = Some(writer);
+                let fail = |out: &mut Outcome, writer: &mut Option<Writer<BufWriter<File>>>, e: ocular_format::Error| {
+                    out.error.get_or_insert_with(|| e.to_string());
+                    *writer = None;
+                };
+                for msg in rx {
+                    match msg {
+                        Msg::Events { thread_id, buf, len } => {
+                            if len > 0 {
+                                match writer.as_mut().map(|w| w.events(thread_id, &buf[..len])) {
+                                    Some(Ok(())) => out.events += len as u64,
+                                    Some(Err(e)) => {
+                                        out.lost += len as u64;
+                                        fail(&mut out, &mut writer, e);
+                                    }
+                                    None => out.lost += len as u64,
+                                }
+                            }
+                            wpool.give(buf);
+                        }
+                        Msg::Lost(l) => {
+                            out.lost += l.count;
+                            if let Some(Err(e)) = writer.as_mut().map(|w| w.lost(&l)) {
+                                fail(&mut out, &mut writer, e);
+                            }
+                        }
+                        Msg::Code(c) => {
+                            if let Some(Err(e)) = writer.as_mut().map(|w| w.code_objects(&c)) {
+                                fail(&mut out, &mut writer, e);
+                            }
+                        }
+                        Msg::Thread(t) => {
+                            if let Some(Err(e)) = writer.as_mut().map(|w| w.thread(&t)) {
+                                fail(&mut out, &mut writer, e);
+                            }
+                        }
+                        Msg::Snapshots(s) => {
+                            if let Some(Err(e)) = writer.as_mut().map(|w| w.snapshots(&s)) {
+                                fail(&mut out, &mut writer, e);
+                            }
+                        }
+                        Msg::Finish(t) => {
+                            if let Some(w) = writer.take() {
+                                out.bytes = w.bytes_written();
+                                let closed = w.finish(t).map_err(|e| e.to_string()).and_then(|bw| {
+                                    // Durable on return: a recording that "finished" survives a crash.
+                                    let f = bw.into_inner().map_err(|e| e.into_error().to_string())?;
+                                    f.sync_all().and_then(|()| f.metadata()).map(|m| m.len()).map_err(|e| e.to_string())
+                                });
+                                match closed {
+                                    Ok(len) => out.bytes = len,
+                                    Err(e) => {
+                                        out.error.get_or_insert(e);
+                                    }
+                                }
+                            }
+                            break;
+                        }
+                    }
+                }
+                out
+            })
+            .map_err(|error| ocular_format::Error::Io { path: name, error })?;
+        Ok(Session { tx, pool, writer: Some(handle), path: path.to_owned() })
+    }
+
+    /// The file being written.
+    pub fn path(&self) -> &Path {
+        &self.path
+    }
+
+    /// The buffer pool.
+    pub fn pool(&self) -> &Pool {
+        &self.pool
+    }
+
+    /// Sends code objects (before any event that uses them).
+    pub fn code(&self, objects: Vec<CodeObject>) {
+        let _ = self.tx.send(Msg::Code(objects));
+    }
+
+    /// Names a thread.
+    pub fn thread(&self, info: ThreadInfo) {
+        let _ = self.tx.send(Msg::Thread(info));
+    }
+
+    /// Sends specialized-bytecode snapshots.
+    pub fn snapshots(&self, s: Vec<CodeSnapshot>) {
+        let _ = self.tx.send(Msg::Snapshots(s));
+    }
+
+    /// Writes the trailer, waits for the writer, and reports what it did.
+    pub fn finish(mut self, end: ClockPoint) -> Outcome {
+        let trailer = Trailer {
+            end_unix_ns: end.unix_ns,
+            end_monotonic_ns: end.monotonic_ns,
+            end_ticks: end.ticks,
+            events: 0,
+            lost: 0,
+            chunks: 0,
+        };
+        let _ = self.tx.send(Msg::Finish(trailer));
+        match self.writer.take().map(JoinHandle::join) {
+            Some(Ok(out)) => out,
+            Some(Err(_)) => Outcome { error: Some("the ocular-writer thread panicked".into()), ..Outcome::default() },
+            None => Outcome::default(),
+        }
+    }
+
+    /// Leaves the session without touching the file or joining the writer: for a forked child, where the
+    /// writer thread does not exist and the file belongs to the parent.
+    pub fn forget(mut self) {
+        if let Some(h) = self.writer.take() {
+            std::mem::forget(h);
+        }
+        std::mem::forget(self);
+    }
+}
+
+impl Sink for Session {
+    fn take(&self) -> Option<Buffer> {
+        self.pool.take()
+    }
+    fn submit(&self, thread_id: u64, buf: Buffer, len: usize) {
+        if let Err(e) = self.tx.send(Msg::Events { thread_id, buf, len }) {
+            // Only possible after the writer stopped; the buffer comes back for reuse.
+            if let Msg::Events { buf, .. } = e.0 {
+                self.pool.give(buf);
+            }
+        }
+    }
+    fn lost(&self, lost: Lost) {
+        let _ = self.tx.send(Msg::Lost(lost));
+    }
+}
+
+/// A sink that records nothing: calibration runs push into one buffer that is reused when full.
+#[derive(Debug)]
+pub struct Discard {
+    pool: Pool,
+}
+
+impl Discard {
+    /// A discarding sink with buffers of `buffer_events`.
+    pub fn new(buffer_events: usize) -> Self {
+        Discard { pool: Pool::new(Config { buffer_events, max_buffers: 2 }) }
+    }
+}
+
+impl Sink for Discard {
+    fn take(&self) -> Option<Buffer> {
+        self.pool.take()
+    }
+    fn submit(&self, _: u64, buf: Buffer, _: usize) {
+        self.pool.give(buf);
+    }
+    fn lost(&self, _: Lost) {}
+}

@@ -1,0 +1,3 @@
+//! The recorder's plain-Rust core: buffers, loss accounting, the writer thread, the file it leaves.
+
+mod session;

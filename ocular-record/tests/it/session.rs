@@ -1,0 +1,186 @@
+use ocular_format::{Body, EventKind, Lost, RawEvent, ReadOptions, Reader, ThreadInfo};
+use ocular_record::clock::ClockPoint;
+use ocular_record::session::{Buffer, Config, Discard, Pool, Session, Sink, ThreadBuffer};
+use std::cell::RefCell;
+
+fn ev(t: u64, off: u32) -> RawEvent {
+    RawEvent::new(t, 1, off, off + 2, EventKind::JUMP as u8)
+}
+
+fn tmp(name: &str) -> std::path::PathBuf {
+    let dir = std::env::temp_dir().join(format!("ocular-record-{}-{name}", std::process::id()));
+    std::fs::create_dir_all(&dir).unwrap();
+    dir.join("run.ocl")
+}
+
+/// A sink that keeps what it is given, and hands out buffers only while `available` allows.
+struct Scripted {
+    pool: Pool,
+    available: RefCell<usize>,
+    submitted: RefCell<Vec<(u64, Vec<RawEvent>)>>,
+    lost: RefCell<Vec<Lost>>,
+}
+
+impl Scripted {
+    fn new(buffer_events: usize, available: usize) -> Self {
+        Scripted {
+            pool: Pool::new(Config { buffer_events, max_buffers: usize::MAX }),
+            available: RefCell::new(available),
+            submitted: RefCell::default(),
+            lost: RefCell::default(),
+        }
+    }
+}
+
+impl Sink for Scripted {
+    fn take(&self) -> Option<Buffer> {
+        let mut a = self.available.borrow_mut();
+        (*a > 0).then(|| {
+            *a -= 1;
+            self.pool.take().unwrap()
+        })
+    }
+    fn submit(&self, thread_id: u64, buf: Buffer, len: usize) {
+        if len > 0 {
+            self.submitted.borrow_mut().push((thread_id, buf[..len].to_vec()));
+        }
+    }
+    fn lost(&self, lost: Lost) {
+        self.lost.borrow_mut().push(lost);
+    }
+}
+
+#[test]
+fn full_buffers_are_submitted_in_order() {
+    let sink = Scripted::new(4, 10);
+    let mut tb = ThreadBuffer::new(7);
+    for i in 0..10 {
+        tb.push(ev(100 + i, i as u32), &sink);
+    }
+    assert_eq!(tb.len(), 2);
+    tb.flush(&sink);
+    let got = sink.submitted.borrow();
+    let sizes: Vec<usize> = got.iter().map(|(_, e)| e.len()).collect();
+    assert_eq!(sizes, [4, 4, 2]);
+    let all: Vec<u64> = got.iter().flat_map(|(_, e)| e.iter().map(|e| e.ticks.get())).collect();
+    assert_eq!(all, (100..110).collect::<Vec<_>>());
+    assert_eq!(tb.pushed, 10);
+    assert!(sink.lost.borrow().is_empty());
+}
+
+#[test]
+fn events_without_a_buffer_are_counted_with_their_time_range_and_reported_on_recovery() {
+    // One buffer of 3, then none for a while: events 3..=7 are lost; then buffers return.
+    let sink = Scripted::new(3, 1);
+    let mut tb = ThreadBuffer::new(9);
+    for i in 0..8 {
+        tb.push(ev(1000 + i, 0), &sink);
+    }
+    assert_eq!(tb.lost_pending().count, 5);
+    *sink.available.borrow_mut() = 5;
+    tb.push(ev(2000, 0), &sink);
+    assert_eq!(*sink.lost.borrow(), [Lost { thread_id: 9, count: 5, first_ticks: 1003, last_ticks: 1007 }]);
+    tb.flush(&sink);
+    let kept: Vec<u64> = sink.submitted.borrow().iter().flat_map(|(_, e)| e.iter().map(|e| e.ticks.get())).collect();
+    assert_eq!(kept, [1000, 1001, 1002, 2000]);
+}
+
+#[test]
+fn lost_events_pending_at_flush_are_reported() {
+    let sink = Scripted::new(2, 1);
+    let mut tb = ThreadBuffer::new(3);
+    for i in 0..5 {
+        tb.push(ev(i, 0), &sink);
+    }
+    tb.flush(&sink);
+    assert_eq!(*sink.lost.borrow(), [Lost { thread_id: 3, count: 3, first_ticks: 2, last_ticks: 4 }]);
+}
+
+#[test]
+fn rewind_and_discard_keep_nothing() {
+    let sink = Discard::new(4);
+    let mut tb = ThreadBuffer::new(1);
+    for i in 0..10 {
+        tb.push(ev(i, 0), &sink);
+    }
+    tb.rewind();
+    assert_eq!(tb.len(), 0);
+    assert_eq!(tb.lost_pending().count, 0, "a discarding sink always has a buffer");
+}
+
+#[test]
+fn a_session_writes_every_thread_in_order_and_closes_cleanly() {
+    let path = tmp("threads");
+    let header = ocular_format::testing::header();
+    let session = Session::start(&path, &header, Config { buffer_events: 100, max_buffers: 64 }).unwrap();
+    session.thread(ThreadInfo { thread_id: 1, name: "MainThread".into(), is_main: true });
+    let mut a = ThreadBuffer::new(1);
+    let mut b = ThreadBuffer::new(2);
+    for i in 0..1000u64 {
+        a.push(ev(10 * i, (i % 7) as u32 * 2), &session);
+        if i % 3 == 0 {
+            b.push(ev(10 * i + 5, 40), &session);
+        }
+    }
+    a.flush(&session);
+    b.flush(&session);
+    let out = session.finish(ClockPoint::now());
+    assert_eq!((out.events, out.lost, out.error.as_deref()), (1000 + 334, 0, None));
+    assert_eq!(out.bytes, std::fs::metadata(&path).unwrap().len());
+
+    let mut r = Reader::open_with(&path, ReadOptions::default()).unwrap();
+    let (mut ta, mut tb_) = (Vec::new(), Vec::new());
+    while let Some(c) = r.next_chunk().unwrap() {
+        if let Body::Events(e) = c.body {
+            let ticks = e.iter().map(|e| e.ticks.get());
+            match c.info.thread_id {
+                1 => ta.extend(ticks),
+                2 => tb_.extend(ticks),
+                t => panic!("unexpected thread {t}"),
+            }
+        }
+    }
+    assert_eq!(ta, (0..1000).map(|i| 10 * i).collect::<Vec<_>>());
+    assert_eq!(tb_, (0..1000).step_by(3).map(|i| 10 * i + 5).collect::<Vec<_>>());
+    assert!(r.report().clean());
+    std::fs::remove_dir_all(path.parent().unwrap()).unwrap();
+}
+
+#[test]
+fn a_bad_path_fails_at_start_with_the_path_in_the_message() {
+    let err = Session::start("/nonexistent-dir/run.ocl".as_ref(), &ocular_format::testing::header(), Config::default())
+        .unwrap_err();
+    assert_eq!(err.to_string(), "/nonexistent-dir/run.ocl: No such file or directory (os error 2)");
+}
+
+#[test]
+fn a_full_disk_fails_at_start() {
+    if !std::path::Path::new("/dev/full").exists() {
+        return;
+    }
+    let err = Session::start("/dev/full".as_ref(), &ocular_format::testing::header(), Config::default()).unwrap_err();
+    assert_eq!(err.to_string(), "/dev/full: No space left on device (os error 28)");
+}
+
+#[test]
+fn the_writer_thread_is_named() {
+    let path = tmp("named");
+    let session = Session::start(&path, &ocular_format::testing::header(), Config::default()).unwrap();
+    // The new thread names itself when it starts running: poll for up to a second.
+    let mut names = Vec::new();
+    for _ in 0..100 {
+        names = std::fs::read_dir("/proc/self/task")
+            .map(|d| d.filter_map(|t| std::fs::read_to_string(t.ok()?.path().join("comm")).ok()).collect())
+            .unwrap_or_default();
+        if names.iter().any(|n: &String| n.trim() == "ocular-writer") {
+            break;
+        }
+        std::thread::sleep(std::time::Duration::from_millis(10));
+    }
+    let out = session.finish(ClockPoint::now());
+    assert!(out.error.is_none());
+    if !names.is_empty() {
+        assert!(names.iter().any(|n| n.trim() == "ocular-writer"), "{names:?}");
+    }
+    std::fs::remove_dir_all(path.parent().unwrap()).unwrap();
+}
