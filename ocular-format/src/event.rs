@@ -30,6 +30,17 @@ const _: () = assert!(std::mem::size_of::<RawEvent>() == 24);
 const _: () = assert!(std::mem::align_of::<RawEvent>() == 1);
 
 impl RawEvent {
+    /// All fields zero.
+    pub const ZERO: RawEvent = RawEvent {
+        ticks: U64::ZERO,
+        code: U32::ZERO,
+        offset: U32::ZERO,
+        arg: U32::ZERO,
+        kind: 0,
+        flags: 0,
+        reserved: U16::ZERO,
+    };
+
     /// An event with the given fields and zeroed reserved fields.
     #[inline(always)]
     pub fn new(ticks: u64, code: u32, offset: u32, arg: u32, kind: u8) -> Self {

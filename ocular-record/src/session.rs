@@ -259,6 +259,88 @@ pub struct Outcome {
     pub error: Option<String>,
 }
 
+/// The writer thread's state. After a write error the writer is dropped: later events are counted as
+/// lost, and buffers still go back to the pool so recording never stalls.
+struct WriterJob {
+    writer: Option<Writer<BufWriter<File>>>,
+    out: Outcome,
+    /// Code objects arrive one at a time; they are written as one CODE chunk just before the next chunk
+    /// that could refer to them.
+    pending: Vec<CodeObject>,
+    pool: Arc<Pool>,
+}
+
+impl WriterJob {
+    fn fail(&mut self, e: impl ToString) {
+        self.out.error.get_or_insert_with(|| e.to_string());
+        self.writer = None;
+    }
+
+    fn write(&mut self, f: impl FnOnce(&mut Writer<BufWriter<File>>) -> ocular_format::Result<()>) -> bool {
+        match self.writer.as_mut().map(f) {
+            Some(Ok(())) => true,
+            Some(Err(e)) => {
+                self.fail(e);
+                false
+            }
+            None => false,
+        }
+    }
+
+    fn flush_code(&mut self) {
+        if !self.pending.is_empty() {
+            let code = std::mem::take(&mut self.pending);
+            self.write(|w| w.code_objects(&code));
+        }
+    }
+
+    /// Handles one message; true when the session is finished.
+    fn handle(&mut self, msg: Msg) -> bool {
+        if !matches!(msg, Msg::Code(_) | Msg::Thread(_)) {
+            self.flush_code();
+        }
+        match msg {
+            Msg::Code(c) => self.pending.extend(c),
+            Msg::Thread(t) => {
+                self.write(|w| w.thread(&t));
+            }
+            Msg::Events { thread_id, buf, len } => {
+                if len > 0 {
+                    if self.write(|w| w.events(thread_id, &buf[..len])) {
+                        self.out.events += len as u64;
+                    } else {
+                        self.out.lost += len as u64;
+                    }
+                }
+                self.pool.give(buf);
+            }
+            Msg::Lost(l) => {
+                self.out.lost += l.count;
+                self.write(|w| w.lost(&l));
+            }
+            Msg::Snapshots(s) => {
+                self.write(|w| w.snapshots(&s));
+            }
+            Msg::Finish(t) => {
+                if let Some(w) = self.writer.take() {
+                    self.out.bytes = w.bytes_written();
+                    let closed = w.finish(t).map_err(|e| e.to_string()).and_then(|bw| {
+                        // Durable on return: a recording that "finished" survives a crash.
+                        let f = bw.into_inner().map_err(|e| e.into_error().to_string())?;
+                        f.sync_all().and_then(|()| f.metadata()).map(|m| m.len()).map_err(|e| e.to_string())
+                    });
+                    match closed {
+                        Ok(len) => self.out.bytes = len,
+                        Err(e) => self.fail(e),
+                    }
+                }
+                return true;
+            }
+        }
+        false
+    }
+}
+
 /// A recording in progress: the file, the writer thread, the pool.
 #[derive(Debug)]
 pub struct Session {
@@ -278,72 +360,17 @@ impl Session {
         writer.flush()?;
         let pool = Arc::new(Pool::new(cfg));
         let (tx, rx) = channel::<Msg>();
-        let wpool = Arc::clone(&pool);
+        let mut job =
+            WriterJob { writer: Some(writer), out: Outcome::default(), pending: Vec::new(), pool: Arc::clone(&pool) };
         let handle = std::thread::Builder::new()
             .name("ocular-writer".into())
             .spawn(move || {
-                let mut out = Outcome::default();
-                let mut writer = Some(writer);
-                let fail = |out: &mut Outcome, writer: &mut Option<Writer<BufWriter<File>>>, e: ocular_format::Error| {
-                    out.error.get_or_insert_with(|| e.to_string());
-                    *writer = None;
-                };
                 for msg in rx {
-                    match msg {
-                        Msg::Events { thread_id, buf, len } => {
-                            if len > 0 {
-                                match writer.as_mut().map(|w| w.events(thread_id, &buf[..len])) {
-                                    Some(Ok(())) => out.events += len as u64,
-                                    Some(Err(e)) => {
-                                        out.lost += len as u64;
-                                        fail(&mut out, &mut writer, e);
-                                    }
-                                    None => out.lost += len as u64,
-                                }
-                            }
-                            wpool.give(buf);
-                        }
-                        Msg::Lost(l) => {
-                            out.lost += l.count;
-                            if let Some(Err(e)) = writer.as_mut().map(|w| w.lost(&l)) {
-                                fail(&mut out, &mut writer, e);
-                            }
-                        }
-                        Msg::Code(c) => {
-                            if let Some(Err(e)) = writer.as_mut().map(|w| w.code_objects(&c)) {
-                                fail(&mut out, &mut writer, e);
-                            }
-                        }
-                        Msg::Thread(t) => {
-                            if let Some(Err(e)) = writer.as_mut().map(|w| w.thread(&t)) {
-                                fail(&mut out, &mut writer, e);
-                            }
-                        }
-                        Msg::Snapshots(s) => {
-                            if let Some(Err(e)) = writer.as_mut().map(|w| w.snapshots(&s)) {
-                                fail(&mut out, &mut writer, e);
-                            }
-                        }
-                        Msg::Finish(t) => {
-                            if let Some(w) = writer.take() {
-                                out.bytes = w.bytes_written();
-                                let closed = w.finish(t).map_err(|e| e.to_string()).and_then(|bw| {
-                                    // Durable on return: a recording that "finished" survives a crash.
-                                    let f = bw.into_inner().map_err(|e| e.into_error().to_string())?;
-                                    f.sync_all().and_then(|()| f.metadata()).map(|m| m.len()).map_err(|e| e.to_string())
-                                });
-                                match closed {
-                                    Ok(len) => out.bytes = len,
-                                    Err(e) => {
-                                        out.error.get_or_insert(e);
-                                    }
-                                }
-                            }
-                            break;
-                        }
+                    if job.handle(msg) {
+                        break;
                     }
                 }
-                out
+                job.out
             })
             .map_err(|error| ocular_format::Error::Io { path: name, error })?;
         Ok(Session { tx, pool, writer: Some(handle), path: path.to_owned() })

@@ -1,0 +1,550 @@
+//! `ocular._ocular`: the CPython extension. Everything Python-facing lives in `python/ocular/`; this module
+//! only holds state and the callbacks `sys.monitoring` calls.
+//!
+//! Every function here runs with the GIL held (CPython 3.12 and 3.13 with the GIL; the Python package
+//! refuses free-threaded builds), which is what makes the unsynchronized global state below sound. A
+//! Python call made from here can let another thread run, which may even stop the recording: so no
+//! reference into the state is held across one, and the state is looked up again after it.
+
+mod callbacks;
+mod read;
+
+use crate::clock::{self, ClockPoint};
+use crate::filter::Filter;
+use crate::session::{Config, Discard, Session, Sink, ThreadBuffer};
+use ocular_format::{CodeObject, CodeSnapshot, Header, Mode, OpcodeTable, Options, Position, ThreadInfo};
+use pyo3::exceptions::{PyOSError, PyRuntimeError, PyValueError};
+use pyo3::ffi;
+use pyo3::prelude::*;
+use pyo3::types::PyDict;
+use rustc_hash::FxHashMap;
+use std::cell::UnsafeCell;
+
+/// A value shared between threads that only ever touch it with the GIL held.
+struct GilCell<T>(UnsafeCell<T>);
+
+// SAFETY: every access goes through `state()`, which is only called with the GIL held (from
+// `sys.monitoring` callbacks or from functions of this module), so accesses never overlap.
+unsafe impl<T> Sync for GilCell<T> {}
+
+struct State {
+    recorder: Option<Box<Recorder>>,
+    /// Every thread that ever recorded. Never freed: a thread's thread-local pointer may outlive a
+    /// recording, and `generation` tells it its state is stale.
+    threads: Vec<*mut ThreadState>,
+    /// Bumped at every start and stop.
+    generation: u64,
+}
+
+static STATE: GilCell<State> = GilCell(UnsafeCell::new(State { recorder: None, threads: Vec::new(), generation: 0 }));
+
+/// The global state.
+///
+/// # Safety
+/// The GIL must be held, and the returned reference must not be kept across a call into Python.
+#[allow(clippy::mut_from_ref)]
+unsafe fn state() -> &'static mut State {
+    // SAFETY: see `GilCell`; the caller upholds the GIL and no-Python-call requirements.
+    unsafe { &mut *STATE.0.get() }
+}
+
+enum Output {
+    File(Session),
+    Discard(Discard),
+}
+
+impl Output {
+    fn sink(&self) -> &dyn Sink {
+        match self {
+            Output::File(s) => s,
+            Output::Discard(d) => d,
+        }
+    }
+}
+
+/// Per code object: decided once, at its first event.
+struct CodeState {
+    /// Id in the file; 0 when not recorded.
+    id: u32,
+    /// Bit 0: record its events. Bit 1: `threading.Thread._bootstrap` (names and flushes threads).
+    flags: u8,
+    /// Hits per code unit (offset / 2), for the de-instrumentation threshold.
+    hits: Box<[u32]>,
+}
+
+const RECORD: u8 = 1;
+const BOOT: u8 = 2;
+
+struct Recorder {
+    out: Output,
+    codes: FxHashMap<usize, Box<CodeState>>,
+    /// Strong references to every code object seen, so no address is reused while recording.
+    keep: Vec<Py<PyAny>>,
+    /// The recorded code objects, by id - 1, for the snapshot at stop.
+    recorded: Vec<Py<PyAny>>,
+    filter: Filter,
+    threshold: u32,
+    describe: Py<PyAny>,
+    thread_name: Py<PyAny>,
+    boot_code: usize,
+    main_native_id: u64,
+    main_name: String,
+    disable: *mut ffi::PyObject,
+    /// Python exceptions swallowed in callbacks (they must never reach user code); reported at stop.
+    errors: Vec<String>,
+}
+
+struct ThreadState {
+    buf: ThreadBuffer,
+    generation: u64,
+    last_code: usize,
+    last_state: *mut CodeState,
+    named: bool,
+}
+
+#[pyfunction]
+fn ticks() -> u64 {
+    clock::ticks()
+}
+
+/// Measures ticks per second over `window_ms` milliseconds.
+#[pyfunction]
+fn ticks_per_second(py: Python<'_>, window_ms: u64) -> f64 {
+    py.detach(|| clock::ticks_per_second(std::time::Duration::from_millis(window_ms)))
+}
+
+/// `(ticks, monotonic_ns, unix_ns)` read together.
+#[pyfunction]
+fn clock_point() -> (u64, u64, i64) {
+    let p = ClockPoint::now();
+    (p.ticks, p.monotonic_ns, p.unix_ns)
+}
+
+fn mode_from(name: &str) -> PyResult<Mode> {
+    match name {
+        "calls" => Ok(Mode::Calls),
+        "adaptive" => Ok(Mode::Adaptive),
+        "precise" => Ok(Mode::Precise),
+        other => Err(PyValueError::new_err(format!("unknown mode {other:?}: use 'calls', 'adaptive' or 'precise'"))),
+    }
+}
+
+fn get<'py, T: for<'a> FromPyObject<'a, 'py>>(d: &Bound<'py, PyDict>, key: &str) -> PyResult<T>
+where
+    for<'a> <T as FromPyObject<'a, 'py>>::Error: Into<PyErr>,
+{
+    let v = d.get_item(key)?.ok_or_else(|| PyValueError::new_err(format!("header field {key:?} is missing")))?;
+    v.extract::<T>().map_err(Into::into)
+}
+
+fn header_from(d: &Bound<'_, PyDict>, options: Options, cost: f64) -> PyResult<Header> {
+    let start: (u64, u64, i64) = get(d, "start")?;
+    Ok(Header {
+        recorder: get(d, "recorder")?,
+        python_version: get(d, "python_version")?,
+        python_hexversion: get(d, "python_hexversion")?,
+        implementation: get(d, "implementation")?,
+        platform: get(d, "platform")?,
+        pid: get(d, "pid")?,
+        start_unix_ns: start.2,
+        start_monotonic_ns: start.1,
+        start_ticks: start.0,
+        clock: clock::CLOCK,
+        ticks_per_second: get(d, "ticks_per_second")?,
+        options,
+        event_cost_ticks: cost,
+        opcodes: OpcodeTable {
+            names: get(d, "opnames")?,
+            base: get(d, "opbase")?,
+            cache_entries: get(d, "opcache")?,
+            have_argument: get(d, "have_argument")?,
+            extended_arg: get(d, "extended_arg")?,
+        },
+    })
+}
+
+/// Starts recording into `path`, or, with `path=None`, into nothing (calibration). Callbacks must be
+/// registered and events enabled by the caller afterwards.
+#[pyfunction]
+#[pyo3(signature = (path, header, mode, threshold, include_only, exclude, buffer_events, max_buffers,
+                    event_cost_ticks, describe, thread_name, boot_code, main_native_id, main_name, internal))]
+#[allow(clippy::too_many_arguments)]
+fn start(
+    py: Python<'_>,
+    path: Option<std::path::PathBuf>,
+    header: &Bound<'_, PyDict>,
+    mode: &str,
+    threshold: u32,
+    include_only: Vec<String>,
+    exclude: Vec<String>,
+    buffer_events: usize,
+    max_buffers: usize,
+    event_cost_ticks: f64,
+    describe: Py<PyAny>,
+    thread_name: Py<PyAny>,
+    boot_code: &Bound<'_, PyAny>,
+    main_native_id: u64,
+    main_name: String,
+    internal: Vec<String>,
+) -> PyResult<()> {
+    // SAFETY: GIL held (we have `py`); no Python call while the reference is alive.
+    if unsafe { state() }.recorder.is_some() {
+        return Err(PyRuntimeError::new_err("Ocular is already recording in this process: stop it first"));
+    }
+    if buffer_events == 0 || max_buffers == 0 {
+        return Err(PyValueError::new_err("buffer_events and max_buffers must be at least 1"));
+    }
+    let options = Options {
+        mode: mode_from(mode)?,
+        deinstrument_threshold: threshold,
+        include_only: include_only.clone(),
+        exclude: exclude.clone(),
+        buffer_events: buffer_events as u32,
+        max_buffers: max_buffers as u32,
+    };
+    let out = match path {
+        Some(p) => {
+            let h = header_from(header, options, event_cost_ticks)?;
+            let cfg = Config { buffer_events, max_buffers };
+            Output::File(py.detach(|| Session::start(&p, &h, cfg)).map_err(|e| PyOSError::new_err(e.to_string()))?)
+        }
+        None => Output::Discard(Discard::new(buffer_events)),
+    };
+    let disable = py.import("sys")?.getattr("monitoring")?.getattr("DISABLE")?.into_ptr();
+    let rec = Recorder {
+        out,
+        codes: FxHashMap::default(),
+        keep: Vec::new(),
+        recorded: Vec::new(),
+        // Ocular's own Python code is never recorded; the header keeps the user's filters as given.
+        filter: Filter { include_only, exclude: exclude.into_iter().chain(internal).collect() },
+        threshold,
+        describe,
+        thread_name,
+        boot_code: boot_code.as_ptr() as usize,
+        main_native_id,
+        main_name,
+        disable,
+        errors: Vec::new(),
+    };
+    // SAFETY: GIL held; no Python call while the reference is alive.
+    let st = unsafe { state() };
+    st.generation += 1;
+    st.recorder = Some(Box::new(rec));
+    Ok(())
+}
+
+/// Stops recording: flushes every thread, snapshots specialized bytecode, writes the trailer. `names`
+/// maps native thread ids to names for threads that were not named while recording. Returns what was
+/// written. Events must already be disabled by the caller.
+#[pyfunction]
+fn stop<'py>(py: Python<'py>, names: &Bound<'py, PyDict>) -> PyResult<Bound<'py, PyDict>> {
+    // SAFETY: GIL held. The recorder is moved out first, so callbacks from now on see no recording.
+    let st = unsafe { state() };
+    let Some(rec) = st.recorder.take() else {
+        return Err(PyRuntimeError::new_err("Ocular is not recording"));
+    };
+    let generation = st.generation;
+    st.generation += 1;
+    let sink = rec.out.sink();
+    let mut pushed = 0u64;
+    let mut threads = 0u64;
+    for &ts in &st.threads {
+        // SAFETY: thread states are never freed; with the GIL held their owners are not running.
+        let ts = unsafe { &mut *ts };
+        if ts.generation != generation {
+            continue;
+        }
+        threads += 1;
+        ts.buf.flush(sink);
+        pushed += ts.buf.pushed;
+        if !ts.named {
+            if let Output::File(s) = &rec.out {
+                let name = names
+                    .get_item(ts.buf.thread_id)
+                    .ok()
+                    .flatten()
+                    .and_then(|n| n.extract::<String>().ok())
+                    .unwrap_or_else(|| format!("Thread-{}", ts.buf.thread_id));
+                s.thread(ThreadInfo {
+                    thread_id: ts.buf.thread_id,
+                    name,
+                    is_main: ts.buf.thread_id == rec.main_native_id,
+                });
+            }
+        }
+    }
+    let result = PyDict::new(py);
+    result.set_item("threads", threads)?;
+    result.set_item("code_objects", rec.recorded.len())?;
+    result.set_item("errors", rec.errors.clone())?;
+    let rec = *rec;
+    match rec.out {
+        Output::File(session) => {
+            let mut snaps = Vec::with_capacity(rec.recorded.len());
+            for (i, code) in rec.recorded.iter().enumerate() {
+                let adaptive = code.bind(py).getattr("_co_code_adaptive");
+                if let Ok(b) = adaptive.and_then(|b| b.extract::<Vec<u8>>().map_err(Into::into)) {
+                    snaps.push(CodeSnapshot { id: i as u32 + 1, bytecode: b });
+                }
+            }
+            session.snapshots(snaps);
+            let out = py.detach(|| session.finish(ClockPoint::now()));
+            result.set_item("events", out.events)?;
+            result.set_item("lost", out.lost)?;
+            result.set_item("bytes", out.bytes)?;
+            result.set_item("error", out.error)?;
+        }
+        Output::Discard(_) => {
+            result.set_item("events", pushed)?;
+            result.set_item("lost", 0)?;
+            result.set_item("bytes", 0)?;
+            result.set_item("error", py.None())?;
+        }
+    }
+    // SAFETY: `disable` holds the strong reference taken at start.
+    unsafe { ffi::Py_DECREF(rec.disable) };
+    drop(rec.keep);
+    Ok(result)
+}
+
+/// In a forked child: forget the parent's recording without writing to its file.
+#[pyfunction]
+fn abandon_after_fork() {
+    // SAFETY: called from os.register_at_fork(after_in_child=...), with the GIL held.
+    let st = unsafe { state() };
+    let generation = st.generation;
+    st.generation += 1;
+    for &ts in &st.threads {
+        // SAFETY: thread states are never freed; only this thread exists in the child.
+        let ts = unsafe { &mut *ts };
+        if ts.generation == generation {
+            ts.buf.abandon();
+        }
+    }
+    if let Some(rec) = st.recorder.take() {
+        let rec = *rec;
+        if let Output::File(s) = rec.out {
+            s.forget();
+        }
+        // The child may keep running Python: the code references are released normally.
+        drop(rec.keep);
+    }
+}
+
+/// Whether a recording is in progress.
+#[pyfunction]
+fn is_recording() -> bool {
+    // SAFETY: GIL held (called from Python).
+    unsafe { state() }.recorder.is_some()
+}
+
+/// Looks up (or registers) the state of a code object. May call Python, so it returns a raw pointer and
+/// the caller must check the generation again before using the state.
+///
+/// # Safety
+/// GIL held; `code` is a live code object.
+#[cold]
+#[inline(never)]
+unsafe fn lookup(code: *mut ffi::PyObject) -> *mut CodeState {
+    // SAFETY: GIL held by the caller; the reference ends before the Python call below.
+    let generation = unsafe { state() }.generation;
+    {
+        // SAFETY: as above.
+        let Some(rec) = unsafe { state() }.recorder.as_deref_mut() else { return std::ptr::null_mut() };
+        if let Some(cs) = rec.codes.get_mut(&(code as usize)) {
+            return &mut **cs;
+        }
+    }
+    // SAFETY: the interpreter holds the GIL while calling a monitoring callback.
+    let py = unsafe { Python::assume_attached() };
+    // SAFETY: `code` is the borrowed code object the interpreter passed as args[0].
+    let obj = unsafe { Bound::from_borrowed_ptr(py, code) };
+    let describe = {
+        // SAFETY: GIL held; the reference ends before the call.
+        let Some(rec) = unsafe { state() }.recorder.as_deref() else { return std::ptr::null_mut() };
+        rec.describe.clone_ref(py)
+    };
+    let described = describe.call1(py, (&obj,)).and_then(|d| describe_code(d.bind(py)));
+    // The call may have let other threads run, or stopped the recording.
+    // SAFETY: GIL held again; no Python call below while `st` is alive.
+    let st = unsafe { state() };
+    if st.generation != generation {
+        return std::ptr::null_mut();
+    }
+    let Some(rec) = st.recorder.as_deref_mut() else { return std::ptr::null_mut() };
+    if let Some(cs) = rec.codes.get_mut(&(code as usize)) {
+        return &mut **cs; // another thread registered it meanwhile
+    }
+    let boot = if code as usize == rec.boot_code { BOOT } else { 0 };
+    let cs = match described {
+        Ok(mut c) => {
+            let record = rec.filter.records(&c.filename, &c.qualname);
+            let mut flags = boot;
+            let mut id = 0;
+            let units = c.bytecode.len() / 2;
+            if record {
+                flags |= RECORD;
+                id = rec.recorded.len() as u32 + 1;
+                c.id = id;
+                rec.recorded.push(obj.clone().unbind());
+                if let Output::File(s) = &rec.out {
+                    s.code(vec![c]);
+                }
+            }
+            CodeState { id, flags, hits: vec![0; units].into_boxed_slice() }
+        }
+        Err(e) => {
+            // Never let an exception escape into the user's program: note it, skip this code object.
+            if rec.errors.len() < 10 {
+                rec.errors.push(format!("cannot describe a code object: {e}"));
+            }
+            CodeState { id: 0, flags: boot, hits: Box::new([]) }
+        }
+    };
+    rec.keep.push(obj.unbind());
+    let mut b = Box::new(cs);
+    let p: *mut CodeState = &mut *b;
+    rec.codes.insert(code as usize, b);
+    p
+}
+
+/// Converts what `ocular._recorder._describe(code)` returns into a [`CodeObject`] (id set by the caller).
+fn describe_code(d: &Bound<'_, PyAny>) -> PyResult<CodeObject> {
+    #[allow(clippy::type_complexity)]
+    let (name, qualname, filename, first_line, flags, code, positions): (
+        String,
+        String,
+        String,
+        u32,
+        u32,
+        Vec<u8>,
+        Vec<(i32, i32, i32, i32)>,
+    ) = d.extract()?;
+    Ok(CodeObject {
+        id: 0,
+        name,
+        qualname,
+        filename,
+        first_line,
+        flags,
+        bytecode: code,
+        positions: positions
+            .into_iter()
+            .map(|(line, end_line, column, end_column)| Position { line, end_line, column, end_column })
+            .collect(),
+    })
+}
+
+/// The calling thread's state for the current recording, attaching it if needed; null when not
+/// recording.
+///
+/// # Safety
+/// GIL held.
+#[cold]
+#[inline(never)]
+unsafe fn attach(ts: *mut ThreadState) -> *mut ThreadState {
+    // SAFETY: GIL held by the caller; no Python call while `st` is alive.
+    let st = unsafe { state() };
+    let Some(rec) = st.recorder.as_deref() else { return std::ptr::null_mut() };
+    // SAFETY: PyThread_get_thread_native_id has no preconditions.
+    let tid = unsafe { PyThread_get_thread_native_id() } as u64;
+    let ts = if ts.is_null() {
+        let new = Box::into_raw(Box::new(ThreadState {
+            buf: ThreadBuffer::new(tid),
+            generation: 0,
+            last_code: 0,
+            last_state: std::ptr::null_mut(),
+            named: false,
+        }));
+        st.threads.push(new);
+        callbacks::set_thread_state(new);
+        new
+    } else {
+        ts
+    };
+    // SAFETY: `ts` is a live, never-freed thread state of this thread.
+    let t = unsafe { &mut *ts };
+    t.buf = ThreadBuffer::new(tid);
+    t.generation = st.generation;
+    t.last_code = 0;
+    t.last_state = std::ptr::null_mut();
+    t.named = false;
+    if tid == rec.main_native_id {
+        t.named = true;
+        if let Output::File(s) = &rec.out {
+            s.thread(ThreadInfo { thread_id: tid, name: rec.main_name.clone(), is_main: true });
+        }
+    }
+    ts
+}
+
+/// Names the calling thread from the `threading.Thread._bootstrap` frame that is starting.
+///
+/// # Safety
+/// GIL held; `ts` is the calling thread's state.
+#[cold]
+#[inline(never)]
+unsafe fn name_thread(ts: *mut ThreadState) {
+    // SAFETY: GIL held; the reference ends before the Python call.
+    let generation = unsafe { state() }.generation;
+    // SAFETY: as above.
+    let Some(rec) = (unsafe { state() }).recorder.as_deref() else { return };
+    // SAFETY: the interpreter holds the GIL while calling a monitoring callback.
+    let py = unsafe { Python::assume_attached() };
+    let f = rec.thread_name.clone_ref(py);
+    let name = f.call0(py).and_then(|n| n.extract::<String>(py).map_err(Into::into));
+    // SAFETY: GIL held; no Python call while `st` is alive.
+    let st = unsafe { state() };
+    if st.generation != generation {
+        return;
+    }
+    let Some(rec) = st.recorder.as_deref_mut() else { return };
+    // SAFETY: the calling thread's state, never freed.
+    let t = unsafe { &mut *ts };
+    match name {
+        Ok(name) => {
+            t.named = true;
+            if let Output::File(s) = &rec.out {
+                s.thread(ThreadInfo { thread_id: t.buf.thread_id, name, is_main: false });
+            }
+        }
+        Err(e) => {
+            if rec.errors.len() < 10 {
+                rec.errors.push(format!("cannot name a thread: {e}"));
+            }
+        }
+    }
+}
+
+/// Submits the calling thread's buffer: the thread is ending (its `Thread._bootstrap` returns), and a
+/// dead thread must not pin a buffer until the recording stops.
+///
+/// # Safety
+/// GIL held; `ts` is the calling thread's state.
+unsafe fn thread_ending(ts: *mut ThreadState) {
+    // SAFETY: GIL held, no Python call below.
+    let Some(rec) = (unsafe { state() }).recorder.as_deref() else { return };
+    // SAFETY: the calling thread's state, never freed.
+    unsafe { &mut *ts }.buf.flush(rec.out.sink());
+}
+
+extern "C" {
+    fn PyThread_get_thread_native_id() -> std::os::raw::c_ulong;
+}
+
+#[pymodule(gil_used = true)]
+fn _ocular(m: &Bound<'_, PyModule>) -> PyResult<()> {
+    m.add_function(wrap_pyfunction!(ticks, m)?)?;
+    m.add_function(wrap_pyfunction!(ticks_per_second, m)?)?;
+    m.add_function(wrap_pyfunction!(clock_point, m)?)?;
+    m.add_function(wrap_pyfunction!(start, m)?)?;
+    m.add_function(wrap_pyfunction!(stop, m)?)?;
+    m.add_function(wrap_pyfunction!(abandon_after_fork, m)?)?;
+    m.add_function(wrap_pyfunction!(is_recording, m)?)?;
+    m.add_function(wrap_pyfunction!(read::read, m)?)?;
+    m.add("callbacks", callbacks::callbacks(m.py())?)?;
+    m.add("bench_callbacks", callbacks::bench_callbacks(m.py())?)?;
+    m.add("TSC", clock::CLOCK == ocular_format::Clock::Tsc)?;
+    Ok(())
+}

@@ -1,0 +1,77 @@
+//! `_ocular.read(path)`: a whole `.ocl` file as Python objects, for tests and small files. (Analysis of
+//! large files belongs to ocular-analyze, which streams.)
+
+use ocular_format::{kind_name, Body, ReadOptions, Reader};
+use pyo3::exceptions::PyOSError;
+use pyo3::prelude::*;
+use pyo3::types::{PyDict, PyList};
+
+/// Returns `{"header": {...}, "events": [(thread, ticks, kind, code, offset, arg)], "code": {id: (qualname,
+/// filename, first_line, name)}, "threads": {id: name}, "lost": [(thread, count, first, last)],
+/// "snapshots": {id: bytes}, "clean": bool, "warnings": [...]}`. Kinds are `sys.monitoring` names.
+#[pyfunction]
+#[pyo3(signature = (path, salvage=false))]
+pub(super) fn read<'py>(py: Python<'py>, path: std::path::PathBuf, salvage: bool) -> PyResult<Bound<'py, PyDict>> {
+    let err = |e: ocular_format::Error| PyOSError::new_err(e.to_string());
+    let mut r = Reader::open_with(&path, ReadOptions { salvage }).map_err(err)?;
+    let out = PyDict::new(py);
+    let h = r.header();
+    let header = PyDict::new(py);
+    header.set_item("recorder", &h.recorder)?;
+    header.set_item("python_version", &h.python_version)?;
+    header.set_item("pid", h.pid)?;
+    header.set_item("mode", h.options.mode.name())?;
+    header.set_item("deinstrument_threshold", h.options.deinstrument_threshold)?;
+    header.set_item("include_only", h.options.include_only.clone())?;
+    header.set_item("exclude", h.options.exclude.clone())?;
+    header.set_item("buffer_events", h.options.buffer_events)?;
+    header.set_item("max_buffers", h.options.max_buffers)?;
+    header.set_item("ticks_per_second", h.ticks_per_second)?;
+    header.set_item("event_cost_ticks", h.event_cost_ticks)?;
+    header.set_item("opnames", h.opcodes.names.clone())?;
+    header.set_item("clock", format!("{:?}", h.clock))?;
+    out.set_item("header", header)?;
+    let events = PyList::empty(py);
+    let code = PyDict::new(py);
+    let threads = PyDict::new(py);
+    let lost = PyList::empty(py);
+    let snaps = PyDict::new(py);
+    while let Some(c) = r.next_chunk().map_err(err)? {
+        match c.body {
+            Body::Events(ev) => {
+                for e in ev {
+                    events.append((
+                        c.info.thread_id,
+                        e.ticks.get(),
+                        kind_name(e.kind),
+                        e.code.get(),
+                        e.offset.get(),
+                        e.arg.get(),
+                    ))?;
+                }
+            }
+            Body::Code(objs) => {
+                for o in objs {
+                    code.set_item(o.id, (o.qualname, o.filename, o.first_line, o.name))?;
+                }
+            }
+            Body::Thread(t) => threads.set_item(t.thread_id, t.name)?,
+            Body::Lost(l) => lost.append((l.thread_id, l.count, l.first_ticks, l.last_ticks))?,
+            Body::Snapshot(s) => {
+                for x in s {
+                    snaps.set_item(x.id, pyo3::types::PyBytes::new(py, &x.bytecode))?;
+                }
+            }
+            Body::Trailer(_) | Body::Skipped(_) => {}
+        }
+    }
+    out.set_item("events", events)?;
+    out.set_item("code", code)?;
+    out.set_item("threads", threads)?;
+    out.set_item("lost", lost)?;
+    out.set_item("snapshots", snaps)?;
+    out.set_item("clean", r.report().clean())?;
+    let name = path.display().to_string();
+    out.set_item("warnings", r.report().warnings(&name))?;
+    Ok(out)
+}

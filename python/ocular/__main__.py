@@ -1,0 +1,115 @@
+"""``python -m ocular``: record a script or module.
+
+    python -m ocular run [-o run.ocl] [--mode M] [--threshold N] [--include P]... [--exclude P]... script.py [args]
+    python -m ocular run [options] -m module [args]
+"""
+
+from __future__ import annotations
+
+import argparse
+import os
+import runpy
+import sys
+
+from ._recorder import MODES, Recording
+from .errors import OcularError
+
+EXAMPLES = """examples:
+  python -m ocular run script.py --its-own-flag        record script.py into ocular.ocl
+  python -m ocular run -o run.ocl --mode calls -m http.server 8000
+  python -m ocular run --exclude threading --threshold 0 job.py   gapless, without threading.py
+then:  ocular-analyze info run.ocl
+"""
+
+
+def _parser() -> argparse.ArgumentParser:
+    p = argparse.ArgumentParser(
+        prog="python -m ocular",
+        description="Record what a Python program executes (sys.monitoring, PEP 669) into an .ocl file.",
+        epilog=EXAMPLES,
+        formatter_class=argparse.RawDescriptionHelpFormatter,
+    )
+    sub = p.add_subparsers(dest="command", metavar="COMMAND")
+    run = sub.add_parser(
+        "run",
+        help="run a script or module under the recorder",
+        description="Run a script (or -m module) under the recorder; its exit code, sys.argv and __main__ are kept.",
+        epilog=EXAMPLES,
+        formatter_class=argparse.RawDescriptionHelpFormatter,
+    )
+    run.add_argument("-o", "--output", default="ocular.ocl", help="trace file to write (default: ocular.ocl)")
+    run.add_argument("--mode", choices=MODES, default="adaptive",
+                     help="calls: function boundaries; adaptive (default): plus jumps and branches; "
+                          "precise: plus every instruction")
+    run.add_argument("--threshold", type=int, default=500, metavar="N",
+                     help="stop recording a jump, branch or instruction after N hits (default 500; 0 = gapless)")
+    run.add_argument("--include", action="append", default=[], metavar="P",
+                     help="record only code whose file or qualified name contains P (repeatable)")
+    run.add_argument("--exclude", action="append", default=[], metavar="P",
+                     help="do not record code whose file or qualified name contains P (repeatable)")
+    run.add_argument("-q", "--quiet", action="store_true", help="do not print the summary line")
+    run.add_argument("-m", dest="module", metavar="MODULE", help="run a library module as a script, like python -m")
+    run.add_argument("target", nargs=argparse.REMAINDER, help="script.py [args...] (or the module's args with -m)")
+    return p
+
+
+def _run(ns: argparse.Namespace) -> int:
+    if ns.module is None and not ns.target:
+        print("python -m ocular run: give a script to run, or -m MODULE", file=sys.stderr)
+        return 2
+    if ns.module is None:
+        script = ns.target[0]
+        if not os.path.exists(script):
+            print(f"python -m ocular run: {script}: no such file", file=sys.stderr)
+            return 2
+        sys.argv = list(ns.target)
+        sys.path[0] = os.path.dirname(os.path.abspath(script))
+    else:
+        sys.argv = [ns.module, *ns.target]
+        sys.path[0] = os.getcwd()
+    rec = Recording(ns.output, ns.mode, ns.threshold, ns.include, ns.exclude)
+    code = 0
+    try:
+        with rec:
+            try:
+                if ns.module is None:
+                    runpy.run_path(sys.argv[0], run_name="__main__")
+                else:
+                    runpy.run_module(ns.module, run_name="__main__", alter_sys=True)
+            except SystemExit as e:
+                code = _exit_code(e.code)
+    finally:
+        if not ns.quiet and not rec.running and rec.tool_id >= 0:
+            print(f"ocular: wrote {rec.summary()}", file=sys.stderr)
+    return code
+
+
+def _exit_code(c: object) -> int:
+    if c is None:
+        return 0
+    if isinstance(c, int):
+        return c
+    print(c, file=sys.stderr)
+    return 1
+
+
+def main(argv: list[str] | None = None) -> int:
+    p = _parser()
+    ns = p.parse_args(argv)
+    if ns.command is None:
+        p.print_help()
+        return 2
+    try:
+        return _run(ns)
+    except OcularError as e:
+        print(f"python -m ocular: error: {e}", file=sys.stderr)
+        return 2
+    except OSError as e:
+        if ns.command == "run" and e.filename is None and ns.output in str(e):
+            print(f"python -m ocular: error: cannot write the trace: {e}", file=sys.stderr)
+            return 2
+        raise
+
+
+if __name__ == "__main__":
+    sys.exit(main())

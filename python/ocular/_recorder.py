@@ -1,0 +1,374 @@
+"""Recording: claims a sys.monitoring tool id, calibrates, starts the native recorder, stops it cleanly."""
+
+from __future__ import annotations
+
+import atexit
+import functools
+import os
+import platform
+import signal
+import sys
+import threading
+import warnings
+from typing import Any, Callable, Iterable, TypeVar
+
+from . import _interp
+from .errors import AlreadyRecording, ToolIdInUse
+
+__all__ = ["Recording", "record", "MODES"]
+
+MODES = ("calls", "adaptive", "precise")
+VERSION = "0.1.0"
+
+# Function boundaries: what every mode records, so the call tree is always complete.
+_CALL_EVENTS = ("PY_START", "PY_RESUME", "PY_RETURN", "PY_YIELD", "PY_UNWIND", "PY_THROW")
+
+F = TypeVar("F", bound=Callable[..., Any])
+
+# Ocular's own Python code (this package) is never recorded.
+_OWN_CODE = os.path.dirname(os.path.abspath(__file__)) + os.sep
+
+_active: "Recording | None" = None
+_fork_hook_installed = False
+
+
+def _native():
+    from . import _ocular  # imported late so that `import ocular` works for errors on unsupported Pythons
+
+    return _ocular
+
+
+def event_names(mode: str) -> list[str]:
+    """The sys.monitoring events a mode enables (only events Ocular has a callback for)."""
+    names = list(_CALL_EVENTS)
+    if mode == "adaptive":
+        if hasattr(sys.monitoring.events, "BRANCH_LEFT"):  # 3.14+
+            names += ["JUMP", "BRANCH_LEFT", "BRANCH_RIGHT"]
+        else:
+            names += ["JUMP", "BRANCH"]
+    elif mode == "precise":
+        names.append("INSTRUCTION")
+    return names
+
+
+def _mask(names: Iterable[str]) -> int:
+    m = 0
+    for n in names:
+        m |= getattr(sys.monitoring.events, n)
+    return m
+
+
+def claim_tool_id() -> tuple[int, str | None]:
+    """PROFILER_ID if free, else a free id among 3 and 4 (with a note saying so); ToolIdInUse otherwise."""
+    mon = sys.monitoring
+    holder = mon.get_tool(mon.PROFILER_ID)
+    if holder is None:
+        mon.use_tool_id(mon.PROFILER_ID, "ocular")
+        return mon.PROFILER_ID, None
+    for tid in (3, 4):  # not 0 (debugger), 1 (coverage), 5 (optimizer)
+        if mon.get_tool(tid) is None:
+            mon.use_tool_id(tid, "ocular")
+            return tid, (
+                f"sys.monitoring.PROFILER_ID ({mon.PROFILER_ID}) is in use by {holder!r}; "
+                f"Ocular records with tool id {tid} instead"
+            )
+    raise ToolIdInUse(
+        f"cannot record: sys.monitoring.PROFILER_ID ({mon.PROFILER_ID}) is in use by {holder!r}, "
+        f"tool id 3 by {mon.get_tool(3)!r} and tool id 4 by {mon.get_tool(4)!r}; stop one of them first"
+    )
+
+
+def release_tool_id(tool: int, names: Iterable[str]) -> None:
+    """Undo everything done with the tool id. free_tool_id alone does not clear events or callbacks on
+    3.12 and 3.13, so do it explicitly."""
+    mon = sys.monitoring
+    mon.set_events(tool, 0)
+    for n in names:
+        mon.register_callback(tool, getattr(mon.events, n), None)
+    mon.free_tool_id(tool)
+
+
+def _after_fork_in_child() -> None:
+    global _active
+    rec = _active
+    if rec is None:
+        return
+    # The child must not write the parent's file: drop its recording without touching the file.
+    _native().abandon_after_fork()
+    try:
+        release_tool_id(rec.tool_id, rec._events)
+    except Exception:  # noqa: BLE001 - best effort in a forked child
+        pass
+    rec._running = False
+    _active = None
+
+
+def _calibrate(mode: str, tool: int, callbacks: dict, buffer_events: int) -> float:
+    """The recorder's own cost per event, in ticks: a short loop timed without and with Ocular's real
+    callbacks on it (recording into nothing), minimum of several runs each."""
+    nat = _native()
+    mon = sys.monitoring
+
+    def target() -> None:
+        pass
+
+    if mode == "calls":
+
+        def run(n: int, f: Callable[[], None] = target) -> None:
+            for _ in range(n):
+                f()
+
+        code, names = target.__code__, ["PY_START", "PY_RETURN"]
+    else:
+
+        def run(n: int, f: Callable[[], None] = target) -> None:
+            for _ in range(n):
+                pass
+
+        code = run.__code__
+        names = ["INSTRUCTION"] if mode == "precise" else [n for n in event_names("adaptive") if n not in _CALL_EVENTS]
+
+    n = max(100, min(2000, buffer_events // 4))
+    ticks = nat.ticks
+
+    def best(repeats: int) -> int:
+        times = []
+        for _ in range(repeats):
+            t0 = ticks()
+            run(n)
+            times.append(ticks() - t0)
+        return min(times)
+
+    best(2)  # warm up: let the interpreter specialize the loop
+    untraced = best(7)
+    nat.start(None, {}, mode, 0, [], [], buffer_events, 2, 0.0, _interp.describe,
+              _interp.boot_thread_name, _interp.boot_thread_name.__code__, threading.get_native_id(), "", [])
+    try:
+        for name in names:
+            mon.register_callback(tool, getattr(mon.events, name), callbacks[name])
+        mon.set_local_events(tool, code, _mask(names))
+        traced = best(7)
+        mon.set_local_events(tool, code, 0)
+    finally:
+        out = nat.stop({})
+        for name in names:
+            mon.register_callback(tool, getattr(mon.events, name), None)
+    per_run = out["events"] / 7
+    if per_run <= 0:
+        return 0.0
+    return max(0.0, (traced - untraced) / per_run)
+
+
+class Recording:
+    """A recording of this process into an .ocl file.
+
+    Use it as a context manager (``with ocular.record("run.ocl"):``), as a decorator (each call of the
+    function is recorded), or with ``start()``/``stop()``. After it stops, ``events``, ``lost``,
+    ``bytes``, ``threads`` and ``code_objects`` say what was written.
+    """
+
+    def __init__(
+        self,
+        path: str | os.PathLike[str] = "ocular.ocl",
+        mode: str = "adaptive",
+        deinstrument_threshold: int = 500,
+        include_only: str | Iterable[str] | None = None,
+        exclude: str | Iterable[str] | None = None,
+        *,
+        buffer_events: int = 16384,
+        max_buffers: int = 256,
+    ) -> None:
+        if mode not in MODES:
+            raise ValueError(f"unknown mode {mode!r}: use one of {', '.join(map(repr, MODES))}")
+        if not isinstance(deinstrument_threshold, int) or deinstrument_threshold < 0:
+            raise ValueError(
+                f"deinstrument_threshold must be an int >= 0 (0 = gapless), not {deinstrument_threshold!r}"
+            )
+        if buffer_events < 1 or max_buffers < 1:
+            raise ValueError("buffer_events and max_buffers must be at least 1")
+        self.path = os.fspath(path)
+        self.mode = mode
+        self.deinstrument_threshold = deinstrument_threshold
+        self.include_only = _patterns(include_only)
+        self.exclude = _patterns(exclude)
+        self.buffer_events = buffer_events
+        self.max_buffers = max_buffers
+        self.tool_id: int = -1
+        self.events = 0
+        self.lost = 0
+        self.bytes = 0
+        self.threads = 0
+        self.code_objects = 0
+        self.event_cost_ns = 0.0
+        self.error: str | None = None
+        self.notes: list[str] = []
+        self._events: list[str] = event_names(mode)
+        self._running = False
+        self._old_sigterm: Any = None
+
+    # -- lifecycle ---------------------------------------------------------------------------------
+
+    def start(self) -> "Recording":
+        global _active, _fork_hook_installed
+        _interp.check_supported()
+        if _active is not None or _native().is_recording():
+            raise AlreadyRecording(
+                f"Ocular is already recording to {_active.path if _active else '?'}; stop it before starting another"
+            )
+        nat = _native()
+        mon = sys.monitoring
+        tool, note = claim_tool_id()
+        if note:
+            self.notes.append(note)
+            warnings.warn(note, RuntimeWarning, stacklevel=3)
+        self.tool_id = tool
+        try:
+            hz = nat.ticks_per_second(20)
+            cost = _calibrate(self.mode, tool, nat.callbacks, self.buffer_events)
+            self.event_cost_ns = cost * 1e9 / hz
+            header = {
+                "recorder": f"ocular {VERSION}",
+                "python_version": platform.python_version(),
+                "python_hexversion": sys.hexversion,
+                "implementation": sys.implementation.name,
+                "platform": f"{sys.platform}-{platform.machine()}",
+                "pid": os.getpid(),
+                "start": nat.clock_point(),
+                "ticks_per_second": hz,
+                **_interp.opcode_tables(),
+            }
+            boot = threading.Thread._bootstrap.__code__  # type: ignore[attr-defined]
+            main = threading.main_thread()
+            nat.start(self.path, header, self.mode, self.deinstrument_threshold, self.include_only,
+                      self.exclude, self.buffer_events, self.max_buffers, cost, _interp.describe,
+                      _interp.boot_thread_name, boot, main.native_id or 0, main.name, [_OWN_CODE])
+        except BaseException:
+            release_tool_id(tool, self._events)
+            raise
+        # Locations switched off (DISABLE) by an earlier recording would stay off: switch them back on.
+        mon.restart_events()
+        for name in self._events:
+            mon.register_callback(tool, getattr(mon.events, name), nat.callbacks[name])
+        self._running = True
+        _active = self
+        mon.set_events(tool, _mask(self._events))
+        if not _fork_hook_installed:
+            os.register_at_fork(after_in_child=_after_fork_in_child)
+            _fork_hook_installed = True
+        if threading.current_thread() is threading.main_thread():
+            # SIGTERM's default action kills the process without unwinding: turn it into SystemExit so the
+            # file gets its trailer. Only when nobody else handles SIGTERM.
+            if signal.getsignal(signal.SIGTERM) is signal.SIG_DFL:
+                self._old_sigterm = signal.signal(signal.SIGTERM, _sigterm)
+        atexit.register(self._stop_at_exit)
+        return self
+
+    def stop(self) -> "Recording":
+        global _active
+        if not self._running:
+            return self
+        self._running = False
+        release_tool_id(self.tool_id, self._events)
+        names = {t.native_id: t.name for t in threading.enumerate() if t.native_id is not None}
+        out = _native().stop(names)
+        _active = None
+        atexit.unregister(self._stop_at_exit)
+        if self._old_sigterm is not None and threading.current_thread() is threading.main_thread():
+            if signal.getsignal(signal.SIGTERM) is _sigterm:
+                signal.signal(signal.SIGTERM, self._old_sigterm)
+            self._old_sigterm = None
+        self.events = out["events"]
+        self.lost = out["lost"]
+        self.bytes = out["bytes"]
+        self.threads = out["threads"]
+        self.code_objects = out["code_objects"]
+        self.error = out["error"]
+        for e in out["errors"]:
+            warnings.warn(f"Ocular: {e}", RuntimeWarning, stacklevel=2)
+        if self.error:
+            warnings.warn(f"Ocular could not write {self.path}: {self.error}", RuntimeWarning, stacklevel=2)
+        if self.lost:
+            warnings.warn(
+                f"Ocular dropped {self.lost} events (all {self.max_buffers} buffers were waiting for the disk); "
+                f"the file records how many and when. Raise max_buffers or use a higher deinstrument_threshold.",
+                RuntimeWarning,
+                stacklevel=2,
+            )
+        return self
+
+    def _stop_at_exit(self) -> None:
+        try:
+            self.stop()
+        except Exception as e:  # noqa: BLE001 - at exit, report rather than raise
+            print(f"ocular: stopping the recording at exit failed: {e}", file=sys.stderr)
+
+    @property
+    def running(self) -> bool:
+        return self._running
+
+    # -- protocols -------------------------------------------------------------------------------------
+
+    def __enter__(self) -> "Recording":
+        return self.start()
+
+    def __exit__(self, *exc: object) -> None:
+        self.stop()
+
+    def __call__(self, func: F) -> F:
+        @functools.wraps(func)
+        def wrapper(*args: Any, **kwargs: Any) -> Any:
+            with self:
+                return func(*args, **kwargs)
+
+        return wrapper  # type: ignore[return-value]
+
+    def summary(self) -> str:
+        per = f", {self.bytes / self.events:.2f} bytes/event" if self.events else ""
+        return (
+            f"{self.path}: {self.events:,} events ({self.mode} mode), {self.lost:,} lost, "
+            f"{self.threads} threads, {self.code_objects} code objects, {self.bytes:,} bytes{per}"
+        )
+
+    def __repr__(self) -> str:
+        state = "running" if self._running else "stopped"
+        return f"<ocular.Recording {self.path!r} {self.mode} {state} events={self.events} lost={self.lost}>"
+
+
+def _sigterm(signum: int, frame: object) -> None:
+    raise SystemExit(128 + signum)
+
+
+def _patterns(p: str | Iterable[str] | None) -> list[str]:
+    if p is None:
+        return []
+    if isinstance(p, str):
+        return [p]
+    out = list(p)
+    for x in out:
+        if not isinstance(x, str):
+            raise TypeError(f"filters are substrings of file or qualified names, not {type(x).__name__}")
+    return out
+
+
+def record(
+    path: str | os.PathLike[str] = "ocular.ocl",
+    mode: str = "adaptive",
+    deinstrument_threshold: int = 500,
+    include_only: str | Iterable[str] | None = None,
+    exclude: str | Iterable[str] | None = None,
+    **kwargs: Any,
+) -> Recording:
+    """Record this process into ``path``: ``with ocular.record("run.ocl"): ...`` or as a decorator.
+
+    mode: "calls" (function boundaries), "adaptive" (plus JUMP/BRANCH: basic blocks), or "precise" (plus
+    every INSTRUCTION). deinstrument_threshold: stop recording a jump, branch or instruction after that
+    many hits (0 = gapless); function boundaries are always recorded. include_only / exclude: substrings
+    of a code object's file name or qualified name, decided once per code object.
+    """
+    return Recording(path, mode, deinstrument_threshold, include_only, exclude, **kwargs)
+
+
+def active() -> Recording | None:
+    """The recording in progress, if any."""
+    return _active
+
