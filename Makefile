@@ -3,9 +3,11 @@
 
 CARGO ?= cargo
 OUT   ?= out
+# Every CPython 3.12+ found (one per minor version), or just $(PYTHON) if given: make test PYTHON=python3.13
+PYTHONS := $(shell scripts/find-pythons.sh)
 
 .DEFAULT_GOAL := help
-.PHONY: help demo test test-rust lint bench bench-format fuzz fixture clean
+.PHONY: help demo test test-rust test-python check-python lint bench bench-format fuzz fixture clean
 
 help: ## list the targets
 	@grep -E '^[a-zA-Z_-]+:.*## ' $(MAKEFILE_LIST) | awk 'BEGIN {FS = ":.*## "}; {printf "  make %-14s %s\n", $$1, $$2}'
@@ -20,10 +22,20 @@ demo: ## write a synthetic trace and analyze it (the recorder is not built yet)
 	@echo "The recorder (python -m ocular run) does not exist yet: this demo wrote a synthetic trace with the"
 	@echo "format library. Dump it with: ./target/release/ocular-analyze dump $(OUT)/synthetic.ocl"
 
-test: test-rust ## build everything and run every test
+test: test-rust test-python ## build everything and run every test (Rust, then Python on each 3.12+)
 
 test-rust:
 	$(CARGO) test --workspace --locked
+
+check-python:
+	@if [ -z "$(PYTHONS)" ]; then echo "no CPython 3.12+ found: install one (pyenv install 3.12) or pass PYTHON=/path/to/python3.12"; exit 1; fi
+
+test-python: check-python
+	@set -e; for py in $(PYTHONS); do \
+	    venv=$$(scripts/venv.sh $$py | tail -n 1); \
+	    echo "== pytest on $$($$venv/bin/python -c 'import sys; print(sys.version.split()[0])')"; \
+	    $$venv/bin/python -m pytest -q python/tests; \
+	done
 
 lint: ## rustfmt, clippy with warnings as errors, docs without warnings
 	$(CARGO) fmt --all -- --check
@@ -43,4 +55,4 @@ fuzz: ## fuzz the .ocl reader for FUZZ_SECONDS (default 60); installs cargo-fuzz
 
 clean: ## remove build outputs and demo files
 	$(CARGO) clean
-	rm -rf $(OUT)
+	rm -rf $(OUT) .venv

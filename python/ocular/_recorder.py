@@ -178,6 +178,7 @@ class Recording:
         buffer_events: int = 16384,
         max_buffers: int = 256,
     ) -> None:
+        _interp.check_supported()
         if mode not in MODES:
             raise ValueError(f"unknown mode {mode!r}: use one of {', '.join(map(repr, MODES))}")
         if not isinstance(deinstrument_threshold, int) or deinstrument_threshold < 0:

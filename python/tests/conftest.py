@@ -1,0 +1,95 @@
+"""Shared test helpers: a reference tracer written with plain sys.monitoring, and a reader of .ocl files."""
+
+from __future__ import annotations
+
+import collections
+import os
+import sys
+import threading
+
+import pytest
+
+HERE = os.path.dirname(os.path.abspath(__file__))
+sys.path.insert(0, HERE)
+
+import workloads  # noqa: E402
+
+WORKLOADS_FILE = workloads.__file__
+LOCATION_EVENTS = {"JUMP", "BRANCH", "BRANCH_LEFT", "BRANCH_RIGHT", "INSTRUCTION"}
+NO_DISABLE = {"PY_UNWIND", "PY_THROW"}
+
+
+class Reference:
+    """What a plain-Python sys.monitoring tool sees: the same events Ocular asks for, with the same
+    de-instrumentation rule (return DISABLE at the N-th hit of a jump/branch/instruction location)."""
+
+    def __init__(self, event_names, threshold=0, tool=4):
+        self.names = event_names
+        self.threshold = threshold
+        self.tool = tool
+        self.events = collections.defaultdict(list)  # native thread id -> [(kind, qualname, offset, dest)]
+        self.hits = collections.Counter()
+
+    def _cb(self, name):
+        mon = sys.monitoring
+        location = name in LOCATION_EVENTS
+        has_dest = name in {"JUMP", "BRANCH", "BRANCH_LEFT", "BRANCH_RIGHT"}
+
+        def cb(code, offset, *rest):
+            if code.co_filename != WORKLOADS_FILE:
+                return None if name in NO_DISABLE else mon.DISABLE
+            dest = rest[0] if has_dest else 0
+            self.events[threading.get_native_id()].append((name, code.co_qualname, offset, dest))
+            if location and self.threshold:
+                self.hits[(code, offset)] += 1
+                if self.hits[(code, offset)] >= self.threshold:
+                    return mon.DISABLE
+            return None
+
+        return cb
+
+    def __enter__(self):
+        mon = sys.monitoring
+        mon.use_tool_id(self.tool, "reference")
+        mask = 0
+        for n in self.names:
+            ev = getattr(mon.events, n)
+            mon.register_callback(self.tool, ev, self._cb(n))
+            mask |= ev
+        mon.set_events(self.tool, mask)
+        return self
+
+    def __exit__(self, *exc):
+        mon = sys.monitoring
+        mon.set_events(self.tool, 0)
+        for n in self.names:
+            mon.register_callback(self.tool, getattr(mon.events, n), None)
+        mon.free_tool_id(self.tool)
+
+
+def read_ocl(path, salvage=False):
+    """The file as Python objects, with events of workload code grouped by thread."""
+    from ocular import _ocular
+
+    f = _ocular.read(path, salvage)
+    code = f["code"]
+    per_thread = collections.defaultdict(list)
+    for tid, ticks, kind, cid, off, arg in f["events"]:
+        qual, filename, _, _ = code[cid]
+        if filename == WORKLOADS_FILE:
+            per_thread[tid].append((kind, qual, off, arg))
+    f["workload"] = per_thread
+    return f
+
+
+def counts(per_thread):
+    c = collections.Counter()
+    for evs in per_thread.values():
+        for kind, qual, _, _ in evs:
+            c[(qual, kind)] += 1
+    return c
+
+
+@pytest.fixture
+def ocl(tmp_path):
+    return str(tmp_path / "run.ocl")

@@ -1,0 +1,258 @@
+"""The file is complete however the program ends, errors say what is wrong, nothing is lost silently."""
+
+import cProfile
+import os
+import signal
+import subprocess
+import sys
+import textwrap
+import time
+
+import pytest
+from conftest import Reference, counts, read_ocl
+
+import ocular
+import workloads
+from ocular._recorder import event_names
+
+PYTHON_DIR = os.path.dirname(os.path.dirname(os.path.abspath(ocular.__file__)))
+
+
+def run_ocular(*args, cwd=None, **kw):
+    return subprocess.run([sys.executable, "-m", "ocular", *args], capture_output=True, text=True, cwd=cwd, **kw)
+
+
+def test_an_exception_inside_the_block_propagates_and_the_file_is_complete(ocl):
+    with pytest.raises(KeyError):
+        with ocular.record(ocl):
+            workloads.loop(10)
+            raise KeyError("boom")
+    f = read_ocl(ocl)
+    assert f["clean"]
+    assert any(k == "PY_START" and q == "loop" for k, q, _, _ in sum(f["workload"].values(), []))
+
+
+def test_decorator_records_each_call(ocl):
+    @ocular.record(ocl, mode="calls")
+    def job():
+        return workloads.fib(5)
+
+    assert job() == 5
+    c = counts(read_ocl(ocl)["workload"])
+    assert c[("fib", "PY_START")] == 15
+
+
+def test_start_and_stop_tracing_like_the_prototype(tmp_path, monkeypatch):
+    monkeypatch.chdir(tmp_path)
+    rec = ocular.start_tracing(mode="calls", deinstrument_threshold=0, exclude=["threading"])
+    workloads.fib(6)
+    assert ocular.stop_tracing() is rec
+    assert rec.path == "ocular.ocl" and rec.events > 0
+    f = read_ocl(str(tmp_path / "ocular.ocl"))
+    assert counts(f["workload"])[("fib", "PY_START")] == 25
+    assert ocular.stop_tracing() is None
+
+
+def test_a_second_recording_at_once_is_refused(ocl, tmp_path):
+    with ocular.record(ocl):
+        with pytest.raises(ocular.AlreadyRecording, match="already recording to .*run.ocl; stop it"):
+            ocular.record(str(tmp_path / "other.ocl")).start()
+
+
+def test_profiler_id_taken_by_cprofile_falls_back_with_a_warning(ocl):
+    prof = cProfile.Profile()
+    prof.enable()
+    try:
+        with pytest.warns(RuntimeWarning, match=r"PROFILER_ID \(2\) is in use by 'cProfile'; Ocular records with tool id 3"):
+            with ocular.record(ocl, mode="calls") as rec:
+                workloads.fib(4)
+    finally:
+        prof.disable()
+    assert rec.tool_id == 3
+    assert counts(read_ocl(ocl)["workload"])[("fib", "PY_START")] == 9
+
+
+def test_every_usable_tool_id_taken_is_a_clear_error(ocl):
+    mon = sys.monitoring
+    for t, name in [(2, "other-profiler"), (3, "tool-three"), (4, "tool-four")]:
+        mon.use_tool_id(t, name)
+    try:
+        with pytest.raises(ocular.ToolIdInUse) as e:
+            ocular.record(ocl).start()
+        assert str(e.value) == (
+            "cannot record: sys.monitoring.PROFILER_ID (2) is in use by 'other-profiler', tool id 3 by "
+            "'tool-three' and tool id 4 by 'tool-four'; stop one of them first"
+        )
+    finally:
+        for t in (2, 3, 4):
+            mon.free_tool_id(t)
+    assert not os.path.exists(ocl)
+
+
+def test_bad_arguments_are_refused_with_their_value(ocl):
+    with pytest.raises(ValueError, match="unknown mode 'fast': use one of 'calls', 'adaptive', 'precise'"):
+        ocular.record(ocl, mode="fast")
+    with pytest.raises(ValueError, match=r"deinstrument_threshold must be an int >= 0 \(0 = gapless\), not -1"):
+        ocular.record(ocl, deinstrument_threshold=-1)
+    with pytest.raises(TypeError, match="filters are substrings"):
+        ocular.record(ocl, exclude=[3])
+
+
+def test_an_unwritable_path_fails_at_start_and_leaves_the_tool_id_free(tmp_path):
+    bad = str(tmp_path / "no" / "such" / "dir" / "run.ocl")
+    with pytest.raises(OSError, match=f"{bad}: No such file or directory"):
+        ocular.record(bad).start()
+    assert sys.monitoring.get_tool(sys.monitoring.PROFILER_ID) is None
+
+
+def test_nothing_is_lost_silently_when_buffers_run_out(ocl):
+    # Tiny buffers and only two of them: the writer cannot keep up, events are dropped and counted.
+    with pytest.warns(RuntimeWarning, match="Ocular dropped"):
+        with ocular.record(ocl, deinstrument_threshold=0, buffer_events=16, max_buffers=2) as rec:
+            with Reference(event_names("adaptive")) as ref:
+                for _ in range(30):
+                    workloads.loop(300)
+    f = read_ocl(ocl)
+    total_ref = sum(len(v) for v in ref.events.values())
+    recorded = sum(len(v) for v in f["workload"].values())
+    lost = sum(n for _, n, _, _ in f["lost"])
+    assert rec.lost == lost > 0
+    # Every event is either in the file or counted as lost (lost ones may include non-workload events).
+    assert recorded <= total_ref <= recorded + lost
+    assert f["clean"]
+
+
+def test_run_keeps_argv_main_and_exit_code(tmp_path):
+    script = tmp_path / "prog.py"
+    script.write_text(textwrap.dedent("""
+        import sys
+        def work():
+            return sum(range(10))
+        if __name__ == "__main__":
+            work()
+            print("argv", sys.argv[1:], __name__)
+            sys.exit(int(sys.argv[1]))
+    """))
+    out = tmp_path / "prog.ocl"
+    r = run_ocular("run", "-o", str(out), "--mode", "calls", str(script), "7", "--flag")
+    assert r.returncode == 7, r.stderr
+    assert "argv ['7', '--flag'] __main__" in r.stdout
+    assert f"ocular: wrote {out}:" in r.stderr
+    from ocular import _ocular
+
+    f = _ocular.read(str(out))
+    assert f["clean"]
+    assert "work" in {q for (q, _, _, _) in f["code"].values()}
+
+
+def test_run_module_mode(tmp_path):
+    (tmp_path / "mymod.py").write_text("import sys\nprint('mod', sys.argv)\n")
+    out = tmp_path / "m.ocl"
+    r = run_ocular("run", "-q", "-o", str(out), "-m", "mymod", "a", "b", cwd=tmp_path)
+    assert r.returncode == 0, r.stderr
+    assert "mod ['mymod', 'a', 'b']" in r.stdout or "a', 'b']" in r.stdout
+    assert r.stderr == ""
+
+
+def test_run_reports_a_missing_script():
+    r = run_ocular("run", "/nonexistent/script.py")
+    assert r.returncode == 2
+    assert r.stderr == "python -m ocular run: /nonexistent/script.py: no such file\n"
+
+
+def test_run_with_an_exception_exits_1_and_keeps_the_file(tmp_path):
+    script = tmp_path / "bad.py"
+    script.write_text("def f():\n    raise RuntimeError('nope')\nf()\n")
+    out = tmp_path / "bad.ocl"
+    r = run_ocular("run", "-o", str(out), str(script))
+    assert r.returncode == 1
+    assert "RuntimeError: nope" in r.stderr
+    from ocular import _ocular
+
+    assert _ocular.read(str(out))["clean"]
+
+
+def _child(tmp_path, body, out):
+    script = tmp_path / "child.py"
+    script.write_text(textwrap.dedent(body))
+    return subprocess.Popen(
+        [sys.executable, "-m", "ocular", "run", "-q", "-o", str(out), "--threshold", "0", str(script)],
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        text=True,
+    )
+
+
+LONG_RUNNING = """
+    import sys, time
+    def spin():
+        s = 0
+        for i in range(20000):
+            s += i
+        return s
+    print("ready", flush=True)
+    deadline = time.time() + 30
+    while time.time() < deadline:
+        spin()
+"""
+
+
+def test_sigterm_stops_the_child_with_a_complete_file(tmp_path):
+    out = tmp_path / "term.ocl"
+    p = _child(tmp_path, LONG_RUNNING, out)
+    assert p.stdout.readline() == "ready\n"
+    time.sleep(0.3)
+    p.send_signal(signal.SIGTERM)
+    p.wait(timeout=20)
+    assert p.returncode == 128 + signal.SIGTERM, p.stderr.read()
+    from ocular import _ocular
+
+    f = _ocular.read(str(out))
+    assert f["clean"], f["warnings"]
+    assert any(q == "spin" for (q, _, _, _) in f["code"].values())
+
+
+def test_sigkill_leaves_every_written_chunk_readable(tmp_path):
+    out = tmp_path / "kill.ocl"
+    p = _child(tmp_path, LONG_RUNNING, out)
+    assert p.stdout.readline() == "ready\n"
+    time.sleep(1.0)
+    p.kill()
+    p.wait(timeout=20)
+    from ocular import _ocular
+
+    f = _ocular.read(str(out))
+    assert not f["clean"]
+    assert any("no trailer" in w for w in f["warnings"])
+    spins = [e for e in f["events"] if f["code"][e[3]][0] == "spin"]
+    assert len(spins) > 10_000, "whole chunks written before the kill are all there"
+
+
+@pytest.mark.filterwarnings("ignore:This process .* is multi-threaded, use of fork:DeprecationWarning")
+def test_a_forked_child_does_not_touch_the_parents_file(ocl):
+    with ocular.record(ocl, deinstrument_threshold=0) as rec:
+        workloads.loop(10)
+        pid = os.fork()
+        if pid == 0:
+            workloads.fib(15)  # the child's work must not reach the parent's file
+            os._exit(0)
+        os.waitpid(pid, 0)
+        workloads.loop(10)
+    f = read_ocl(ocl)
+    assert f["clean"]
+    c = counts(f["workload"])
+    assert c[("loop", "PY_START")] == 2
+    assert c[("fib", "PY_START")] == 0
+    assert rec.lost == 0
+
+
+def test_unsupported_python_is_refused_by_name(tmp_path):
+    old = "/usr/bin/python3" if os.path.exists("/usr/bin/python3") else None
+    if old is None:
+        pytest.skip("no system python3")
+    v = subprocess.run([old, "-c", "import sys; print(sys.version_info >= (3, 12))"], capture_output=True, text=True)
+    if v.stdout.strip() != "False":
+        pytest.skip("the system python3 is 3.12+")
+    code = "import ocular\ntry:\n    ocular.record('x.ocl').start()\nexcept ocular.UnsupportedPython as e:\n    print(e)\n"
+    r = subprocess.run([old, "-c", code], capture_output=True, text=True, cwd=tmp_path, env={**os.environ, "PYTHONPATH": PYTHON_DIR})
+    assert r.stdout.startswith("Ocular needs Python 3.12 or newer (sys.monitoring, PEP 669); this is 3."), r.stderr

@@ -1,0 +1,153 @@
+"""Ocular records exactly what a plain sys.monitoring tool sees, in every mode, on every workload: counts
+per code object and kind, and the order of events per thread."""
+
+import sys
+
+import pytest
+from conftest import Reference, counts, read_ocl
+
+import ocular
+import workloads
+from ocular._recorder import event_names
+
+CASES = {
+    "loop": lambda: workloads.loop(200),
+    "recursion": lambda: workloads.fib(12),
+    "objects": lambda: workloads.objects(60),
+    "generators": lambda: workloads.use_gen(50),
+    "exceptions": lambda: workloads.exceptions(5),
+    "async": lambda: workloads.run_async(5),
+}
+
+
+@pytest.mark.parametrize("mode", ["calls", "adaptive", "precise"])
+@pytest.mark.parametrize("case", sorted(CASES))
+def test_gapless_recording_equals_the_reference(mode, case, ocl):
+    # GIVEN Ocular and a reference tool listening to the same events, gapless
+    with ocular.record(ocl, mode=mode, deinstrument_threshold=0) as rec:
+        with Reference(event_names(mode)) as ref:
+            CASES[case]()
+    # THEN every event of workload code is in the file, in the same order per thread
+    f = read_ocl(ocl)
+    assert f["clean"], f["warnings"]
+    assert rec.lost == 0
+    assert counts(f["workload"]) == counts(ref.events)
+    assert dict(f["workload"]) == dict(ref.events)
+    assert sum(len(v) for v in ref.events.values()) > 0
+
+
+def test_modes_record_their_event_kinds(ocl):
+    kinds = {}
+    for mode in ["calls", "adaptive", "precise"]:
+        with ocular.record(ocl, mode=mode, deinstrument_threshold=0):
+            workloads.loop(10)
+            workloads.use_gen(3)
+        kinds[mode] = {k for k, *_ in sum(read_ocl(ocl)["workload"].values(), [])}
+    assert kinds["calls"] == {"PY_START", "PY_RETURN", "PY_YIELD", "PY_RESUME"}
+    assert kinds["adaptive"] == kinds["calls"] | {"JUMP", "BRANCH"}
+    assert kinds["precise"] == kinds["calls"] | {"INSTRUCTION"}
+
+
+def test_threshold_stops_each_location_after_n_hits_and_keeps_calls(ocl):
+    with ocular.record(ocl, mode="adaptive", deinstrument_threshold=7):
+        with Reference(event_names("adaptive"), threshold=7) as ref:
+            for _ in range(20):
+                workloads.loop(30)
+    f = read_ocl(ocl)
+    assert counts(f["workload"]) == counts(ref.events)
+    c = counts(f["workload"])
+    assert c[("loop", "PY_START")] == 20, "function boundaries are never de-instrumented"
+    per_location = {}
+    for kind, qual, off, dest in f["workload"][next(iter(f["workload"]))]:
+        if kind in ("JUMP", "BRANCH"):
+            per_location[(kind, off, dest)] = per_location.get((kind, off, dest), 0) + 1
+    assert max(per_location.values()) <= 7
+    assert f["header"]["deinstrument_threshold"] == 7
+
+
+def test_threads_are_recorded_with_their_names(ocl):
+    with ocular.record(ocl, mode="adaptive", deinstrument_threshold=0):
+        with Reference(event_names("adaptive")) as ref:
+            workloads.threads(3, 100)
+    f = read_ocl(ocl)
+    names = f["threads"]
+    recorded = sorted(names[t] for t in f["workload"])
+    assert recorded == ["MainThread", "worker-0", "worker-1", "worker-2"]
+    assert {names[t]: v for t, v in f["workload"].items()} == {
+        names[t]: v for t, v in ref.events.items()
+    }
+    main = [n for n in names.values() if n == "MainThread"]
+    assert main == ["MainThread"]
+
+
+def test_timestamps_increase_per_thread(ocl):
+    with ocular.record(ocl, mode="adaptive", deinstrument_threshold=0):
+        workloads.threads(2, 500)
+        workloads.mixed()
+    from ocular import _ocular
+
+    f = _ocular.read(ocl)
+    last = {}
+    for tid, ticks, *_ in f["events"]:
+        assert ticks >= last.get(tid, 0)
+        last[tid] = ticks
+    assert len(last) == 3
+
+
+def test_include_only_and_exclude_decide_per_code_object(ocl):
+    with ocular.record(ocl, deinstrument_threshold=0, include_only="workloads", exclude=["fib", "Point."]):
+        workloads.mixed()
+    f = read_ocl(ocl)
+    quals = {q for evs in f["workload"].values() for _, q, _, _ in evs}
+    assert "loop" in quals and "objects" in quals
+    assert not {"fib", "Point.__init__", "Point.norm2"} & quals
+    recorded_files = {fn for (_, fn, _, _) in f["code"].values()}
+    assert recorded_files == {workloads.__file__}, "include_only keeps everything else out"
+
+
+def test_ocular_does_not_record_itself(ocl):
+    with ocular.record(ocl):
+        workloads.loop(5)
+    files = {fn for (_, fn, _, _) in read_ocl(ocl)["code"].values()}
+    assert not [fn for fn in files if "/ocular/" in fn and fn.endswith(".py") and "tests" not in fn]
+
+
+def test_specialized_bytecode_is_snapshotted_at_stop(ocl):
+    with ocular.record(ocl, mode="calls"):
+        workloads.loop(2000)
+    f = read_ocl(ocl)
+    names = f["header"]["opnames"]
+    (cid,) = [i for i, (q, fn, _, _) in f["code"].items() if q == "loop" and fn == workloads.__file__]
+    ops = {names[b] for b in f["snapshots"][cid][::2]}
+    assert "FOR_ITER_RANGE" in ops, sorted(ops)
+    assert any(n.startswith("BINARY_OP_ADD_INT") for n in ops), sorted(ops)
+
+
+def test_header_describes_the_interpreter(ocl):
+    with ocular.record(ocl, mode="precise", deinstrument_threshold=3, exclude="x"):
+        pass
+    h = read_ocl(ocl)["header"]
+    assert h["python_version"] == ".".join(map(str, sys.version_info[:3]))
+    assert h["mode"] == "precise" and h["exclude"] == ["x"]
+    import dis
+    import opcode
+
+    assert h["opnames"][opcode.opmap["POP_TOP"]] == "POP_TOP"
+    assert h["opnames"][dis._all_opmap["FOR_ITER_RANGE"]] == "FOR_ITER_RANGE"
+    assert h["event_cost_ticks"] > 0
+    assert h["ticks_per_second"] > 1e8
+
+
+def test_opcode_tables_match_the_interpreter():
+    import dis
+    import opcode
+
+    from ocular._interp import opcode_tables
+
+    t = opcode_tables()
+    assert len(t["opnames"]) == len(t["opbase"]) == len(t["opcache"]) == 256
+    for spec, base in dis.deoptmap.items():
+        assert t["opbase"][dis._all_opmap[spec]] == dis._all_opmap[base], spec
+    assert t["opcache"][opcode.opmap["LOAD_ATTR"]] == 9
+    assert t["opcache"][dis._all_opmap["FOR_ITER_RANGE"]] == t["opcache"][opcode.opmap["FOR_ITER"]] == 1
+    assert t["have_argument"] == opcode.HAVE_ARGUMENT and t["extended_arg"] == opcode.EXTENDED_ARG
