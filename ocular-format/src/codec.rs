@@ -68,10 +68,17 @@ fn delta_column(dict: &[RawEvent], scratch: &mut Vec<u64>, out: &mut Vec<u8>, fi
     put_column(out, scratch);
 }
 
+/// Slots of the encoder's direct-mapped location cache.
+const RECENT: usize = 1024;
+
 /// Reusable state of the encoder, so the writer does not allocate per chunk.
 #[derive(Debug, Default)]
 pub struct Encoder {
     index: FxHashMap<(u8, u32, u32, u32), u32>,
+    /// Direct-mapped cache in front of `index`: most events hit a location seen a few events ago, and a
+    /// slot compare is several times cheaper than a hash-map probe. Entries are `(key, location + 1)`, 0
+    /// meaning empty.
+    recent: Vec<((u8, u32, u32, u32), u32)>,
     dict: Vec<RawEvent>,
     locs: Vec<u64>,
     ticks: Vec<u64>,
@@ -90,14 +97,24 @@ impl Encoder {
         self.ticks.clear();
         self.last.clear();
         let mut prev_ticks = events.first().map_or(0, |e| e.ticks.get());
+        self.recent.clear();
+        self.recent.resize(RECENT, ((0, 0, 0, 0), 0));
         for e in events {
             let key = (e.kind, e.code.get(), e.offset.get(), e.arg.get());
-            let next = self.dict.len() as u32;
-            let loc = *self.index.entry(key).or_insert_with(|| {
-                self.dict.push(RawEvent::new(0, key.1, key.2, key.3, key.0));
-                self.last.push(0);
-                next
-            });
+            let h = (key.2.wrapping_mul(0x9e37_79b1) ^ key.1.wrapping_mul(0x85eb_ca77) ^ key.3 ^ key.0 as u32) as usize;
+            let slot = &mut self.recent[(h ^ (h >> 10)) % RECENT];
+            let loc = if slot.1 != 0 && slot.0 == key {
+                slot.1 - 1
+            } else {
+                let next = self.dict.len() as u32;
+                let loc = *self.index.entry(key).or_insert_with(|| {
+                    self.dict.push(RawEvent::new(0, key.1, key.2, key.3, key.0));
+                    self.last.push(0);
+                    next
+                });
+                *slot = (key, loc + 1);
+                loc
+            };
             let t = e.ticks.get();
             let delta = t.wrapping_sub(prev_ticks);
             prev_ticks = t;

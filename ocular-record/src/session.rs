@@ -22,6 +22,9 @@ use std::sync::mpsc::{channel, Sender};
 use std::sync::{Arc, Mutex};
 use std::thread::JoinHandle;
 
+/// Free buffers kept ready for the recording threads, allocated off their path.
+const SPARES: usize = 3;
+
 /// A buffer of events, owned by one thread while it fills it.
 pub type Buffer = Box<[RawEvent]>;
 
@@ -61,12 +64,35 @@ impl Pool {
         if let Some(b) = self.free.lock().unwrap_or_else(|e| e.into_inner()).pop() {
             return Some(b);
         }
+        self.allocate()
+    }
+
+    /// A new buffer if the limit allows, its pages written so the allocating thread takes the page
+    /// faults (calloc'd memory would fault later, on the recording thread, one fault per 170 events).
+    fn allocate(&self) -> Option<Buffer> {
         let n = self.allocated.fetch_add(1, Ordering::Relaxed);
         if n >= self.cfg.max_buffers {
             self.allocated.fetch_sub(1, Ordering::Relaxed);
             return None;
         }
-        Some(vec![RawEvent::default(); self.cfg.buffer_events.max(1)].into_boxed_slice())
+        let mut v = Vec::with_capacity(self.cfg.buffer_events.max(1));
+        v.resize(self.cfg.buffer_events.max(1), RawEvent::ZERO);
+        Some(v.into_boxed_slice())
+    }
+
+    /// Tops the free list up to `spares` buffers (within the limit), so the recording thread finds one
+    /// ready instead of allocating. Called at start and by the writer thread.
+    pub fn keep_spares(&self, spares: usize) {
+        loop {
+            let free = self.free.lock().unwrap_or_else(|e| e.into_inner()).len();
+            if free >= spares {
+                return;
+            }
+            match self.allocate() {
+                Some(b) => self.give(b),
+                None => return,
+            }
+        }
     }
 
     /// Returns a buffer for reuse.
@@ -313,6 +339,7 @@ impl WriterJob {
                     }
                 }
                 self.pool.give(buf);
+                self.pool.keep_spares(SPARES);
             }
             Msg::Lost(l) => {
                 self.out.lost += l.count;
@@ -359,6 +386,7 @@ impl Session {
         let mut writer = Writer::new(BufWriter::with_capacity(1 << 20, file), &name, header, WriterOptions::default())?;
         writer.flush()?;
         let pool = Arc::new(Pool::new(cfg));
+        pool.keep_spares(SPARES);
         let (tx, rx) = channel::<Msg>();
         let mut job =
             WriterJob { writer: Some(writer), out: Outcome::default(), pending: Vec::new(), pool: Arc::clone(&pool) };

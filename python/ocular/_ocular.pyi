@@ -6,7 +6,11 @@ from typing import Any, Callable
 
 TSC: bool
 callbacks: dict[str, Callable[..., Any]]
+callbacks_gapless: dict[str, Callable[..., Any]]
+FAST_INTS: bool
 bench_callbacks: dict[str, Callable[..., Any]]
+callbacks_gapless: dict[str, Callable[..., Any]]
+FAST_INTS: bool
 
 def ticks() -> int: ...
 def ticks_per_second(window_ms: int) -> float: ...

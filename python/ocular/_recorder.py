@@ -103,7 +103,13 @@ def _after_fork_in_child() -> None:
     _active = None
 
 
-def _calibrate(mode: str, tool: int, callbacks: dict, buffer_events: int) -> float:
+def _callbacks(threshold: int) -> dict:
+    """The native callbacks for a threshold: the gapless set has no per-location counter at all."""
+    nat = _native()
+    return nat.callbacks_gapless if threshold == 0 else nat.callbacks
+
+
+def _calibrate(mode: str, tool: int, threshold: int, buffer_events: int) -> float:
     """The recorder's own cost per event, in ticks: a short loop timed without and with Ocular's real
     callbacks on it (recording into nothing), minimum of several runs each."""
     nat = _native()
@@ -141,7 +147,10 @@ def _calibrate(mode: str, tool: int, callbacks: dict, buffer_events: int) -> flo
 
     best(2)  # warm up: let the interpreter specialize the loop
     untraced = best(7)
-    nat.start(None, {}, mode, 0, [], [], buffer_events, 2, 0.0, _interp.describe,
+    callbacks = _callbacks(threshold)
+    # The same callbacks as the recording, with a threshold that is never reached.
+    never = 0 if threshold == 0 else 2**32 - 1
+    nat.start(None, {}, mode, never, [], [], buffer_events, 2, 0.0, _interp.describe,
               _interp.boot_thread_name, _interp.boot_thread_name.__code__, threading.get_native_id(), "", [])
     try:
         for name in names:
@@ -225,7 +234,7 @@ class Recording:
         self.tool_id = tool
         try:
             hz = nat.ticks_per_second(20)
-            cost = _calibrate(self.mode, tool, nat.callbacks, self.buffer_events)
+            cost = _calibrate(self.mode, tool, self.deinstrument_threshold, self.buffer_events)
             self.event_cost_ns = cost * 1e9 / hz
             header = {
                 "recorder": f"ocular {VERSION}",
@@ -248,8 +257,9 @@ class Recording:
             raise
         # Locations switched off (DISABLE) by an earlier recording would stay off: switch them back on.
         mon.restart_events()
+        callbacks = _callbacks(self.deinstrument_threshold)
         for name in self._events:
-            mon.register_callback(tool, getattr(mon.events, name), nat.callbacks[name])
+            mon.register_callback(tool, getattr(mon.events, name), callbacks[name])
         self._running = True
         _active = self
         mon.set_events(tool, _mask(self._events))

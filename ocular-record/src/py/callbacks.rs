@@ -1,24 +1,73 @@
 //! The `sys.monitoring` callbacks: raw `METH_FASTCALL` C functions, so a call costs what a C function
-//! costs (no PyO3 argument parsing, no panic trampoline, no reference pool). The path for an event whose
-//! code object is the last one this thread saw: read the TSC, one thread-local load, two compares, two
-//! `PyLong_AsLong`, a counter for the threshold, and `ThreadBuffer::push`.
+//! costs (no PyO3 argument parsing, no panic trampoline, no reference pool). The path for an event of a
+//! code object this thread has seen: read the TSC, one thread-local load, one cache compare, two inline
+//! int reads, (with a threshold) one counter, and `ThreadBuffer::push`.
 
-use super::{attach, lookup, name_thread, state, thread_ending, CodeState, ThreadState, BOOT, RECORD};
+use super::{attach, lookup, name_thread, state, thread_ending, CodeState, ThreadState, BOOT, CODE_CACHE, RECORD};
 use crate::clock;
 use ocular_format::{EventKind, RawEvent};
 use pyo3::ffi;
 use pyo3::prelude::*;
 use pyo3::types::PyDict;
+use pyo3::IntoPyObject;
 use std::cell::Cell;
 use std::ptr;
+use std::sync::atomic::{AtomicPtr, AtomicUsize, Ordering};
 
 thread_local! {
     // const-initialized and not Drop: no lazy-init check and no destructor registration on access.
     static TS: Cell<*mut ThreadState> = const { Cell::new(ptr::null_mut()) };
+    // Registered on a thread's first event; its destructor runs when the thread exits.
+    static EXIT: ExitGuard = const { ExitGuard(Cell::new(0)) };
+}
+
+/// The thread that produced the last event, and its state. A thread-local lookup in a shared library is
+/// a call to `__tls_get_addr`; comparing the thread pointer with the last one is one load and a compare,
+/// and consecutive events mostly come from the same thread (the GIL makes them take turns). Written only
+/// with the GIL held; cleared by `stop` and by a thread's exit.
+static LAST_TP: AtomicUsize = AtomicUsize::new(0);
+static LAST_TS: AtomicPtr<ThreadState> = AtomicPtr::new(ptr::null_mut());
+
+/// Clears `LAST_TP` when its thread exits: the C library may give the exiting thread's thread pointer to
+/// the next thread it creates, which must not inherit this thread's state. Thread-local destructors run
+/// before the thread's memory is reused.
+struct ExitGuard(Cell<usize>);
+
+impl Drop for ExitGuard {
+    fn drop(&mut self) {
+        let tp = self.0.get();
+        if tp != 0 {
+            let _ = LAST_TP.compare_exchange(tp, 0, Ordering::Relaxed, Ordering::Relaxed);
+        }
+    }
+}
+
+/// The thread pointer: on x86-64 Linux, `fs:0` holds the address of the thread's own control block
+/// (the TLS ABI requires it), unique among live threads.
+#[inline(always)]
+fn thread_pointer() -> usize {
+    #[cfg(all(target_arch = "x86_64", target_os = "linux"))]
+    {
+        let tp: usize;
+        // SAFETY: reads the first word of the thread control block, which the x86-64 TLS ABI defines to
+        // hold the thread pointer; no memory is written.
+        unsafe { std::arch::asm!("mov {}, fs:0", out(reg) tp, options(nostack, readonly, preserves_flags)) };
+        tp
+    }
+    #[cfg(not(all(target_arch = "x86_64", target_os = "linux")))]
+    {
+        0 // never equals a stored LAST_TP, which is only set when this is non-zero
+    }
 }
 
 pub(super) fn set_thread_state(p: *mut ThreadState) {
     TS.with(|c| c.set(p));
+}
+
+/// Forgets the last thread (at stop, and in a forked child).
+pub(super) fn forget_last_thread() {
+    LAST_TP.store(0, Ordering::Relaxed);
+    LAST_TS.store(ptr::null_mut(), Ordering::Relaxed);
 }
 
 #[inline(always)]
@@ -42,82 +91,110 @@ unsafe fn disable() -> *mut ffi::PyObject {
     }
 }
 
-/// The calling thread's state for the current recording, or null when not recording.
+/// One event. `DEST`: args[2] is a destination offset. `LOCATION`: a jump, branch or instruction.
+/// `CAN_DISABLE`: the event may return `DISABLE` (CPython raises ValueError into the user's code for
+/// PY_UNWIND and PY_THROW, so those never do). `THRESH`: count hits per location and return `DISABLE` at
+/// the threshold (the gapless callbacks have no such code at all).
 ///
-/// # Safety
-/// GIL held.
-#[inline(always)]
-unsafe fn thread_state() -> *mut ThreadState {
-    let ts = TS.with(|c| c.get());
-    // SAFETY: a non-null TS is a never-freed thread state of this thread; GIL held for `state()`.
-    unsafe {
-        if !ts.is_null() && (*ts).generation == state().generation {
-            ts
-        } else {
-            attach(ts)
-        }
-    }
-}
-
-/// One event. `DEST`: args[2] is a destination offset. `LOCATION`: subject to the de-instrumentation
-/// threshold. `CAN_DISABLE`: the event may return `DISABLE` (CPython raises ValueError into the user's
-/// code for PY_UNWIND and PY_THROW, so those never do).
+/// The fast path is a thread-local load and a cache compare; everything else (attaching a thread, a new
+/// code object, excluded code, a recording that stopped) is in `cold`. That works because a thread's
+/// cache only ever holds code objects of the current recording that are simply recorded: `stop` and
+/// `attach` clear it.
 ///
 /// # Safety
 /// Called by the interpreter with the GIL held and the arguments of a `sys.monitoring` callback.
 #[inline(always)]
-unsafe fn event<const KIND: u8, const DEST: bool, const LOCATION: bool, const CAN_DISABLE: bool>(
+unsafe fn event<const KIND: u8, const DEST: bool, const LOCATION: bool, const CAN_DISABLE: bool, const THRESH: bool>(
     args: *mut *mut ffi::PyObject,
 ) -> *mut ffi::PyObject {
     let t = clock::ticks();
-    // SAFETY: GIL held (caller); args holds at least (code, offset[, dest]) for these events.
+    // SAFETY: GIL held (caller); LAST_TS belongs to the thread whose pointer is LAST_TP and is never
+    // freed; args holds at least (code, offset[, dest]) for these events.
     unsafe {
-        let ts = thread_state();
+        if thread_pointer() != LAST_TP.load(Ordering::Relaxed) {
+            return cold::<KIND, DEST, LOCATION, CAN_DISABLE, THRESH>(t, args);
+        }
+        let ts = LAST_TS.load(Ordering::Relaxed);
+        let code = *args as usize;
+        let entry = (&(*ts).cache)[slot(code)];
+        if entry.0 != code {
+            return cold::<KIND, DEST, LOCATION, CAN_DISABLE, THRESH>(t, args);
+        }
+        record::<KIND, DEST, LOCATION, CAN_DISABLE, THRESH>(ts, entry.1, t, args)
+    }
+}
+
+/// Code objects are 16-byte aligned and a few hundred bytes apart: bits 4.. spread them.
+#[inline(always)]
+fn slot(code: usize) -> usize {
+    (code >> 4) % CODE_CACHE
+}
+
+/// Everything but a cache hit.
+///
+/// # Safety
+/// As [`event`].
+#[cold]
+#[inline(never)]
+unsafe fn cold<const KIND: u8, const DEST: bool, const LOCATION: bool, const CAN_DISABLE: bool, const THRESH: bool>(
+    t: u64,
+    args: *mut *mut ffi::PyObject,
+) -> *mut ffi::PyObject {
+    // SAFETY: see `event`.
+    unsafe {
+        let ts = TS.with(|c| c.get());
+        let ts = if ts.is_null() || (*ts).generation != state().generation { attach(ts) } else { ts };
         if ts.is_null() {
-            return none();
+            return none(); // not recording
+        }
+        let tp = thread_pointer();
+        if tp != 0 {
+            EXIT.with(|g| g.0.set(tp));
+            LAST_TS.store(ts, Ordering::Relaxed);
+            LAST_TP.store(tp, Ordering::Relaxed);
         }
         let code = *args;
-        let cs = if code as usize == (*ts).last_code {
-            (*ts).last_state
-        } else {
-            let cs = lookup(code);
-            // lookup may have run Python, and so other threads: check the recording is still ours.
-            if cs.is_null() || (*ts).generation != state().generation {
-                return none();
-            }
-            (*ts).last_code = code as usize;
-            (*ts).last_state = cs;
-            cs
-        };
-        if (*cs).flags != RECORD {
-            return special::<KIND, DEST, LOCATION, CAN_DISABLE>(ts, cs, t, args);
+        let cs = lookup(code);
+        // lookup may have run Python, and so other threads: check the recording is still ours.
+        if cs.is_null() || (*ts).generation != state().generation {
+            return none();
         }
-        record::<KIND, DEST, LOCATION, CAN_DISABLE>(ts, cs, t, args)
+        if (*cs).flags == RECORD {
+            (&mut (*ts).cache)[slot(code as usize)] = (code as usize, cs);
+            return record::<KIND, DEST, LOCATION, CAN_DISABLE, THRESH>(ts, cs, t, args);
+        }
+        special::<KIND, DEST, LOCATION, CAN_DISABLE, THRESH>(ts, cs, t, args)
     }
 }
 
 /// # Safety
 /// As [`event`], with `ts` and `cs` valid for the current recording.
 #[inline(always)]
-unsafe fn record<const KIND: u8, const DEST: bool, const LOCATION: bool, const CAN_DISABLE: bool>(
+unsafe fn record<
+    const KIND: u8,
+    const DEST: bool,
+    const LOCATION: bool,
+    const CAN_DISABLE: bool,
+    const THRESH: bool,
+>(
     ts: *mut ThreadState,
     cs: *mut CodeState,
     t: u64,
     args: *mut *mut ffi::PyObject,
 ) -> *mut ffi::PyObject {
-    // SAFETY: see the function's contract; offsets are Python ints, for which PyLong_AsLong cannot fail.
+    // SAFETY: see the function's contract; offsets are Python ints.
     unsafe {
-        let Some(rec) = state().recorder.as_deref() else { return none() };
-        let off = ffi::PyLong_AsLong(*args.add(1)) as u32;
-        let arg = if DEST { ffi::PyLong_AsLong(*args.add(2)) as u32 } else { 0 };
+        let fast = fast_ints();
+        let off = small_int(fast, *args.add(1));
+        let arg = if DEST { small_int(fast, *args.add(2)) } else { 0 };
         let mut stop_here = false;
-        if LOCATION && rec.threshold != 0 {
+        if THRESH && LOCATION {
             if let Some(h) = (&mut (*cs).hits).get_mut((off / 2) as usize) {
                 *h += 1;
-                stop_here = *h >= rec.threshold;
+                stop_here = *h >= (*ts).threshold;
             }
         }
-        (*ts).buf.push(RawEvent::new(t, (*cs).id, off, arg, KIND), rec.out.sink());
+        (*ts).buf.push(RawEvent::new(t, (*cs).id, off, arg, KIND), &*(*ts).sink);
         if CAN_DISABLE && stop_here {
             disable()
         } else {
@@ -132,7 +209,13 @@ unsafe fn record<const KIND: u8, const DEST: bool, const LOCATION: bool, const C
 /// As [`record`].
 #[cold]
 #[inline(never)]
-unsafe fn special<const KIND: u8, const DEST: bool, const LOCATION: bool, const CAN_DISABLE: bool>(
+unsafe fn special<
+    const KIND: u8,
+    const DEST: bool,
+    const LOCATION: bool,
+    const CAN_DISABLE: bool,
+    const THRESH: bool,
+>(
     ts: *mut ThreadState,
     cs: *mut CodeState,
     t: u64,
@@ -152,7 +235,7 @@ unsafe fn special<const KIND: u8, const DEST: bool, const LOCATION: bool, const 
             }
         }
         if flags & RECORD != 0 {
-            let r = record::<KIND, DEST, false, false>(ts, cs, t, args);
+            let r = record::<KIND, DEST, false, false, false>(ts, cs, t, args);
             ffi::Py_DECREF(r);
         }
         if KIND == EventKind::PY_RETURN as u8 || KIND == EventKind::PY_UNWIND as u8 {
@@ -162,29 +245,84 @@ unsafe fn special<const KIND: u8, const DEST: bool, const LOCATION: bool, const 
     }
 }
 
-macro_rules! callbacks {
-    ($($def:ident $f:ident $event:literal: $kind:ident, dest=$dest:literal, location=$loc:literal, disable=$dis:literal;)*) => {
-        $(
-            unsafe extern "C" fn $f(
-                _slf: *mut ffi::PyObject,
-                args: *mut *mut ffi::PyObject,
-                _nargs: ffi::Py_ssize_t,
-            ) -> *mut ffi::PyObject {
-                // SAFETY: registered with sys.monitoring for exactly this event, whose arguments match.
-                unsafe { event::<{ EventKind::$kind as u8 }, $dest, $loc, $dis>(args) }
+/// The layout of a compact `int` in CPython 3.12+ (`Include/cpython/longintrepr.h`): the object header,
+/// then `lv_tag` (bits 0-1: sign, 0 positive / 1 zero / 2 negative; bits 3+: digit count) and the first
+/// 30-bit digit. Offsets are always compact.
+#[repr(C)]
+struct CompactLong {
+    ob_refcnt: isize,
+    ob_type: *mut ffi::PyTypeObject,
+    lv_tag: usize,
+    digit0: u32,
+}
+
+static FAST_INTS: std::sync::atomic::AtomicBool = std::sync::atomic::AtomicBool::new(false);
+
+pub(super) fn fast_ints() -> bool {
+    FAST_INTS.load(std::sync::atomic::Ordering::Relaxed)
+}
+
+/// An offset argument as u32: read inline from a compact int (what `PyUnstable_Long_CompactValue` does,
+/// which is a header-only inline function, so not callable from Rust), or through `PyLong_AsLong`.
+///
+/// # Safety
+/// `o` is a Python int; GIL held.
+#[inline(always)]
+unsafe fn small_int(fast: bool, o: *mut ffi::PyObject) -> u32 {
+    // SAFETY: `fast` only if checked at import (`check_compact_ints`) that this build lays ints out as
+    // `CompactLong`.
+    unsafe {
+        if fast {
+            let l = o as *const CompactLong;
+            let tag = (*l).lv_tag;
+            if tag < (2 << 3) {
+                let v = (*l).digit0 as i64;
+                return (if tag & 3 == 2 { -v } else { v }) as u32;
             }
-            static $def: Def = Def(ffi::PyMethodDef {
+        }
+        ffi::PyLong_AsLong(o) as u32
+    }
+}
+
+/// Enables the inline int read only if it gives the right answer on this interpreter for small, zero,
+/// negative and large values (a debug or unusual build falls back to `PyLong_AsLong`).
+pub(super) fn check_compact_ints(py: Python<'_>) -> PyResult<()> {
+    FAST_INTS.store(true, std::sync::atomic::Ordering::Relaxed);
+    let mut ok = true;
+    for v in [0i64, 1, 2, 254, 1546, 65_534, (1 << 30) - 1, -7, 1 << 40] {
+        let o = v.into_pyobject(py)?;
+        // SAFETY: `o` is an int and we hold the GIL.
+        let got = unsafe { small_int(true, o.as_ptr()) };
+        ok &= got == v as u32;
+    }
+    FAST_INTS.store(ok, std::sync::atomic::Ordering::Relaxed);
+    Ok(())
+}
+
+macro_rules! callbacks {
+    ($set:ident, $thresh:literal; $($f:ident $event:literal: $kind:ident, dest=$dest:literal, location=$loc:literal, disable=$dis:literal;)*) => {
+        /// `{event name: callback}` for every event Ocular records.
+        pub(super) fn $set(py: Python<'_>) -> PyResult<Bound<'_, PyDict>> {
+            $(
+                unsafe extern "C" fn $f(
+                    _slf: *mut ffi::PyObject,
+                    args: *mut *mut ffi::PyObject,
+                    _nargs: ffi::Py_ssize_t,
+                ) -> *mut ffi::PyObject {
+                    // SAFETY: registered with sys.monitoring for exactly this event, whose arguments match.
+                    unsafe { event::<{ EventKind::$kind as u8 }, $dest, $loc, $dis, $thresh>(args) }
+                }
+            )*
+            static DEFS: &[Def] = &[$(Def(ffi::PyMethodDef {
                 ml_name: concat!("ocular_", $event, "\0").as_ptr().cast(),
                 ml_meth: ffi::PyMethodDefPointer { PyCFunctionFast: $f },
                 ml_flags: ffi::METH_FASTCALL,
                 ml_doc: ptr::null(),
-            });
-        )*
-
-        /// `{event name: callback}` for every event Ocular records.
-        pub(super) fn callbacks(py: Python<'_>) -> PyResult<Bound<'_, PyDict>> {
+            }),)*];
             let d = PyDict::new(py);
-            $( d.set_item($event, function(py, &$def)?)?; )*
+            for (name, def) in [$($event,)*].into_iter().zip(DEFS) {
+                d.set_item(name, function(py, def)?)?;
+            }
             Ok(d)
         }
     };
@@ -205,19 +343,26 @@ fn function<'py>(py: Python<'py>, def: &'static Def) -> PyResult<Bound<'py, PyAn
     }
 }
 
-callbacks! {
-    DEF_PY_START on_py_start "PY_START": PY_START, dest=false, location=false, disable=true;
-    DEF_PY_RESUME on_py_resume "PY_RESUME": PY_RESUME, dest=false, location=false, disable=true;
-    DEF_PY_RETURN on_py_return "PY_RETURN": PY_RETURN, dest=false, location=false, disable=true;
-    DEF_PY_YIELD on_py_yield "PY_YIELD": PY_YIELD, dest=false, location=false, disable=true;
-    DEF_PY_UNWIND on_py_unwind "PY_UNWIND": PY_UNWIND, dest=false, location=false, disable=false;
-    DEF_PY_THROW on_py_throw "PY_THROW": PY_THROW, dest=false, location=false, disable=false;
-    DEF_JUMP on_jump "JUMP": JUMP, dest=true, location=true, disable=true;
-    DEF_BRANCH on_branch "BRANCH": BRANCH, dest=true, location=true, disable=true;
-    DEF_BRANCH_LEFT on_branch_left "BRANCH_LEFT": BRANCH_LEFT, dest=true, location=true, disable=true;
-    DEF_BRANCH_RIGHT on_branch_right "BRANCH_RIGHT": BRANCH_RIGHT, dest=true, location=true, disable=true;
-    DEF_INSTRUCTION on_instruction "INSTRUCTION": INSTRUCTION, dest=false, location=true, disable=true;
+macro_rules! event_table {
+    ($set:ident, $thresh:literal) => {
+        callbacks! { $set, $thresh;
+            on_py_start "PY_START": PY_START, dest=false, location=false, disable=true;
+            on_py_resume "PY_RESUME": PY_RESUME, dest=false, location=false, disable=true;
+            on_py_return "PY_RETURN": PY_RETURN, dest=false, location=false, disable=true;
+            on_py_yield "PY_YIELD": PY_YIELD, dest=false, location=false, disable=true;
+            on_py_unwind "PY_UNWIND": PY_UNWIND, dest=false, location=false, disable=false;
+            on_py_throw "PY_THROW": PY_THROW, dest=false, location=false, disable=false;
+            on_jump "JUMP": JUMP, dest=true, location=true, disable=true;
+            on_branch "BRANCH": BRANCH, dest=true, location=true, disable=true;
+            on_branch_left "BRANCH_LEFT": BRANCH_LEFT, dest=true, location=true, disable=true;
+            on_branch_right "BRANCH_RIGHT": BRANCH_RIGHT, dest=true, location=true, disable=true;
+            on_instruction "INSTRUCTION": INSTRUCTION, dest=false, location=true, disable=true;
+        }
+    };
 }
+
+event_table!(callbacks, true);
+event_table!(callbacks_gapless, false);
 
 // Benchmark reference callbacks, registered in the same run as Ocular's so ratios are side by side.
 

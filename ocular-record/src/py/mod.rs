@@ -94,12 +94,19 @@ struct Recorder {
     errors: Vec<String>,
 }
 
+/// Direct-mapped cache of code object -> state, per thread: consecutive events alternate between a
+/// handful of code objects (caller and callees), which a single "last code" entry would miss.
+pub(super) const CODE_CACHE: usize = 64;
+
 struct ThreadState {
     buf: ThreadBuffer,
     generation: u64,
-    last_code: usize,
-    last_state: *mut CodeState,
+    cache: [(usize, *mut CodeState); CODE_CACHE],
     named: bool,
+    /// The recorder's sink and threshold, cached here so the hot path reads one struct. Valid while
+    /// `generation` matches (the recorder is boxed and lives until stop bumps the generation).
+    sink: *const dyn Sink,
+    threshold: u32,
 }
 
 #[pyfunction]
@@ -246,6 +253,7 @@ fn stop<'py>(py: Python<'py>, names: &Bound<'py, PyDict>) -> PyResult<Bound<'py,
     };
     let generation = st.generation;
     st.generation += 1;
+    callbacks::forget_last_thread();
     let sink = rec.out.sink();
     let mut pushed = 0u64;
     let mut threads = 0u64;
@@ -257,6 +265,8 @@ fn stop<'py>(py: Python<'py>, names: &Bound<'py, PyDict>) -> PyResult<Bound<'py,
         }
         threads += 1;
         ts.buf.flush(sink);
+        // The callbacks' fast path trusts the cache: nothing of this recording may stay in it.
+        ts.cache = [(0, std::ptr::null_mut()); CODE_CACHE];
         pushed += ts.buf.pushed;
         if !ts.named {
             if let Output::File(s) = &rec.out {
@@ -315,11 +325,13 @@ fn abandon_after_fork() {
     let st = unsafe { state() };
     let generation = st.generation;
     st.generation += 1;
+    callbacks::forget_last_thread();
     for &ts in &st.threads {
         // SAFETY: thread states are never freed; only this thread exists in the child.
         let ts = unsafe { &mut *ts };
         if ts.generation == generation {
             ts.buf.abandon();
+            ts.cache = [(0, std::ptr::null_mut()); CODE_CACHE];
         }
     }
     if let Some(rec) = st.recorder.take() {
@@ -453,9 +465,10 @@ unsafe fn attach(ts: *mut ThreadState) -> *mut ThreadState {
         let new = Box::into_raw(Box::new(ThreadState {
             buf: ThreadBuffer::new(tid),
             generation: 0,
-            last_code: 0,
-            last_state: std::ptr::null_mut(),
+            cache: [(0, std::ptr::null_mut()); CODE_CACHE],
             named: false,
+            sink: std::ptr::null::<Discard>() as *const dyn Sink,
+            threshold: 0,
         }));
         st.threads.push(new);
         callbacks::set_thread_state(new);
@@ -467,9 +480,10 @@ unsafe fn attach(ts: *mut ThreadState) -> *mut ThreadState {
     let t = unsafe { &mut *ts };
     t.buf = ThreadBuffer::new(tid);
     t.generation = st.generation;
-    t.last_code = 0;
-    t.last_state = std::ptr::null_mut();
+    t.cache = [(0, std::ptr::null_mut()); CODE_CACHE];
     t.named = false;
+    t.sink = rec.out.sink() as *const dyn Sink;
+    t.threshold = rec.threshold;
     if tid == rec.main_native_id {
         t.named = true;
         if let Output::File(s) = &rec.out {
@@ -544,7 +558,10 @@ fn _ocular(m: &Bound<'_, PyModule>) -> PyResult<()> {
     m.add_function(wrap_pyfunction!(is_recording, m)?)?;
     m.add_function(wrap_pyfunction!(read::read, m)?)?;
     m.add("callbacks", callbacks::callbacks(m.py())?)?;
+    m.add("callbacks_gapless", callbacks::callbacks_gapless(m.py())?)?;
     m.add("bench_callbacks", callbacks::bench_callbacks(m.py())?)?;
     m.add("TSC", clock::CLOCK == ocular_format::Clock::Tsc)?;
+    callbacks::check_compact_ints(m.py())?;
+    m.add("FAST_INTS", callbacks::fast_ints())?;
     Ok(())
 }
