@@ -7,20 +7,22 @@ OUT   ?= out
 PYTHONS := $(shell scripts/find-pythons.sh)
 
 .DEFAULT_GOAL := help
-.PHONY: help demo test test-rust test-python check-python lint bench bench-format fuzz fixture clean
+.PHONY: help demo test test-rust test-python check-python lint bench bench-format bench-record fuzz clean
 
 help: ## list the targets
 	@grep -E '^[a-zA-Z_-]+:.*## ' $(MAKEFILE_LIST) | awk 'BEGIN {FS = ":.*## "}; {printf "  make %-14s %s\n", $$1, $$2}'
 
-demo: ## write a synthetic trace and analyze it (the recorder is not built yet)
+demo: check-python ## record the bundled workload (testdata/workloads/demo.py), then analyze it
 	@mkdir -p $(OUT)
-	$(CARGO) build --release -p ocular-analyze -p ocular-format --examples --bins
-	rm -f $(OUT)/synthetic.ocl
-	./target/release/examples/make_fixture $(OUT)/synthetic.ocl
-	./target/release/ocular-analyze info $(OUT)/synthetic.ocl
+	$(CARGO) build --release --locked -p ocular-analyze
+	@venv=$$(scripts/venv.sh $(firstword $(PYTHONS)) | tail -n 1); \
+	    echo "== python -m ocular run -o $(OUT)/demo.ocl testdata/workloads/demo.py"; \
+	    $$venv/bin/python -m ocular run -o $(OUT)/demo.ocl testdata/workloads/demo.py
+	@echo "== ocular-analyze info $(OUT)/demo.ocl"
+	@./target/release/ocular-analyze info $(OUT)/demo.ocl
 	@echo
-	@echo "The recorder (python -m ocular run) does not exist yet: this demo wrote a synthetic trace with the"
-	@echo "format library. Dump it with: ./target/release/ocular-analyze dump $(OUT)/synthetic.ocl"
+	@echo "Dump every event: ./target/release/ocular-analyze dump $(OUT)/demo.ocl | less"
+	@echo "(hot loops, stats and the Perfetto/Parquet exports are not built yet: see the open issues)"
 
 test: test-rust test-python ## build everything and run every test (Rust, then Python on each 3.12+)
 
@@ -40,9 +42,13 @@ test-python: check-python
 lint: ## rustfmt, clippy with warnings as errors, docs without warnings
 	$(CARGO) fmt --all -- --check
 	$(CARGO) clippy --workspace --all-targets --locked -- -D warnings
+	PYO3_PYTHON=$(firstword $(PYTHONS)) $(CARGO) clippy -p ocular-record --features python --locked -- -D warnings
 	RUSTDOCFLAGS="-D warnings" $(CARGO) doc --workspace --no-deps --locked
 
-bench: bench-format ## every benchmark (prints tables; see BENCHMARKS.md)
+bench: bench-format bench-record ## every benchmark (prints tables; see BENCHMARKS.md)
+
+bench-record: check-python ## recorder overhead: ns/event per mode vs the native floor, no-op callbacks, cProfile
+	@venv=$$(scripts/venv.sh $(firstword $(PYTHONS)) | tail -n 1); $$venv/bin/python bench/record_bench.py
 
 bench-format: ## .ocl size and read/write throughput on 10M synthetic events
 	$(CARGO) run --release --locked -p ocular-format --example format_bench

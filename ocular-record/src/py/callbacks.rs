@@ -189,7 +189,8 @@ unsafe fn record<
         let arg = if DEST { small_int(fast, *args.add(2)) } else { 0 };
         let mut stop_here = false;
         if THRESH && LOCATION {
-            if let Some(h) = (&mut (*cs).hits).get_mut((off / 2) as usize) {
+            let hits: &mut [u32] = &mut (*cs).hits;
+            if let Some(h) = hits.get_mut((off / 2) as usize) {
                 *h += 1;
                 stop_here = *h >= (*ts).threshold;
             }

@@ -294,7 +294,7 @@ fn stop<'py>(py: Python<'py>, names: &Bound<'py, PyDict>) -> PyResult<Bound<'py,
             let mut snaps = Vec::with_capacity(rec.recorded.len());
             for (i, code) in rec.recorded.iter().enumerate() {
                 let adaptive = code.bind(py).getattr("_co_code_adaptive");
-                if let Ok(b) = adaptive.and_then(|b| b.extract::<Vec<u8>>().map_err(Into::into)) {
+                if let Ok(b) = adaptive.and_then(|b| b.extract::<Vec<u8>>()) {
                     snaps.push(CodeSnapshot { id: i as u32 + 1, bytecode: b });
                 }
             }
@@ -507,7 +507,7 @@ unsafe fn name_thread(ts: *mut ThreadState) {
     // SAFETY: the interpreter holds the GIL while calling a monitoring callback.
     let py = unsafe { Python::assume_attached() };
     let f = rec.thread_name.clone_ref(py);
-    let name = f.call0(py).and_then(|n| n.extract::<String>(py).map_err(Into::into));
+    let name = f.call0(py).and_then(|n| n.extract::<String>(py));
     // SAFETY: GIL held; no Python call while `st` is alive.
     let st = unsafe { state() };
     if st.generation != generation {
