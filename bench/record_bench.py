@@ -9,8 +9,10 @@ from __future__ import annotations
 
 import argparse
 import cProfile
+import gc
 import os
 import platform
+import random
 import sys
 import tempfile
 import time
@@ -65,10 +67,16 @@ def mask(mode):
 
 
 def timed(fn):
-    """(wall ns, CPU ns of this thread): the second excludes time the thread was not running."""
-    c0, t0 = time.thread_time_ns(), time.perf_counter_ns()
-    fn()
-    return time.perf_counter_ns() - t0, time.thread_time_ns() - c0
+    """(wall ns, CPU ns of this thread), with the garbage collector off as timeit does: a collection of
+    another configuration's garbage would land at a random point of a random run."""
+    gc.collect()
+    gc.disable()
+    try:
+        c0, t0 = time.thread_time_ns(), time.perf_counter_ns()
+        fn()
+        return time.perf_counter_ns() - t0, time.thread_time_ns() - c0
+    finally:
+        gc.enable()
 
 
 def with_callback(fn, mode, cb):
@@ -111,60 +119,83 @@ def python_noop(*args):
 
 def main():
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    ap.add_argument("--repeats", type=int, default=15)
+    ap.add_argument("--repeats", type=int, default=31)
     ap.add_argument("--modes", default="calls,adaptive,precise")
     args = ap.parse_args()
     floor, noop = _ocular.bench_callbacks["floor"], _ocular.bench_callbacks["noop"]
     path = os.path.join(tempfile.mkdtemp(), "bench.ocl")
     modes = args.modes.split(",")
     print(f"# Python {platform.python_version()}, {platform.machine()}, {os.cpu_count()} CPUs, "
-          f"best of {args.repeats} interleaved repeats per configuration; ns/ev = (time - untraced) / events; "
-          f"wall clock, and CPU time of the recording thread (time.thread_time_ns)")
+          f"{args.repeats} repeats, configurations shuffled within each; ns/ev = best-of (time - untraced) / events; "
+          f"ratio = median over repeats of (Ocular - untraced) / (floor - untraced) in the same repeat")
     print()
     print("| workload | mode | events/run | untraced ms | floor ns/ev | native no-op ns/ev | Python no-op ns/ev "
-          "| **Ocular ns/ev** | **Ocular / floor** | floor CPU ns/ev | Ocular CPU ns/ev | CPU Ocular / floor "
+          "| Ocular ns/ev | **Ocular / floor**, median of paired repeats (quartiles) | best-of CPU Ocular / floor "
           "| Ocular slowdown | cProfile slowdown |")
-    print("|---|---|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|")
+    print("|---|---|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|")
     rows = []
     for wname, fn in WORKLOADS.items():
         fn()  # warm up and specialize
         for mode in modes:
             runs = {k: [] for k in ("untraced", "floor", "noop", "python", "ocular", "cprofile")}
+            ratios = []
             events = lost = 0
+            configs = {
+                "floor": lambda: with_callback(fn, mode, floor),
+                "noop": lambda: with_callback(fn, mode, noop),
+                "python": lambda: with_callback(fn, mode, python_noop),
+                "ocular": lambda: with_ocular(fn, mode, 0, path),
+                "cprofile": lambda: with_cprofile(fn),
+            }
             for _ in range(args.repeats):
-                runs["untraced"].append(timed(fn))
-                runs["floor"].append(with_callback(fn, mode, floor))
-                runs["noop"].append(with_callback(fn, mode, noop))
-                runs["python"].append(with_callback(fn, mode, python_noop))
-                t, events, lost = with_ocular(fn, mode, 0, path)
-                runs["ocular"].append(t)
-                runs["cprofile"].append(with_cprofile(fn))
+                # One repeat: every configuration back to back in a shuffled order, between two untraced
+                # runs. Slow periods of the VM last longer than one run, so a ratio taken inside one repeat
+                # cancels them; the median of those ratios is the headline figure.
+                order = list(configs)
+                random.shuffle(order)
+                got = {"untraced": timed(fn)}
+                for k in order:
+                    r = configs[k]()
+                    if k == "ocular":
+                        r, events, lost = r
+                    got[k] = r
+                got["untraced"] = min(got["untraced"], timed(fn))
+                for k, v in got.items():
+                    runs[k].append(v)
                 if events < 5_000:
                     break
+                base = got["untraced"][0]
+                ratios.append((got["ocular"][0] - base) / max(1, got["floor"][0] - base))
             if events < 5_000:
                 continue  # e.g. a loop without calls in calls mode: nothing to measure per event
-            # Best of the interleaved repeats, per configuration: interference only ever adds time.
+            # Absolute figures: best of the repeats per configuration (interference only adds time).
             wall = {k: min(w for w, _ in v) for k, v in runs.items()}
             cpu = {k: min(c for _, c in v) for k, v in runs.items()}
             ns = {k: (wall[k] - wall["untraced"]) / events for k in ("floor", "noop", "python", "ocular")}
             cns = {k: (cpu[k] - cpu["untraced"]) / events for k in ("floor", "ocular")}
+            ratios.sort()
+            q1, med, q3 = ratios[len(ratios) // 4], ratios[len(ratios) // 2], ratios[(3 * len(ratios)) // 4]
             rows.append(
                 f"| {wname} | {mode} | {events:,} | {wall['untraced'] / 1e6:.1f} | {ns['floor']:.1f} | "
-                f"{ns['noop']:.1f} | {ns['python']:.1f} | **{ns['ocular']:.1f}** | **{ns['ocular'] / ns['floor']:.2f}x** | "
-                f"{cns['floor']:.1f} | {cns['ocular']:.1f} | {cns['ocular'] / cns['floor']:.2f}x | "
+                f"{ns['noop']:.1f} | {ns['python']:.1f} | {ns['ocular']:.1f} | **{med:.2f}x** ({q1:.2f}-{q3:.2f}) | "
+                f"{cns['ocular'] / cns['floor']:.2f}x | "
                 f"{wall['ocular'] / wall['untraced']:.2f}x | {wall['cprofile'] / wall['untraced']:.2f}x |"
                 + (f" (lost {lost})" if lost else "")
             )
             print(rows[-1], flush=True)
-    # The adaptive default: a loop that runs about a second, untraced vs recorded with threshold 500.
-    print()
-    print("| adaptive, default threshold (500), loop of ~1 s, best of repeats | untraced ms | Ocular ms | slowdown |")
-    print("|---|---:|---:|---:|")
-    big = lambda: tight_loop(12_000_000)  # noqa: E731
+    # A fresh code object for every run: on 3.12, instrumenting a function strips its superinstructions
+    # for good, so reusing one function would compare a never-traced first run with later ones.
+    src = "def big(n):\n    s = 0\n    for i in range(n):\n        s += i\n    return s\n"
+
+    def fresh():
+        ns = {}
+        exec(compile(src, "<big-loop>", "exec"), ns)
+        return lambda: ns["big"](12_000_000)
+
     un, oc = [], []
     for _ in range(max(3, args.repeats // 2)):
-        un.append(timed(big)[0])
-        oc.append(with_ocular(big, "adaptive", 500, path)[0][0])
+        un.append(timed(fresh())[0])
+        oc.append(with_ocular(fresh(), "adaptive", 500, path)[0][0])
     u, o = min(un), min(oc)
     print(f"| tight loop, 12M iterations | {u / 1e6:.0f} | {o / 1e6:.0f} | {o / u:.3f}x |")
 

@@ -52,10 +52,9 @@ def opcode_tables() -> dict:
 
 
 def describe(code: CodeType) -> tuple:
-    """A code object as the recorder stores it (FORMAT.md 6.1), called once per code object."""
-    positions = [
-        tuple(-1 if v is None else v for v in p) for p in code.co_positions()
-    ]
+    """A code object as the recorder stores it (FORMAT.md 6.1), called once per code object, at its first
+    event: keep it cheap (the Rust side maps None positions to -1)."""
+    positions = list(code.co_positions())
     return (
         code.co_name,
         code.co_qualname,

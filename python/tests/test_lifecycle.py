@@ -212,6 +212,24 @@ def test_sigterm_stops_the_child_with_a_complete_file(tmp_path):
     assert any(q == "spin" for (q, _, _, _) in f["code"].values())
 
 
+def test_sigint_stops_the_child_with_a_complete_file(tmp_path):
+    out = tmp_path / "int.ocl"
+    p = _child(tmp_path, LONG_RUNNING, out)
+    assert p.stdout.readline() == "ready\n"
+    time.sleep(0.3)
+    p.send_signal(signal.SIGINT)
+    p.wait(timeout=20)
+    err = p.stderr.read()
+    # An uncaught KeyboardInterrupt: Python re-raises SIGINT on itself after unwinding (the recording's
+    # __exit__ runs during the unwinding).
+    assert p.returncode == -signal.SIGINT, err
+    assert "KeyboardInterrupt" in err
+    from ocular import _ocular
+
+    f = _ocular.read(str(out))
+    assert f["clean"], f["warnings"]
+
+
 def test_sigkill_leaves_every_written_chunk_readable(tmp_path):
     out = tmp_path / "kill.ocl"
     p = _child(tmp_path, LONG_RUNNING, out)

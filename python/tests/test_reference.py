@@ -151,3 +151,16 @@ def test_opcode_tables_match_the_interpreter():
     assert t["opcache"][opcode.opmap["LOAD_ATTR"]] == 9
     assert t["opcache"][dis._all_opmap["FOR_ITER_RANGE"]] == t["opcache"][opcode.opmap["FOR_ITER"]] == 1
     assert t["have_argument"] == opcode.HAVE_ARGUMENT and t["extended_arg"] == opcode.EXTENDED_ARG
+
+
+def test_code_objects_carry_their_bytecode_and_positions(ocl):
+    with ocular.record(ocl, mode="calls"):
+        workloads.exceptions(1)
+    f = read_ocl(ocl)
+    for qual, fn in [("exceptions", workloads.exceptions), ("fails", workloads.fails)]:
+        (cid,) = [i for i, (q, file, _, _) in f["code"].items() if q == qual and file == workloads.__file__]
+        code = fn.__code__
+        assert f["bytecode"][cid] == code.co_code
+        want = [tuple(-1 if v is None else v for v in p) for p in code.co_positions()]
+        assert f["positions"][cid] == want
+        assert f["code"][cid][2] == code.co_firstlineno

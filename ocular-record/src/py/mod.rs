@@ -431,7 +431,7 @@ fn describe_code(d: &Bound<'_, PyAny>) -> PyResult<CodeObject> {
         u32,
         u32,
         Vec<u8>,
-        Vec<(i32, i32, i32, i32)>,
+        Vec<(Option<i32>, Option<i32>, Option<i32>, Option<i32>)>,
     ) = d.extract()?;
     Ok(CodeObject {
         id: 0,
@@ -443,7 +443,12 @@ fn describe_code(d: &Bound<'_, PyAny>) -> PyResult<CodeObject> {
         bytecode: code,
         positions: positions
             .into_iter()
-            .map(|(line, end_line, column, end_column)| Position { line, end_line, column, end_column })
+            .map(|(line, end_line, column, end_column)| Position {
+                line: line.unwrap_or(-1),
+                end_line: end_line.unwrap_or(-1),
+                column: column.unwrap_or(-1),
+                end_column: end_column.unwrap_or(-1),
+            })
             .collect(),
     })
 }

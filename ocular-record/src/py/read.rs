@@ -7,8 +7,9 @@ use pyo3::prelude::*;
 use pyo3::types::{PyDict, PyList};
 
 /// Returns `{"header": {...}, "events": [(thread, ticks, kind, code, offset, arg)], "code": {id: (qualname,
-/// filename, first_line, name)}, "threads": {id: name}, "lost": [(thread, count, first, last)],
-/// "snapshots": {id: bytes}, "clean": bool, "warnings": [...]}`. Kinds are `sys.monitoring` names.
+/// filename, first_line, name)}, "positions": {id: [(line, end_line, col, end_col)]}, "bytecode": {id:
+/// bytes}, "threads": {id: name}, "lost": [(thread, count, first, last)], "snapshots": {id: bytes},
+/// "clean": bool, "warnings": [...]}`. Kinds are `sys.monitoring` names.
 #[pyfunction]
 #[pyo3(signature = (path, salvage=false))]
 pub(super) fn read<'py>(py: Python<'py>, path: std::path::PathBuf, salvage: bool) -> PyResult<Bound<'py, PyDict>> {
@@ -36,6 +37,8 @@ pub(super) fn read<'py>(py: Python<'py>, path: std::path::PathBuf, salvage: bool
     let threads = PyDict::new(py);
     let lost = PyList::empty(py);
     let snaps = PyDict::new(py);
+    let positions = PyDict::new(py);
+    let bytecode = PyDict::new(py);
     while let Some(c) = r.next_chunk().map_err(err)? {
         match c.body {
             Body::Events(ev) => {
@@ -52,6 +55,10 @@ pub(super) fn read<'py>(py: Python<'py>, path: std::path::PathBuf, salvage: bool
             }
             Body::Code(objs) => {
                 for o in objs {
+                    let pos: Vec<(i32, i32, i32, i32)> =
+                        o.positions.iter().map(|p| (p.line, p.end_line, p.column, p.end_column)).collect();
+                    positions.set_item(o.id, pos)?;
+                    bytecode.set_item(o.id, pyo3::types::PyBytes::new(py, &o.bytecode))?;
                     code.set_item(o.id, (o.qualname, o.filename, o.first_line, o.name))?;
                 }
             }
@@ -70,6 +77,8 @@ pub(super) fn read<'py>(py: Python<'py>, path: std::path::PathBuf, salvage: bool
     out.set_item("threads", threads)?;
     out.set_item("lost", lost)?;
     out.set_item("snapshots", snaps)?;
+    out.set_item("positions", positions)?;
+    out.set_item("bytecode", bytecode)?;
     out.set_item("clean", r.report().clean())?;
     let name = path.display().to_string();
     out.set_item("warnings", r.report().warnings(&name))?;
