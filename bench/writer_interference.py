@@ -65,7 +65,7 @@ def floor():
 
 def into_nothing():
     mon.use_tool_id(2, "ocular")
-    _ocular.start(None, {}, "adaptive", 0, [], [], 16384, 256, 0.0, _interp.describe, _interp.boot_thread_name,
+    _ocular.start(None, {}, "adaptive", 0, [], [], 65536, 64, 0.0, _interp.describe, _interp.boot_thread_name,
                   _interp.boot_thread_name.__code__, threading.get_native_id(), "", [])
     try:
         return with_callbacks(2, _callbacks(0))

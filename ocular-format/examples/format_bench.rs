@@ -119,7 +119,11 @@ fn main() {
         }
     }
 
-    for level in [1, 3] {
+    let levels: Vec<i32> = std::env::var("OCULAR_BENCH_LEVELS")
+        .ok()
+        .map(|v| v.split(',').filter_map(|x| x.trim().parse().ok()).collect())
+        .unwrap_or_else(|| vec![1, 3]);
+    for level in levels {
         let file = std::io::BufWriter::with_capacity(1 << 20, std::fs::File::create(&path).unwrap());
         let t = Instant::now();
         let mut w = Writer::new(file, "bench", &header, WriterOptions { compress: true, level }).unwrap();

@@ -39,9 +39,10 @@ pub struct Config {
 
 impl Default for Config {
     fn default() -> Self {
-        // 16 Ki events = 384 KiB per buffer; 256 buffers = 96 MiB at most, reached only if the disk
-        // cannot keep up.
-        Config { buffer_events: 16 * 1024, max_buffers: 256 }
+        // 64 Ki events = 1.5 MiB per buffer, larger than a core's L2, so a buffer the writer reads does not
+        // bounce between the two cores' caches (measured: BENCHMARKS.md); 64 buffers = 96 MiB at most,
+        // reached only if the disk cannot keep up.
+        Config { buffer_events: 64 * 1024, max_buffers: 64 }
     }
 }
 

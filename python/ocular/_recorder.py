@@ -184,8 +184,8 @@ class Recording:
         include_only: str | Iterable[str] | None = None,
         exclude: str | Iterable[str] | None = None,
         *,
-        buffer_events: int = 16384,
-        max_buffers: int = 256,
+        buffer_events: int = 65536,
+        max_buffers: int = 64,
     ) -> None:
         _interp.check_supported()
         if mode not in MODES:
