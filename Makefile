@@ -21,8 +21,14 @@ demo: check-python ## record the bundled workload (testdata/workloads/demo.py), 
 	@echo "== ocular-analyze info $(OUT)/demo.ocl"
 	@./target/release/ocular-analyze info $(OUT)/demo.ocl
 	@echo
-	@echo "Dump every event: ./target/release/ocular-analyze dump $(OUT)/demo.ocl | less"
-	@echo "(hot loops, stats and the Perfetto/Parquet exports are not built yet: see the open issues)"
+	@echo "== ocular-analyze hot $(OUT)/demo.ocl --top 3"
+	@./target/release/ocular-analyze hot $(OUT)/demo.ocl --top 3
+	@echo
+	@echo "== ocular-analyze stats $(OUT)/demo.ocl --top 10"
+	@./target/release/ocular-analyze stats $(OUT)/demo.ocl --top 10
+	@echo
+	@echo "Every event: ./target/release/ocular-analyze dump $(OUT)/demo.ocl | less"
+	@echo "(the Perfetto, Parquet and flame graph exports are not built yet: see the open issues)"
 
 test: test-rust test-python ## build everything and run every test (Rust, then Python on each 3.12+)
 

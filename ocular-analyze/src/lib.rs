@@ -6,5 +6,8 @@
 //! # Ok::<(), ocular_format::Error>(())
 //! ```
 
+pub mod analysis;
 pub mod dump;
+pub mod hot;
 pub mod info;
+pub mod stats;

@@ -12,6 +12,8 @@ use std::process::ExitCode;
 /// Record with `python -m ocular run script.py` (writes ocular.ocl), then:
 ///
 ///   ocular-analyze info ocular.ocl
+///   ocular-analyze hot ocular.ocl
+///   ocular-analyze stats ocular.ocl --sort inclusive
 ///   ocular-analyze dump ocular.ocl | less
 #[derive(Parser, Debug)]
 #[command(version, about, long_about, propagate_version = true)]
@@ -28,6 +30,45 @@ enum Command {
     Info {
         /// The .ocl file.
         file: PathBuf,
+        /// Print JSON instead of text.
+        #[arg(long)]
+        json: bool,
+        /// Skip damaged chunks instead of stopping at the first one.
+        #[arg(long)]
+        salvage: bool,
+    },
+    /// Show the hottest loops: iterations, time per iteration (recorder cost subtracted), and the loop body
+    /// disassembled as base -> specialized opcode with its average cost per instruction.
+    ///
+    /// Example: ocular-analyze hot run.ocl --top 3
+    Hot {
+        /// The .ocl file.
+        file: PathBuf,
+        /// How many loops to show.
+        #[arg(long, default_value_t = 5)]
+        top: usize,
+        /// Print JSON instead of text.
+        #[arg(long)]
+        json: bool,
+        /// Skip damaged chunks instead of stopping at the first one.
+        #[arg(long)]
+        salvage: bool,
+    },
+    /// Per-function statistics: calls, inclusive and exclusive time, mean time per call, file:line.
+    ///
+    /// Example: ocular-analyze stats run.ocl --sort inclusive --top 20
+    Stats {
+        /// The .ocl file.
+        file: PathBuf,
+        /// Order of the rows.
+        #[arg(long, value_enum, default_value_t = ocular_analyze::stats::SortBy::Exclusive)]
+        sort: ocular_analyze::stats::SortBy,
+        /// How many rows to show.
+        #[arg(long, default_value_t = 25)]
+        top: usize,
+        /// One table per thread instead of merged.
+        #[arg(long)]
+        per_thread: bool,
         /// Print JSON instead of text.
         #[arg(long)]
         json: bool,
@@ -60,6 +101,34 @@ fn run(cli: Cli) -> anyhow::Result<()> {
                 writeln!(out)?;
             } else {
                 writeln!(out, "{info}")?;
+            }
+        }
+        Command::Hot { file, top, json, salvage } => {
+            let a = ocular_analyze::analysis::analyze(&file, ReadOptions { salvage })?;
+            for w in &a.warnings {
+                eprintln!("warning: {w}");
+            }
+            let report = ocular_analyze::hot::report(&a, top);
+            let mut out = std::io::stdout().lock();
+            if json {
+                serde_json::to_writer_pretty(&mut out, &report)?;
+                writeln!(out)?;
+            } else {
+                write!(out, "{report}")?;
+            }
+        }
+        Command::Stats { file, sort, top, per_thread, json, salvage } => {
+            let a = ocular_analyze::analysis::analyze(&file, ReadOptions { salvage })?;
+            for w in &a.warnings {
+                eprintln!("warning: {w}");
+            }
+            let rows = ocular_analyze::stats::rows(&a, per_thread, sort);
+            let mut out = std::io::stdout().lock();
+            if json {
+                serde_json::to_writer_pretty(&mut out, &rows)?;
+                writeln!(out)?;
+            } else {
+                ocular_analyze::stats::render(&a, &rows, top, &mut out)?;
             }
         }
         Command::Dump { file, salvage } => {

@@ -262,7 +262,6 @@ class Recording:
             mon.register_callback(tool, getattr(mon.events, name), callbacks[name])
         self._running = True
         _active = self
-        mon.set_events(tool, _mask(self._events))
         if not _fork_hook_installed:
             os.register_at_fork(after_in_child=_after_fork_in_child)
             _fork_hook_installed = True
@@ -272,6 +271,8 @@ class Recording:
             if signal.getsignal(signal.SIGTERM) is signal.SIG_DFL:
                 self._old_sigterm = signal.signal(signal.SIGTERM, _sigterm)
         atexit.register(self._stop_at_exit)
+        # Last: everything above runs Python (signal, enum, threading) that is not the user's program.
+        mon.set_events(tool, _mask(self._events))
         return self
 
     def stop(self) -> "Recording":

@@ -6,7 +6,10 @@ use crate::testdata;
 fn check(fixture: &str, expected: &str) {
     let mut out = Vec::new();
     ocular_analyze::dump::dump(&testdata(fixture), Default::default(), &mut out).unwrap();
-    let got = String::from_utf8(out).unwrap();
+    compare(fixture, expected, String::from_utf8(out).unwrap());
+}
+
+fn compare(fixture: &str, expected: &str, got: String) {
     let path = testdata(expected);
     if std::env::var_os("OCULAR_BLESS").is_some() {
         std::fs::write(&path, &got).unwrap();
@@ -28,4 +31,18 @@ fn check(fixture: &str, expected: &str) {
 #[test]
 fn v1_0_synthetic_dump() {
     check("v1.0/synthetic.ocl", "expected/v1.0-synthetic.dump");
+}
+
+#[test]
+fn loops_reports() {
+    for (fixture, name) in
+        [("v1.0/loops-adaptive.ocl", "v1.0-loops-adaptive"), ("v1.0/loops-precise.ocl", "v1.0-loops-precise")]
+    {
+        let a = ocular_analyze::analysis::analyze(&testdata(fixture), Default::default()).unwrap();
+        compare(fixture, &format!("expected/{name}.hot"), ocular_analyze::hot::report(&a, 10).to_string());
+        let rows = ocular_analyze::stats::rows(&a, false, ocular_analyze::stats::SortBy::Exclusive);
+        let mut out = Vec::new();
+        ocular_analyze::stats::render(&a, &rows, 50, &mut out).unwrap();
+        compare(fixture, &format!("expected/{name}.stats"), String::from_utf8(out).unwrap());
+    }
 }

@@ -2,6 +2,7 @@
 
 mod cli;
 mod golden;
+mod reports;
 
 /// `testdata/` at the top of the workspace.
 pub fn testdata(rel: &str) -> std::path::PathBuf {

@@ -1,0 +1,353 @@
+//! One streaming pass over a trace that rebuilds each thread's call stack and collects function
+//! statistics and hot loops. Memory: one chunk of events, one stack per thread, counters per function and
+//! per loop; never the whole event stream.
+//!
+//! Timing rules, stated where they are used:
+//! - Every event costs the recorder `event_cost_ticks` (calibrated at record time, stored in the header).
+//!   The time from one event's clock read to a later one's holds the overhead of exactly one event plus
+//!   one per event in between: a span from event index `a` to `b` is corrected by `(b - a) * cost`.
+//! - A loop is a backward `JUMP` (destination < offset) in a code object: its head is the destination, its
+//!   end the jump. One iteration is the time from one execution of that jump to the next in the same frame.
+//! - In adaptive mode the time between two consecutive events of one frame is the cost of the block of
+//!   instructions that ran between them; it is spread evenly over that block's instructions. In precise
+//!   mode the time from one INSTRUCTION event to the next is the cost of the first instruction.
+
+use ocular_format::{Body, CodeObject, EventKind, Header, Mode, RawEvent, ReadOptions, Reader};
+use std::collections::HashMap;
+use std::path::Path;
+
+/// Per function (code object).
+#[derive(Clone, Debug, Default)]
+pub struct FunctionStats {
+    /// Calls (PY_START events).
+    pub calls: u64,
+    /// Inclusive ticks, outermost activations only (recursion is not counted twice), corrected; may be
+    /// slightly negative for tiny functions before clamping at report time.
+    pub inclusive: f64,
+    /// Exclusive ticks (callees removed), corrected; see `inclusive`.
+    pub exclusive: f64,
+}
+
+/// Per loop (code id and head offset).
+#[derive(Clone, Debug, Default)]
+pub struct LoopStats {
+    /// The furthest backward jump to this head: the loop body is `head..=end`. A loop can have several
+    /// (`continue`, an `except` that falls back to the loop head); they are one loop.
+    pub end: u32,
+    /// Times the backward jump ran (recorded).
+    pub iterations: u64,
+    /// Iterations with a measured duration (all but the first of each run of the loop).
+    pub timed: u64,
+    /// Sum of the measured iterations' ticks, corrected.
+    pub ticks: f64,
+    /// Per instruction offset: (ticks, visits).
+    pub per_instruction: HashMap<u32, (f64, u64)>,
+}
+
+/// A loop's identity: code id and the offset of its head (the backward jumps' destination).
+pub type LoopKey = (u32, u32);
+
+struct Frame {
+    code: u32,
+    entered: u64,
+    /// Thread event counter when the frame was entered.
+    entered_events: u64,
+    /// Ticks and event count spent in callees.
+    child_ticks: u64,
+    child_events: u64,
+    /// Whether this activation is the outermost one of its code object on the stack.
+    outermost: bool,
+    /// The previous event of this frame: ticks, thread event counter, the offset where execution
+    /// continued after it.
+    prev: Option<(u64, u64, u32)>,
+    /// Per loop head in this frame: ticks and event counter of the last backward jump to it.
+    loops: Vec<(u32, u64, u64)>,
+}
+
+#[derive(Default)]
+struct ThreadState {
+    stack: Vec<Frame>,
+    events: u64,
+    last_ticks: u64,
+    active: HashMap<u32, u32>,
+}
+
+/// What a pass produced.
+#[derive(Debug, Default)]
+pub struct Analysis {
+    /// Per code id.
+    pub functions: HashMap<u32, FunctionStats>,
+    /// Per thread, per code id (for per-thread reports).
+    pub per_thread: HashMap<u64, HashMap<u32, FunctionStats>>,
+    /// Per loop.
+    pub loops: HashMap<LoopKey, LoopStats>,
+    /// Code objects by id.
+    pub code: HashMap<u32, CodeObject>,
+    /// Specialized bytecode by id.
+    pub snapshots: HashMap<u32, Vec<u8>>,
+    /// Thread names.
+    pub threads: HashMap<u64, String>,
+    /// The file header.
+    pub header: Option<Header>,
+    /// Events read.
+    pub events: u64,
+    /// Reader warnings.
+    pub warnings: Vec<String>,
+}
+
+impl Analysis {
+    /// Ticks to nanoseconds.
+    pub fn ns(&self, ticks: f64) -> f64 {
+        let tps = self.header.as_ref().map_or(1e9, |h| h.ticks_per_second);
+        ticks * 1e9 / tps
+    }
+}
+
+/// Reads `path` once and analyzes it.
+pub fn analyze(path: &Path, opts: ReadOptions) -> ocular_format::Result<Analysis> {
+    let mut r = Reader::open_with(path, opts)?;
+    let header = r.header().clone();
+    let mut a = Analysis::default();
+    let cost = header.event_cost_ticks.max(0.0);
+    let precise = header.options.mode == Mode::Precise;
+    let mut threads: HashMap<u64, ThreadState> = HashMap::new();
+    while let Some(c) = r.next_chunk()? {
+        match c.body {
+            Body::Events(evs) => {
+                let tid = c.info.thread_id;
+                let ts = threads.entry(tid).or_default();
+                let per = a.per_thread.entry(tid).or_default();
+                for e in evs {
+                    step(ts, e, cost, precise, &a.code, &header, &mut a.functions, per, &mut a.loops);
+                }
+                a.events += evs.len() as u64;
+            }
+            Body::Code(objs) => {
+                for o in objs {
+                    a.code.insert(o.id, o);
+                }
+            }
+            Body::Snapshot(s) => {
+                for x in s {
+                    a.snapshots.insert(x.id, x.bytecode);
+                }
+            }
+            Body::Thread(t) => {
+                a.threads.insert(t.thread_id, t.name);
+            }
+            Body::Lost(_) | Body::Trailer(_) | Body::Skipped(_) => {}
+        }
+    }
+    // Frames still open at the end (the recording stopped inside them) end at their thread's last event.
+    for (tid, ts) in threads.iter_mut() {
+        let per = a.per_thread.entry(*tid).or_default();
+        while !ts.stack.is_empty() {
+            let end = ts.last_ticks;
+            let events = ts.events;
+            pop(ts, end, events, cost, &mut a.functions, per);
+        }
+    }
+    let name = path.display().to_string();
+    a.warnings = r.report().warnings(&name);
+    a.header = Some(header);
+    Ok(a)
+}
+
+#[allow(clippy::too_many_arguments)]
+fn step(
+    ts: &mut ThreadState,
+    e: &RawEvent,
+    cost: f64,
+    precise: bool,
+    code: &HashMap<u32, CodeObject>,
+    header: &Header,
+    functions: &mut HashMap<u32, FunctionStats>,
+    per: &mut HashMap<u32, FunctionStats>,
+    loops: &mut HashMap<LoopKey, LoopStats>,
+) {
+    let t = e.ticks.get();
+    let id = e.code.get();
+    let off = e.offset.get();
+    ts.events += 1;
+    ts.last_ticks = t;
+    let Some(kind) = e.event_kind() else { return };
+    match kind {
+        EventKind::PY_START | EventKind::PY_RESUME | EventKind::PY_THROW => {
+            if kind == EventKind::PY_START {
+                functions.entry(id).or_default().calls += 1;
+                per.entry(id).or_default().calls += 1;
+            }
+            let depth = ts.active.entry(id).or_insert(0);
+            *depth += 1;
+            let outermost = *depth == 1;
+            ts.stack.push(Frame {
+                code: id,
+                entered: t,
+                entered_events: ts.events,
+                child_ticks: 0,
+                child_events: 0,
+                outermost,
+                prev: Some((t, ts.events, off)),
+                loops: Vec::new(),
+            });
+        }
+        EventKind::PY_RETURN | EventKind::PY_YIELD | EventKind::PY_UNWIND => {
+            // An exit without its entry (recording started inside the function) is ignored; an exit of a
+            // frame below the top closes the frames above it (events lost or filtered in between).
+            if let Some(pos) = ts.stack.iter().rposition(|f| f.code == id) {
+                while ts.stack.len() > pos + 1 {
+                    let events = ts.events;
+                    pop(ts, t, events, cost, functions, per);
+                }
+                let events = ts.events;
+                block(ts, t, off, cost, precise, code, header, loops);
+                pop(ts, t, events, cost, functions, per);
+            }
+        }
+        EventKind::JUMP
+        | EventKind::BRANCH
+        | EventKind::BRANCH_LEFT
+        | EventKind::BRANCH_RIGHT
+        | EventKind::INSTRUCTION => {
+            let Some(top) = ts.stack.last() else { return };
+            if top.code != id {
+                return;
+            }
+            block(ts, t, off, cost, precise, code, header, loops);
+            let events = ts.events;
+            let top = ts.stack.last_mut().expect("checked above");
+            let dest = e.arg.get();
+            let next = if kind == EventKind::INSTRUCTION { off } else { dest };
+            let prev_at = top.prev.map(|p| p.2);
+            top.prev = Some((t, events, next));
+            // A loop closes where control goes backwards: a backward JUMP (adaptive), or in precise mode an
+            // instruction at a lower offset than the previous one of the same frame (that one was the jump).
+            let back = match kind {
+                EventKind::JUMP if dest < off => Some((dest, off)),
+                EventKind::INSTRUCTION => prev_at.filter(|&p| p > off).map(|p| (off, p)),
+                _ => None,
+            };
+            if let Some((dest, off)) = back {
+                let stats = loops.entry((id, dest)).or_default();
+                stats.iterations += 1;
+                stats.end = stats.end.max(off);
+                match top.loops.iter_mut().find(|l| l.0 == dest) {
+                    Some(l) => {
+                        let ticks = (t - l.1) as f64 - (events - l.2) as f64 * cost;
+                        stats.timed += 1;
+                        stats.ticks += ticks.max(0.0);
+                        l.1 = t;
+                        l.2 = events;
+                    }
+                    None => top.loops.push((dest, t, events)),
+                }
+            }
+        }
+        _ => {}
+    }
+}
+
+/// Attributes the time since the frame's previous event to the instructions that ran in between, for the
+/// loops that contain them.
+#[allow(clippy::too_many_arguments)]
+fn block(
+    ts: &mut ThreadState,
+    t: u64,
+    off: u32,
+    cost: f64,
+    precise: bool,
+    code: &HashMap<u32, CodeObject>,
+    header: &Header,
+    loops: &mut HashMap<LoopKey, LoopStats>,
+) {
+    let events = ts.events;
+    let Some(top) = ts.stack.last() else { return };
+    let Some((pt, pe, start)) = top.prev else { return };
+    if top.loops.is_empty() {
+        return;
+    }
+    // Events in between (callees' included) each cost the recorder `cost`; this event's own cost counts once.
+    let ticks = ((t - pt) as f64 - (events - pe) as f64 * cost).max(0.0);
+    let Some(co) = code.get(&top.code) else { return };
+    for &(head, _, _) in &top.loops {
+        let Some(stats) = loops.get_mut(&(top.code, head)) else { continue };
+        let end = stats.end;
+        if precise {
+            // The previous INSTRUCTION's offset is `start`: it took the whole delta.
+            if (head..=end).contains(&start) {
+                let slot = stats.per_instruction.entry(start).or_default();
+                slot.0 += ticks;
+                slot.1 += 1;
+            }
+            continue;
+        }
+        if start > off || start < head || off > end {
+            continue;
+        }
+        let ins = instructions(co, header, start, off);
+        if ins.is_empty() {
+            continue;
+        }
+        let share = ticks / ins.len() as f64;
+        for o in ins {
+            let slot = stats.per_instruction.entry(o).or_default();
+            slot.0 += share;
+            slot.1 += 1;
+        }
+    }
+}
+
+fn pop(
+    ts: &mut ThreadState,
+    t: u64,
+    events: u64,
+    cost: f64,
+    functions: &mut HashMap<u32, FunctionStats>,
+    per: &mut HashMap<u32, FunctionStats>,
+) {
+    let Some(f) = ts.stack.pop() else { return };
+    if let Some(d) = ts.active.get_mut(&f.code) {
+        *d = d.saturating_sub(1);
+    }
+    let span = t.saturating_sub(f.entered);
+    // The time between two events' clock reads holds one event's overhead, plus one per event in between.
+    let span_events = events.saturating_sub(f.entered_events);
+    // Not clamped per frame: a short frame's corrected time can come out slightly negative (the calibrated
+    // cost is an average), and clamping each would bias the sums up; the totals are clamped when reported.
+    let inclusive = span as f64 - span_events as f64 * cost;
+    let exclusive =
+        span.saturating_sub(f.child_ticks) as f64 - span_events.saturating_sub(f.child_events) as f64 * cost;
+    for stats in [functions.entry(f.code).or_default(), per.entry(f.code).or_default()] {
+        if f.outermost {
+            stats.inclusive += inclusive;
+        }
+        stats.exclusive += exclusive;
+    }
+    if let Some(parent) = ts.stack.last_mut() {
+        parent.child_ticks += span;
+        parent.child_events += span_events;
+        // The parent continues after the call: its block restarts now.
+        if let Some(p) = &mut parent.prev {
+            p.0 = t;
+            p.1 = events;
+        }
+    }
+}
+
+/// Offsets of the instructions from `start` to `end` inclusive, walking the base bytecode with the
+/// interpreter's inline-cache table (caches are not instructions).
+pub fn instructions(co: &CodeObject, header: &Header, start: u32, end: u32) -> Vec<u32> {
+    let table = &header.opcodes;
+    let mut out = Vec::new();
+    let mut o = 0usize;
+    let code = &co.bytecode;
+    while o + 1 < code.len() && o as u32 <= end {
+        let op = code[o] as usize;
+        if o as u32 >= start {
+            out.push(o as u32);
+        }
+        let caches = table.cache_entries.get(op).copied().unwrap_or(0) as usize;
+        o += 2 + 2 * caches;
+    }
+    out
+}

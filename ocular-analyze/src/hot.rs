@@ -1,0 +1,194 @@
+//! `hot`: the loops that took the most time, with their bodies disassembled (base -> specialized opcode).
+
+use crate::analysis::{instructions, Analysis};
+use ocular_format::Mode;
+use serde::Serialize;
+
+/// One hot loop.
+#[derive(Debug, Serialize)]
+pub struct HotLoop {
+    /// Qualified name of the function.
+    pub function: String,
+    /// Source file.
+    pub file: String,
+    /// First line of the loop.
+    pub first_line: i32,
+    /// Last line of the loop.
+    pub last_line: i32,
+    /// Offset of the loop head (the backward jump's destination).
+    pub head_offset: u32,
+    /// Offset of the backward jump.
+    pub end_offset: u32,
+    /// Recorded iterations (executions of the backward jump).
+    pub iterations: u64,
+    /// Whether the de-instrumentation threshold stopped the recording of this loop (then `iterations` is
+    /// the number recorded, not the number run).
+    pub sampled: bool,
+    /// Mean time per iteration, recorder cost subtracted.
+    pub ns_per_iteration: f64,
+    /// The same in ticks.
+    pub ticks_per_iteration: f64,
+    /// Measured time in the loop, ns.
+    pub total_ns: f64,
+    /// The loop body.
+    pub instructions: Vec<Instruction>,
+}
+
+/// One instruction of a loop body.
+#[derive(Debug, Serialize)]
+pub struct Instruction {
+    /// Byte offset.
+    pub offset: u32,
+    /// Source line, -1 if none.
+    pub line: i32,
+    /// Base opcode name.
+    pub base: String,
+    /// Specialized opcode name at stop, if different from the base.
+    pub specialized: Option<String>,
+    /// The instruction was still instrumented when the snapshot was taken, so its specialization is not
+    /// visible.
+    pub instrumented_at_stop: bool,
+    /// Average ticks per execution (see `cost_kind`), if any were measured.
+    pub ticks: Option<f64>,
+    /// The same in ns.
+    pub ns: Option<f64>,
+}
+
+/// The report.
+#[derive(Debug, Serialize)]
+pub struct HotReport {
+    /// Recording mode.
+    pub mode: String,
+    /// How per-instruction costs were obtained.
+    pub cost_kind: String,
+    /// What the recorder's own cost was and how it was removed.
+    pub correction: String,
+    /// Loops, hottest first.
+    pub loops: Vec<HotLoop>,
+}
+
+/// The `top` hottest loops by measured time.
+pub fn report(a: &Analysis, top: usize) -> HotReport {
+    let header = a.header.as_ref().expect("analysis has a header");
+    let cost_ns = a.ns(header.event_cost_ticks);
+    let mut keys: Vec<_> = a.loops.iter().filter(|(_, s)| s.iterations > 0).collect();
+    keys.sort_by(|x, y| y.1.ticks.total_cmp(&x.1.ticks).then(y.1.iterations.cmp(&x.1.iterations)).then(x.0.cmp(y.0)));
+    let threshold = header.options.deinstrument_threshold as u64;
+    let mut loops = Vec::new();
+    for (&(id, head), s) in keys.into_iter().take(top) {
+        let end = s.end;
+        let Some(co) = a.code.get(&id) else { continue };
+        let snap = a.snapshots.get(&id);
+        let names = &header.opcodes;
+        let mut body = Vec::new();
+        let (mut lo, mut hi) = (i32::MAX, i32::MIN);
+        for off in instructions(co, header, head, end) {
+            let op = co.bytecode[off as usize];
+            let line = co.positions.get(off as usize / 2).map_or(-1, |p| p.line);
+            if line >= 0 {
+                lo = lo.min(line);
+                hi = hi.max(line);
+            }
+            let base_op = names.base.get(op as usize).copied().unwrap_or(op);
+            let at_stop = snap.and_then(|b| b.get(off as usize).copied());
+            // CPython removes instrumentation lazily, when a code object next runs: an instruction still
+            // INSTRUMENTED_* at stop hides its specialization, and we say so rather than guess.
+            let instrumented = at_stop.is_some_and(|sop| names.name(sop).starts_with("INSTRUMENTED_"));
+            let specialized = at_stop
+                .filter(|&sop| {
+                    !instrumented && sop != base_op && names.base.get(sop as usize).copied() == Some(base_op)
+                })
+                .map(|sop| names.name(sop).into_owned());
+            let cost = s.per_instruction.get(&off).filter(|c| c.1 > 0).map(|c| c.0 / c.1 as f64);
+            body.push(Instruction {
+                offset: off,
+                line,
+                base: names.name(base_op).into_owned(),
+                specialized,
+                instrumented_at_stop: instrumented,
+                ticks: cost,
+                ns: cost.map(|c| a.ns(c)),
+            });
+        }
+        let per = if s.timed > 0 { s.ticks / s.timed as f64 } else { 0.0 };
+        loops.push(HotLoop {
+            function: co.qualname.clone(),
+            file: co.filename.clone(),
+            first_line: if lo == i32::MAX { co.first_line as i32 } else { lo },
+            last_line: if hi == i32::MIN { co.first_line as i32 } else { hi },
+            head_offset: head,
+            end_offset: end,
+            iterations: s.iterations,
+            sampled: threshold > 0 && s.iterations >= threshold,
+            ns_per_iteration: a.ns(per),
+            ticks_per_iteration: per,
+            total_ns: a.ns(s.ticks),
+            instructions: body,
+        });
+    }
+    let (mode, cost_kind) = match header.options.mode {
+        Mode::Precise => (
+            "precise",
+            "measured per instruction: time from one INSTRUCTION event to the next. CPython runs the base \
+             (de-specialized) instruction while INSTRUCTION events are on, so these are costs of the base \
+             instruction; the specialized name shows what it runs as when not recorded",
+        ),
+        Mode::Adaptive => (
+            "adaptive",
+            "estimated: the time between two events of a frame is the cost of the block that ran between them, \
+             spread evenly over its instructions (callee time excluded). While BRANCH events are on, CPython runs \
+             FOR_ITER and conditional jumps de-specialized",
+        ),
+        Mode::Calls => ("calls", "none: calls mode records no jumps, so no loops are found"),
+    };
+    HotReport {
+        mode: mode.into(),
+        cost_kind: cost_kind.into(),
+        correction: format!(
+            "the recorder's own cost, {cost_ns:.1} ns per event (calibrated when recording started), is subtracted \
+             once for every event recorded inside each timed span"
+        ),
+        loops,
+    }
+}
+
+impl std::fmt::Display for HotReport {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        writeln!(f, "Hot loops ({} mode), hottest first", self.mode)?;
+        writeln!(f, "  time per iteration: {}", self.correction)?;
+        writeln!(f, "  per-instruction cost: {}", self.cost_kind)?;
+        if self.loops.is_empty() {
+            writeln!(f, "\n  no loops recorded")?;
+        }
+        for (i, l) in self.loops.iter().enumerate() {
+            writeln!(f)?;
+            let sampled = if l.sampled { " (first ones only: de-instrumented at the threshold)" } else { "" };
+            writeln!(
+                f,
+                "#{} {}  {}:{}-{}\n   {} iterations{sampled}, {:.1} ns/iteration ({:.0} ticks), {:.3} ms in total",
+                i + 1,
+                l.function,
+                l.file,
+                l.first_line,
+                l.last_line,
+                l.iterations,
+                l.ns_per_iteration,
+                l.ticks_per_iteration,
+                l.total_ns / 1e6
+            )?;
+            for (k, ins) in l.instructions.iter().enumerate() {
+                let name = match (&ins.specialized, ins.instrumented_at_stop) {
+                    (Some(s), _) => format!("{} -> {}", ins.base, s),
+                    (None, true) => format!("{} (instrumented at stop)", ins.base),
+                    (None, false) => ins.base.clone(),
+                };
+                let cost = match (ins.ticks, ins.ns) {
+                    (Some(t), Some(n)) => format!("~{t:.0} ticks ({n:.1} ns)"),
+                    _ => "-".into(),
+                };
+                writeln!(f, "   [{k:03}] offset {:<4} line {:<4} {name:<44} | {cost}", ins.offset, ins.line)?;
+            }
+        }
+        Ok(())
+    }
+}
