@@ -7,7 +7,7 @@ OUT   ?= out
 PYTHONS := $(shell scripts/find-pythons.sh)
 
 .DEFAULT_GOAL := help
-.PHONY: help demo test test-rust test-python check-python lint bench bench-format bench-record fuzz clean
+.PHONY: help demo test test-rust test-python check-python lint bench bench-format bench-record bench-truth fuzz clean
 
 help: ## list the targets
 	@grep -E '^[a-zA-Z_-]+:.*## ' $(MAKEFILE_LIST) | awk 'BEGIN {FS = ":.*## "}; {printf "  make %-14s %s\n", $$1, $$2}'
@@ -51,7 +51,11 @@ lint: ## rustfmt, clippy with warnings as errors, docs without warnings
 	PYO3_PYTHON=$(firstword $(PYTHONS)) $(CARGO) clippy -p ocular-record --features python --locked -- -D warnings
 	RUSTDOCFLAGS="-D warnings" $(CARGO) doc --workspace --no-deps --locked
 
-bench: bench-format bench-record ## every benchmark (prints tables; see BENCHMARKS.md)
+bench: bench-format bench-record bench-truth ## every benchmark (prints tables; see BENCHMARKS.md)
+
+bench-truth: check-python ## hot's ns/iteration next to the untraced time per iteration, on loops of known shape
+	$(CARGO) build --release --locked -p ocular-analyze
+	@venv=$$(scripts/venv.sh $(firstword $(PYTHONS)) | tail -n 1); $$venv/bin/python bench/truth_bench.py
 
 bench-record: check-python ## recorder overhead: ns/event per mode vs the native floor, no-op callbacks, cProfile
 	@venv=$$(scripts/venv.sh $(firstword $(PYTHONS)) | tail -n 1); $$venv/bin/python bench/record_bench.py

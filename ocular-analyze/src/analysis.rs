@@ -3,9 +3,10 @@
 //! per loop; never the whole event stream.
 //!
 //! Timing rules, stated where they are used:
-//! - Every event costs the recorder `event_cost_ticks` (calibrated at record time, stored in the header).
-//!   The time from one event's clock read to a later one's holds the overhead of exactly one event plus
-//!   one per event in between: a span from event index `a` to `b` is corrected by `(b - a) * cost`.
+//! - Every event costs the recorder its kind's calibrated cost (the file's CALIBRATION chunk, else the
+//!   header's single `event_cost_ticks`). The time from one event's clock read to a later one's holds the
+//!   overhead of the later event plus every event in between: a span from event `a` to event `b` is
+//!   corrected by the sum of the costs of the events in `(a, b]`. Threads keep that sum running.
 //! - A loop is a backward `JUMP` (destination < offset) in a code object: its head is the destination, its
 //!   end the jump. One iteration is the time from one execution of that jump to the next in the same frame.
 //! - In adaptive mode the time between two consecutive events of one frame is the cost of the block of
@@ -50,24 +51,25 @@ pub type LoopKey = (u32, u32);
 struct Frame {
     code: u32,
     entered: u64,
-    /// Thread event counter when the frame was entered.
-    entered_events: u64,
-    /// Ticks and event count spent in callees.
+    /// The thread's running cost sum when the frame was entered.
+    entered_cost: f64,
+    /// Ticks and recorder cost spent in callees.
     child_ticks: u64,
-    child_events: u64,
+    child_cost: f64,
     /// Whether this activation is the outermost one of its code object on the stack.
     outermost: bool,
-    /// The previous event of this frame: ticks, thread event counter, the offset where execution
-    /// continued after it.
-    prev: Option<(u64, u64, u32)>,
-    /// Per loop head in this frame: ticks and event counter of the last backward jump to it.
-    loops: Vec<(u32, u64, u64)>,
+    /// The previous event of this frame: ticks, running cost sum, the offset where execution continued
+    /// after it.
+    prev: Option<(u64, f64, u32)>,
+    /// Per loop head in this frame: ticks and running cost sum at the last backward jump to it.
+    loops: Vec<(u32, u64, f64)>,
 }
 
 #[derive(Default)]
 struct ThreadState {
     stack: Vec<Frame>,
-    events: u64,
+    /// Sum of the recorder's cost of every event of this thread so far, in ticks.
+    cost: f64,
     last_ticks: u64,
     active: HashMap<u32, u32>,
 }
@@ -89,6 +91,8 @@ pub struct Analysis {
     pub threads: HashMap<u64, String>,
     /// The file header.
     pub header: Option<Header>,
+    /// The recorder's cost per event kind, if the file has it (format 1.1).
+    pub calibration: Option<ocular_format::Calibration>,
     /// Events read.
     pub events: u64,
     /// Reader warnings.
@@ -108,7 +112,7 @@ pub fn analyze(path: &Path, opts: ReadOptions) -> ocular_format::Result<Analysis
     let mut r = Reader::open_with(path, opts)?;
     let header = r.header().clone();
     let mut a = Analysis::default();
-    let cost = header.event_cost_ticks.max(0.0);
+    let mut cost = [header.event_cost_ticks.max(0.0); 256];
     let precise = header.options.mode == Mode::Precise;
     let mut threads: HashMap<u64, ThreadState> = HashMap::new();
     while let Some(c) = r.next_chunk()? {
@@ -118,7 +122,7 @@ pub fn analyze(path: &Path, opts: ReadOptions) -> ocular_format::Result<Analysis
                 let ts = threads.entry(tid).or_default();
                 let per = a.per_thread.entry(tid).or_default();
                 for e in evs {
-                    step(ts, e, cost, precise, &a.code, &header, &mut a.functions, per, &mut a.loops);
+                    step(ts, e, &cost, precise, &a.code, &header, &mut a.functions, per, &mut a.loops);
                 }
                 a.events += evs.len() as u64;
             }
@@ -135,6 +139,10 @@ pub fn analyze(path: &Path, opts: ReadOptions) -> ocular_format::Result<Analysis
             Body::Thread(t) => {
                 a.threads.insert(t.thread_id, t.name);
             }
+            Body::Calibration(c) => {
+                cost = c.table(header.event_cost_ticks.max(0.0));
+                a.calibration = Some(c);
+            }
             Body::Lost(_) | Body::Trailer(_) | Body::Skipped(_) => {}
         }
     }
@@ -143,8 +151,7 @@ pub fn analyze(path: &Path, opts: ReadOptions) -> ocular_format::Result<Analysis
         let per = a.per_thread.entry(*tid).or_default();
         while !ts.stack.is_empty() {
             let end = ts.last_ticks;
-            let events = ts.events;
-            pop(ts, end, events, cost, &mut a.functions, per);
+            pop(ts, end, &mut a.functions, per);
         }
     }
     let name = path.display().to_string();
@@ -157,7 +164,7 @@ pub fn analyze(path: &Path, opts: ReadOptions) -> ocular_format::Result<Analysis
 fn step(
     ts: &mut ThreadState,
     e: &RawEvent,
-    cost: f64,
+    cost: &[f64; 256],
     precise: bool,
     code: &HashMap<u32, CodeObject>,
     header: &Header,
@@ -168,7 +175,7 @@ fn step(
     let t = e.ticks.get();
     let id = e.code.get();
     let off = e.offset.get();
-    ts.events += 1;
+    ts.cost += cost[e.kind as usize];
     ts.last_ticks = t;
     let Some(kind) = e.event_kind() else { return };
     match kind {
@@ -183,11 +190,11 @@ fn step(
             ts.stack.push(Frame {
                 code: id,
                 entered: t,
-                entered_events: ts.events,
+                entered_cost: ts.cost,
                 child_ticks: 0,
-                child_events: 0,
+                child_cost: 0.0,
                 outermost,
-                prev: Some((t, ts.events, off)),
+                prev: Some((t, ts.cost, off)),
                 loops: Vec::new(),
             });
         }
@@ -196,12 +203,10 @@ fn step(
             // frame below the top closes the frames above it (events lost or filtered in between).
             if let Some(pos) = ts.stack.iter().rposition(|f| f.code == id) {
                 while ts.stack.len() > pos + 1 {
-                    let events = ts.events;
-                    pop(ts, t, events, cost, functions, per);
+                    pop(ts, t, functions, per);
                 }
-                let events = ts.events;
-                block(ts, t, off, cost, precise, code, header, loops);
-                pop(ts, t, events, cost, functions, per);
+                block(ts, t, off, precise, code, header, loops);
+                pop(ts, t, functions, per);
             }
         }
         EventKind::JUMP
@@ -213,13 +218,13 @@ fn step(
             if top.code != id {
                 return;
             }
-            block(ts, t, off, cost, precise, code, header, loops);
-            let events = ts.events;
+            block(ts, t, off, precise, code, header, loops);
+            let now = ts.cost;
             let top = ts.stack.last_mut().expect("checked above");
             let dest = e.arg.get();
             let next = if kind == EventKind::INSTRUCTION { off } else { dest };
             let prev_at = top.prev.map(|p| p.2);
-            top.prev = Some((t, events, next));
+            top.prev = Some((t, now, next));
             // A loop closes where control goes backwards: a backward JUMP (adaptive), or in precise mode an
             // instruction at a lower offset than the previous one of the same frame (that one was the jump).
             let back = match kind {
@@ -233,13 +238,13 @@ fn step(
                 stats.end = stats.end.max(off);
                 match top.loops.iter_mut().find(|l| l.0 == dest) {
                     Some(l) => {
-                        let ticks = (t - l.1) as f64 - (events - l.2) as f64 * cost;
+                        let ticks = (t - l.1) as f64 - (now - l.2);
                         stats.timed += 1;
                         stats.ticks += ticks.max(0.0);
                         l.1 = t;
-                        l.2 = events;
+                        l.2 = now;
                     }
-                    None => top.loops.push((dest, t, events)),
+                    None => top.loops.push((dest, t, now)),
                 }
             }
         }
@@ -254,20 +259,19 @@ fn block(
     ts: &mut ThreadState,
     t: u64,
     off: u32,
-    cost: f64,
     precise: bool,
     code: &HashMap<u32, CodeObject>,
     header: &Header,
     loops: &mut HashMap<LoopKey, LoopStats>,
 ) {
-    let events = ts.events;
+    let now = ts.cost;
     let Some(top) = ts.stack.last() else { return };
-    let Some((pt, pe, start)) = top.prev else { return };
+    let Some((pt, pc, start)) = top.prev else { return };
     if top.loops.is_empty() {
         return;
     }
-    // Events in between (callees' included) each cost the recorder `cost`; this event's own cost counts once.
-    let ticks = ((t - pt) as f64 - (events - pe) as f64 * cost).max(0.0);
+    // The recorder's cost of this event and of every event in between (callees' included).
+    let ticks = ((t - pt) as f64 - (now - pc)).max(0.0);
     let Some(co) = code.get(&top.code) else { return };
     for &(head, _, _) in &top.loops {
         let Some(stats) = loops.get_mut(&(top.code, head)) else { continue };
@@ -300,23 +304,21 @@ fn block(
 fn pop(
     ts: &mut ThreadState,
     t: u64,
-    events: u64,
-    cost: f64,
     functions: &mut HashMap<u32, FunctionStats>,
     per: &mut HashMap<u32, FunctionStats>,
 ) {
+    let now = ts.cost;
     let Some(f) = ts.stack.pop() else { return };
     if let Some(d) = ts.active.get_mut(&f.code) {
         *d = d.saturating_sub(1);
     }
     let span = t.saturating_sub(f.entered);
-    // The time between two events' clock reads holds one event's overhead, plus one per event in between.
-    let span_events = events.saturating_sub(f.entered_events);
+    // The recorder's cost inside the span: the closing event's and every event's in between.
+    let span_cost = now - f.entered_cost;
     // Not clamped per frame: a short frame's corrected time can come out slightly negative (the calibrated
     // cost is an average), and clamping each would bias the sums up; the totals are clamped when reported.
-    let inclusive = span as f64 - span_events as f64 * cost;
-    let exclusive =
-        span.saturating_sub(f.child_ticks) as f64 - span_events.saturating_sub(f.child_events) as f64 * cost;
+    let inclusive = span as f64 - span_cost;
+    let exclusive = span.saturating_sub(f.child_ticks) as f64 - (span_cost - f.child_cost);
     for stats in [functions.entry(f.code).or_default(), per.entry(f.code).or_default()] {
         if f.outermost {
             stats.inclusive += inclusive;
@@ -325,11 +327,11 @@ fn pop(
     }
     if let Some(parent) = ts.stack.last_mut() {
         parent.child_ticks += span;
-        parent.child_events += span_events;
+        parent.child_cost += span_cost;
         // The parent continues after the call: its block restarts now.
         if let Some(p) = &mut parent.prev {
             p.0 = t;
-            p.1 = events;
+            p.1 = now;
         }
     }
 }

@@ -75,6 +75,10 @@ pub fn dump(path: &Path, opts: ReadOptions, out: &mut dyn Write) -> anyhow::Resu
                 "  trailer events={} lost={} chunks={} end_ticks={} end_monotonic_ns={} end_unix_ns={}",
                 t.events, t.lost, t.chunks, t.end_ticks, t.end_monotonic_ns, t.end_unix_ns
             )?,
+            Body::Calibration(c) => {
+                let costs: Vec<String> = c.costs.iter().map(|(k, v)| format!("{}={v:.1}", kind_name(*k))).collect();
+                writeln!(out, "  calibration ticks per event: {}", costs.join(" "))?
+            }
             Body::Skipped(why) => writeln!(out, "  skipped: {why}")?,
         }
     }

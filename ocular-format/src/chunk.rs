@@ -8,7 +8,7 @@ pub const MAGIC: [u8; 8] = *b"\x89OCL\r\n\x1a\n";
 /// Format major version this crate writes and the newest it reads.
 pub const MAJOR: u16 = 1;
 /// Format minor version this crate writes.
-pub const MINOR: u16 = 0;
+pub const MINOR: u16 = 1;
 /// The chunk sync marker.
 pub const SYNC: [u8; 4] = *b"OCCH";
 
@@ -115,6 +115,8 @@ pub mod kind {
     pub const LOST: u16 = 0x0005;
     /// Specialized bytecode snapshots.
     pub const SNAPSHOT: u16 = 0x0006;
+    /// The recorder's cost per event kind (since 1.1).
+    pub const CALIBRATION: u16 = 0x0007;
     /// Clean close.
     pub const TRAILER: u16 = 0x00FF;
 
@@ -127,6 +129,7 @@ pub mod kind {
             THREAD => "THREAD",
             LOST => "LOST",
             SNAPSHOT => "SNAPSHOT",
+            CALIBRATION => "CALIBRATION",
             TRAILER => "TRAILER",
             _ => "UNKNOWN",
         }

@@ -39,7 +39,8 @@ pub use chunk::{MAGIC, MAJOR, MINOR};
 pub use error::{Error, Result};
 pub use event::{kind_name, EventKind, RawEvent};
 pub use meta::{
-    Clock, CodeObject, CodeSnapshot, Header, Lost, Mode, OpcodeTable, Options, Position, ThreadInfo, Trailer,
+    Calibration, Clock, CodeObject, CodeSnapshot, Header, Lost, Mode, OpcodeTable, Options, Position, ThreadInfo,
+    Trailer,
 };
 pub use reader::{Body, Chunk, ChunkInfo, Damage, ReadOptions, Reader, Report};
 pub use writer::{Writer, WriterOptions};

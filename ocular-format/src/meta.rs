@@ -177,6 +177,24 @@ pub struct CodeSnapshot {
     pub bytecode: Vec<u8>,
 }
 
+/// The recorder's cost per event kind, in ticks (FORMAT.md 6.6, since 1.1).
+#[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
+pub struct Calibration {
+    /// (event kind, ticks) pairs.
+    pub costs: Vec<(u8, f64)>,
+}
+
+impl Calibration {
+    /// Cost in ticks of each of the 256 event kinds, `default` where none was measured.
+    pub fn table(&self, default: f64) -> [f64; 256] {
+        let mut t = [default; 256];
+        for &(k, c) in &self.costs {
+            t[k as usize] = c;
+        }
+        t
+    }
+}
+
 /// The clean-close marker (FORMAT.md 6.5).
 #[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
 pub struct Trailer {

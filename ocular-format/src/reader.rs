@@ -3,7 +3,7 @@
 use crate::chunk::{codec, hex, kind, ChunkHeader, Preamble, CHUNK_HEADER_LEN, MAGIC, MAJOR, SYNC};
 use crate::error::{Error, Result};
 use crate::event::RawEvent;
-use crate::meta::{CodeObject, CodeSnapshot, Header, Lost, ThreadInfo, Trailer};
+use crate::meta::{Calibration, CodeObject, CodeSnapshot, Header, Lost, ThreadInfo, Trailer};
 use serde::de::DeserializeOwned;
 use std::fs::File;
 use std::io::{BufReader, Read, Seek, SeekFrom};
@@ -57,6 +57,8 @@ pub enum Body<'a> {
     Snapshot(Vec<CodeSnapshot>),
     /// The clean-close trailer.
     Trailer(Trailer),
+    /// The recorder's cost per event kind (since 1.1).
+    Calibration(Calibration),
     /// A chunk this reader does not understand (unknown kind or codec); skipped, and counted in the report.
     Skipped(String),
 }
@@ -376,7 +378,14 @@ impl<R: Read + Seek> Reader<R> {
         self.accept(&h);
         let known_kind = matches!(
             info.kind,
-            kind::HEADER | kind::EVENTS | kind::CODE | kind::THREAD | kind::LOST | kind::SNAPSHOT | kind::TRAILER
+            kind::HEADER
+                | kind::EVENTS
+                | kind::CODE
+                | kind::THREAD
+                | kind::LOST
+                | kind::SNAPSHOT
+                | kind::TRAILER
+                | kind::CALIBRATION
         );
         let known_codec = matches!(info.codec & 0x0f, codec::NONE | codec::ZSTD)
             && match info.codec >> 4 {
@@ -455,6 +464,9 @@ impl<R: Read + Seek> Reader<R> {
             kind::SNAPSHOT => Body::Snapshot(self.decode_framed(info)?),
             kind::THREAD => Body::Thread(self.decode_one(offset)?),
             kind::LOST => Body::Lost(self.decode_one(offset)?),
+            // 2026-11-21, format 1.1: CALIBRATION added. A 1.0 file has none; readers use the header's
+            // single event_cost_ticks for every kind then.
+            kind::CALIBRATION => Body::Calibration(self.decode_one(offset)?),
             kind::TRAILER => {
                 let t: Trailer = self.decode_one(offset)?;
                 self.done = true;

@@ -3,7 +3,7 @@
 use crate::chunk::{codec, kind, ChunkHeader, Preamble, MAGIC, MAJOR, MAX_CHUNK_EVENTS, MINOR, SYNC};
 use crate::error::{Error, Result};
 use crate::event::RawEvent;
-use crate::meta::{CodeObject, CodeSnapshot, Header, Lost, ThreadInfo, Trailer};
+use crate::meta::{Calibration, CodeObject, CodeSnapshot, Header, Lost, ThreadInfo, Trailer};
 use serde::Serialize;
 use std::io::Write;
 use zerocopy::little_endian::{U16, U32, U64};
@@ -113,6 +113,11 @@ impl<W: Write> Writer<W> {
     /// Writes specialized-bytecode snapshots as one SNAPSHOT chunk.
     pub fn snapshots(&mut self, snapshots: &[CodeSnapshot]) -> Result<()> {
         self.framed(kind::SNAPSHOT, snapshots, "code snapshot")
+    }
+
+    /// Writes the recorder's cost per event kind (before the first events).
+    pub fn calibration(&mut self, c: &Calibration) -> Result<()> {
+        self.record(kind::CALIBRATION, 0, c, "calibration")
     }
 
     /// Names a thread.

@@ -13,7 +13,9 @@
 //! empty the events are dropped, counted, and written as a LOST record once buffers come back.
 
 use crate::clock::ClockPoint;
-use ocular_format::{CodeObject, CodeSnapshot, Header, Lost, RawEvent, ThreadInfo, Trailer, Writer, WriterOptions};
+use ocular_format::{
+    Calibration, CodeObject, CodeSnapshot, Header, Lost, RawEvent, ThreadInfo, Trailer, Writer, WriterOptions,
+};
 use std::fs::File;
 use std::io::BufWriter;
 use std::path::{Path, PathBuf};
@@ -270,6 +272,7 @@ enum Msg {
     Thread(ThreadInfo),
     Lost(Lost),
     Snapshots(Vec<CodeSnapshot>),
+    Calibration(Calibration),
     Finish(Trailer),
 }
 
@@ -349,6 +352,9 @@ impl WriterJob {
             Msg::Snapshots(s) => {
                 self.write(|w| w.snapshots(&s));
             }
+            Msg::Calibration(c) => {
+                self.write(|w| w.calibration(&c));
+            }
             Msg::Finish(t) => {
                 if let Some(w) = self.writer.take() {
                     self.out.bytes = w.bytes_written();
@@ -423,6 +429,11 @@ impl Session {
     /// Names a thread.
     pub fn thread(&self, info: ThreadInfo) {
         let _ = self.tx.send(Msg::Thread(info));
+    }
+
+    /// Sends the recorder's cost per event kind (before any events).
+    pub fn calibration(&self, c: Calibration) {
+        let _ = self.tx.send(Msg::Calibration(c));
     }
 
     /// Sends specialized-bytecode snapshots.

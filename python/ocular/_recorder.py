@@ -109,9 +109,25 @@ def _callbacks(threshold: int) -> dict:
     return nat.callbacks_gapless if threshold == 0 else nat.callbacks
 
 
+# Event kind numbers of the file format (FORMAT.md 5.1).
+_KIND = {"PY_START": 0, "PY_RESUME": 1, "PY_RETURN": 2, "PY_YIELD": 3, "INSTRUCTION": 6, "JUMP": 7, "BRANCH": 8,
+         "PY_UNWIND": 12, "PY_THROW": 13, "BRANCH_LEFT": 17, "BRANCH_RIGHT": 18}
+
+
+def calibration(mode: str, tool: int, threshold: int, buffer_events: int) -> tuple[float, list[tuple[int, float]]]:
+    """The recorder's cost per event kind, in ticks: (cost of the mode's jump/branch/instruction events, or
+    of call events in calls mode; [(kind, ticks)] for every kind the mode records). Call events and location
+    events are measured separately: a call event disturbs the interpreter more than a jump does."""
+    call = _calibrate("calls", tool, threshold, buffer_events)
+    location = call if mode == "calls" else _calibrate(mode, tool, threshold, buffer_events)
+    costs = [(_KIND[n], call if n in _CALL_EVENTS else location) for n in event_names(mode) if n in _KIND]
+    return location, costs
+
+
 def _calibrate(mode: str, tool: int, threshold: int, buffer_events: int) -> float:
-    """The recorder's own cost per event, in ticks: a short loop timed without and with Ocular's real
-    callbacks on it (recording into nothing), minimum of several runs each."""
+    """The recorder's own cost per event, in ticks, for the events `mode` adds (calls: PY_START and
+    PY_RETURN of a called function): a short loop timed without and with Ocular's real callbacks on it
+    (recording into nothing), minimum of several runs each."""
     nat = _native()
     mon = sys.monitoring
 
@@ -210,6 +226,7 @@ class Recording:
         self.threads = 0
         self.code_objects = 0
         self.event_cost_ns = 0.0
+        self.call_event_cost_ns = 0.0
         self.error: str | None = None
         self.notes: list[str] = []
         self._events: list[str] = event_names(mode)
@@ -234,8 +251,9 @@ class Recording:
         self.tool_id = tool
         try:
             hz = nat.ticks_per_second(20)
-            cost = _calibrate(self.mode, tool, self.deinstrument_threshold, self.buffer_events)
+            cost, per_kind = calibration(self.mode, tool, self.deinstrument_threshold, self.buffer_events)
             self.event_cost_ns = cost * 1e9 / hz
+            self.call_event_cost_ns = per_kind[0][1] * 1e9 / hz
             header = {
                 "recorder": f"ocular {VERSION}",
                 "python_version": platform.python_version(),
@@ -251,7 +269,7 @@ class Recording:
             main = threading.main_thread()
             nat.start(self.path, header, self.mode, self.deinstrument_threshold, self.include_only,
                       self.exclude, self.buffer_events, self.max_buffers, cost, _interp.describe,
-                      _interp.boot_thread_name, boot, main.native_id or 0, main.name, [_OWN_CODE])
+                      _interp.boot_thread_name, boot, main.native_id or 0, main.name, [_OWN_CODE], per_kind)
         except BaseException:
             release_tool_id(tool, self._events)
             raise

@@ -164,3 +164,15 @@ def test_code_objects_carry_their_bytecode_and_positions(ocl):
         want = [tuple(-1 if v is None else v for v in p) for p in code.co_positions()]
         assert f["positions"][cid] == want
         assert f["code"][cid][2] == code.co_firstlineno
+
+
+def test_recordings_carry_a_cost_per_event_kind(ocl):
+    with ocular.record(ocl, mode="adaptive") as rec:
+        workloads.loop(10)
+    from ocular import _ocular
+
+    cal = _ocular.read(ocl)["calibration"]
+    assert set(cal) == set(event_names("adaptive"))
+    assert cal["PY_START"] == cal["PY_RETURN"] > 0, "call events share the calls-mode measurement"
+    assert cal["JUMP"] == cal["BRANCH"] > 0
+    assert rec.call_event_cost_ns > 0 and rec.event_cost_ns > 0

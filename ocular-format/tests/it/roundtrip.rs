@@ -31,7 +31,8 @@ fn header_round_trips() {
     let (bytes, _) = sample_file(true);
     let r = Reader::new(std::io::Cursor::new(&bytes), "m", ReadOptions::default()).unwrap();
     assert_eq!(r.header(), &ocular_format::testing::header());
-    assert_eq!(r.version(), (1, 0));
+    assert_eq!(r.version(), (ocular_format::MAJOR, ocular_format::MINOR));
+    assert_eq!(r.version(), (1, 1));
 }
 
 #[test]
@@ -126,4 +127,18 @@ fn trailing_fields_from_a_newer_minor_version_are_ignored() {
     let all = read_all(&out, false).unwrap();
     assert_eq!(all.threads[0].name, "MainThread");
     assert!(all.report.clean());
+}
+
+#[test]
+fn calibration_round_trips_and_fills_a_table() {
+    let mut w = Writer::new(Vec::new(), "m", &ocular_format::testing::header(), WriterOptions::default()).unwrap();
+    let c = Calibration { costs: vec![(EventKind::PY_START as u8, 210.5), (EventKind::JUMP as u8, 95.0)] };
+    w.calibration(&c).unwrap();
+    let bytes = w.finish(crate::util::trailer()).unwrap();
+    let all = read_all(&bytes, false).unwrap();
+    assert_eq!(all.calibration.as_ref(), Some(&c));
+    let t = c.table(120.0);
+    assert_eq!((t[0], t[7], t[8]), (210.5, 95.0, 120.0));
+    let r = Reader::new(std::io::Cursor::new(&bytes), "m", ReadOptions::default()).unwrap();
+    assert_eq!(r.version(), (1, 1));
 }

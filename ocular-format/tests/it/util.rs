@@ -68,6 +68,7 @@ pub struct Everything {
     pub lost: Vec<Lost>,
     pub snapshots: Vec<CodeSnapshot>,
     pub trailer: Option<Trailer>,
+    pub calibration: Option<Calibration>,
     pub skipped: Vec<String>,
     pub report: Report,
 }
@@ -89,6 +90,7 @@ pub fn read_all(bytes: &[u8], salvage: bool) -> Result<Everything> {
             Body::Lost(l) => all.lost.push(l),
             Body::Snapshot(s) => all.snapshots.extend(s),
             Body::Trailer(t) => all.trailer = Some(t),
+            Body::Calibration(c) => all.calibration = Some(c),
             Body::Skipped(why) => all.skipped.push(why),
         }
     }

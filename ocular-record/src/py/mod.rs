@@ -174,7 +174,8 @@ fn header_from(d: &Bound<'_, PyDict>, options: Options, cost: f64) -> PyResult<H
 /// registered and events enabled by the caller afterwards.
 #[pyfunction]
 #[pyo3(signature = (path, header, mode, threshold, include_only, exclude, buffer_events, max_buffers,
-                    event_cost_ticks, describe, thread_name, boot_code, main_native_id, main_name, internal))]
+                    event_cost_ticks, describe, thread_name, boot_code, main_native_id, main_name, internal,
+                    calibration=Vec::new()))]
 #[allow(clippy::too_many_arguments)]
 fn start(
     py: Python<'_>,
@@ -193,6 +194,7 @@ fn start(
     main_native_id: u64,
     main_name: String,
     internal: Vec<String>,
+    calibration: Vec<(u8, f64)>,
 ) -> PyResult<()> {
     // SAFETY: GIL held (we have `py`); no Python call while the reference is alive.
     if unsafe { state() }.recorder.is_some() {
@@ -213,7 +215,11 @@ fn start(
         Some(p) => {
             let h = header_from(header, options, event_cost_ticks)?;
             let cfg = Config { buffer_events, max_buffers };
-            Output::File(py.detach(|| Session::start(&p, &h, cfg)).map_err(|e| PyOSError::new_err(e.to_string()))?)
+            let session = py.detach(|| Session::start(&p, &h, cfg)).map_err(|e| PyOSError::new_err(e.to_string()))?;
+            if !calibration.is_empty() {
+                session.calibration(ocular_format::Calibration { costs: calibration });
+            }
+            Output::File(session)
         }
         None => Output::Discard(Discard::new(buffer_events)),
     };

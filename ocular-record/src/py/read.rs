@@ -69,6 +69,13 @@ pub(super) fn read<'py>(py: Python<'py>, path: std::path::PathBuf, salvage: bool
                     snaps.set_item(x.id, pyo3::types::PyBytes::new(py, &x.bytecode))?;
                 }
             }
+            Body::Calibration(c) => {
+                let d = PyDict::new(py);
+                for (k, v) in c.costs {
+                    d.set_item(kind_name(k), v)?;
+                }
+                out.set_item("calibration", d)?;
+            }
             Body::Trailer(_) | Body::Skipped(_) => {}
         }
     }
