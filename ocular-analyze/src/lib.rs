@@ -8,6 +8,7 @@
 
 pub mod analysis;
 pub mod dump;
+pub mod export;
 pub mod hot;
 pub mod info;
 pub mod stats;

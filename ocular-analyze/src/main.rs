@@ -14,6 +14,7 @@ use std::process::ExitCode;
 ///   ocular-analyze info ocular.ocl
 ///   ocular-analyze hot ocular.ocl
 ///   ocular-analyze stats ocular.ocl --sort inclusive
+///   ocular-analyze export --perfetto ocular.ocl -o ocular.json
 ///   ocular-analyze dump ocular.ocl | less
 #[derive(Parser, Debug)]
 #[command(version, about, long_about, propagate_version = true)]
@@ -76,6 +77,26 @@ enum Command {
         #[arg(long)]
         salvage: bool,
     },
+    /// Export for other tools: --perfetto writes Chrome Trace Event JSON (function slices per thread, "loop"
+    /// instants with uops and cycles), which ui.perfetto.dev and chrome://tracing open.
+    ///
+    /// Example: ocular-analyze export --perfetto run.ocl -o run.json
+    Export {
+        /// The .ocl file.
+        file: PathBuf,
+        /// Perfetto / Chrome trace.
+        #[arg(long, required = true)]
+        perfetto: bool,
+        /// Output file (default: the input with .json).
+        #[arg(short, long)]
+        output: Option<PathBuf>,
+        /// json (Chrome Trace Event format). Native protobuf (.pftrace) is not built yet.
+        #[arg(long, default_value = "json")]
+        format: String,
+        /// Skip damaged chunks instead of stopping at the first one.
+        #[arg(long)]
+        salvage: bool,
+    },
     /// Print every record of a trace as text, one line per event (the golden format of the tests).
     ///
     /// Example: ocular-analyze dump run.ocl | grep PY_START | head
@@ -130,6 +151,31 @@ fn run(cli: Cli) -> anyhow::Result<()> {
             } else {
                 ocular_analyze::stats::render(&a, &rows, top, &mut out)?;
             }
+        }
+        Command::Export { file, perfetto: _, output, format, salvage } => {
+            let fmt = match (format.as_str(), output.as_ref().and_then(|o| o.extension()).and_then(|e| e.to_str())) {
+                (_, Some("pftrace")) | ("pftrace", _) => anyhow::bail!(
+                    "the native Perfetto protobuf (.pftrace) export is not built yet: use --format json (Perfetto \
+                     opens it too)"
+                ),
+                ("json", _) => "json",
+                (other, _) => anyhow::bail!("unknown --format {other:?}: use json"),
+            };
+            let out_path = output.unwrap_or_else(|| file.with_extension(fmt));
+            let f =
+                std::fs::File::create(&out_path).with_context(|| format!("cannot create {}", out_path.display()))?;
+            let mut w = std::io::BufWriter::with_capacity(1 << 20, f);
+            let (written, warnings) = ocular_analyze::export::chrome::export(&file, ReadOptions { salvage }, &mut w)
+                .with_context(|| format!("cannot export {}", file.display()))?;
+            for w in warnings {
+                eprintln!("warning: {w}");
+            }
+            eprintln!(
+                "wrote {}: {} trace events from {} recorded events",
+                out_path.display(),
+                written.events,
+                written.read
+            );
         }
         Command::Dump { file, salvage } => {
             let mut out = std::io::BufWriter::new(std::io::stdout().lock());

@@ -1,0 +1,3 @@
+//! Exports to formats other tools read.
+
+pub mod chrome;

@@ -1,0 +1,95 @@
+//! The Chrome Trace Event export obeys the format's rules: B/E balanced and properly nested per thread,
+//! timestamps non-decreasing per thread, one "loop" instant per recorded iteration.
+
+use crate::testdata;
+use std::collections::HashMap;
+
+fn export(fixture: &str) -> serde_json::Value {
+    let mut out = Vec::new();
+    ocular_analyze::export::chrome::export(&testdata(fixture), Default::default(), &mut out).unwrap();
+    serde_json::from_slice(&out).expect("valid JSON")
+}
+
+fn check_rules(v: &serde_json::Value) -> HashMap<u64, usize> {
+    let mut stacks: HashMap<u64, Vec<String>> = HashMap::new();
+    let mut last: HashMap<u64, f64> = HashMap::new();
+    let mut slices: HashMap<u64, usize> = HashMap::new();
+    for e in v["traceEvents"].as_array().unwrap() {
+        let ph = e["ph"].as_str().unwrap();
+        if ph == "M" {
+            continue;
+        }
+        let tid = e["tid"].as_u64().unwrap();
+        let ts = e["ts"].as_f64().unwrap();
+        assert!(ts >= *last.get(&tid).unwrap_or(&f64::MIN), "ts went backwards on {tid}: {e}");
+        last.insert(tid, ts);
+        let name = e["name"].as_str().unwrap().to_string();
+        match ph {
+            "B" => stacks.entry(tid).or_default().push(name),
+            "E" => {
+                let top = stacks.get_mut(&tid).and_then(|s| s.pop());
+                assert_eq!(top.as_deref(), Some(name.as_str()), "E without matching B on {tid}");
+                *slices.entry(tid).or_default() += 1;
+            }
+            "i" => assert_eq!(name, "loop"),
+            other => panic!("unexpected phase {other}"),
+        }
+    }
+    for (tid, s) in stacks {
+        assert!(s.is_empty(), "thread {tid} left {s:?} open");
+    }
+    slices
+}
+
+#[test]
+fn loops_fixture_exports_balanced_slices_and_one_instant_per_iteration() {
+    let v = export("v1.0/loops-adaptive.ocl");
+    let slices = check_rules(&v);
+    assert_eq!(slices.values().sum::<usize>(), 304, "main, count, nested, calls and 300 calls of g");
+    let evs = v["traceEvents"].as_array().unwrap();
+    let mut per_fn: HashMap<&str, usize> = HashMap::new();
+    for e in evs.iter().filter(|e| e["ph"] == "i") {
+        *per_fn.entry(e["args"]["function"].as_str().unwrap()).or_default() += 1;
+        assert!(e["args"]["uops"].as_u64().unwrap() > 0);
+    }
+    assert_eq!(per_fn, HashMap::from([("count", 1000), ("nested", 510), ("calls", 300)]));
+    let names: Vec<&str> =
+        evs.iter().filter(|e| e["name"] == "thread_name").map(|e| e["args"]["name"].as_str().unwrap()).collect();
+    assert_eq!(names, ["MainThread"]);
+}
+
+#[test]
+fn two_threads_keep_their_ids_and_names() {
+    let v = export("v1.0/synthetic.ocl");
+    let slices = check_rules(&v);
+    assert_eq!(slices, HashMap::from([(1001, 2), (1002, 1)]));
+    let evs = v["traceEvents"].as_array().unwrap();
+    let names: HashMap<u64, &str> = evs
+        .iter()
+        .filter(|e| e["name"] == "thread_name")
+        .map(|e| (e["tid"].as_u64().unwrap(), e["args"]["name"].as_str().unwrap()))
+        .collect();
+    assert_eq!(names, HashMap::from([(1001, "MainThread"), (1002, "worker-1")]));
+    assert!(evs.iter().all(|e| e["pid"] == 4242));
+}
+
+#[test]
+fn the_cli_writes_beside_the_input_and_refuses_pftrace_plainly() {
+    let dir = std::env::temp_dir().join(format!("ocular-export-{}", std::process::id()));
+    std::fs::create_dir_all(&dir).unwrap();
+    let input = dir.join("run.ocl");
+    std::fs::copy(testdata("v1.0/synthetic.ocl"), &input).unwrap();
+    let bin = env!("CARGO_BIN_EXE_ocular-analyze");
+    let out = std::process::Command::new(bin).args(["export", "--perfetto", input.to_str().unwrap()]).output().unwrap();
+    assert!(out.status.success(), "{}", String::from_utf8_lossy(&out.stderr));
+    assert!(dir.join("run.json").exists());
+    let out = std::process::Command::new(bin)
+        .args(["export", "--perfetto", "-o", dir.join("x.pftrace").to_str().unwrap(), input.to_str().unwrap()])
+        .output()
+        .unwrap();
+    assert_eq!(out.status.code(), Some(2));
+    assert!(
+        String::from_utf8_lossy(&out.stderr).contains("native Perfetto protobuf (.pftrace) export is not built yet")
+    );
+    std::fs::remove_dir_all(&dir).unwrap();
+}
