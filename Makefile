@@ -7,7 +7,7 @@ OUT   ?= out
 PYTHONS := $(shell scripts/find-pythons.sh)
 
 .DEFAULT_GOAL := help
-.PHONY: help demo test test-rust test-python check-python lint bench bench-format bench-record bench-truth fuzz clean
+.PHONY: help demo test test-rust test-python check-python lint bench bench-format bench-record bench-truth bench-analyze fuzz clean
 
 help: ## list the targets
 	@grep -E '^[a-zA-Z_-]+:.*## ' $(MAKEFILE_LIST) | awk 'BEGIN {FS = ":.*## "}; {printf "  make %-14s %s\n", $$1, $$2}'
@@ -27,8 +27,11 @@ demo: check-python ## record the bundled workload (testdata/workloads/demo.py), 
 	@echo "== ocular-analyze stats $(OUT)/demo.ocl --top 10"
 	@./target/release/ocular-analyze stats $(OUT)/demo.ocl --top 10
 	@echo
-	@echo "Every event: ./target/release/ocular-analyze dump $(OUT)/demo.ocl | less"
-	@echo "(the Perfetto, Parquet and flame graph exports are not built yet: see the open issues)"
+	@echo "== ocular-analyze export --perfetto $(OUT)/demo.ocl -o $(OUT)/demo.json"
+	@./target/release/ocular-analyze export --perfetto $(OUT)/demo.ocl -o $(OUT)/demo.json
+	@echo
+	@echo "Open $(OUT)/demo.json in https://ui.perfetto.dev; every event: ./target/release/ocular-analyze dump $(OUT)/demo.ocl | less"
+	@echo "(the native .pftrace, Parquet and flame graph exports are not built yet: see the open issues)"
 
 test: test-rust test-python ## build everything and run every test (Rust, then Python on each 3.12+)
 
@@ -51,7 +54,11 @@ lint: ## rustfmt, clippy with warnings as errors, docs without warnings
 	PYO3_PYTHON=$(firstword $(PYTHONS)) $(CARGO) clippy -p ocular-record --features python --locked -- -D warnings
 	RUSTDOCFLAGS="-D warnings" $(CARGO) doc --workspace --no-deps --locked
 
-bench: bench-format bench-record bench-truth ## every benchmark (prints tables; see BENCHMARKS.md)
+bench: bench-format bench-record bench-truth bench-analyze ## every benchmark (prints tables; see BENCHMARKS.md)
+
+bench-analyze: check-python ## analyzer throughput: info, stats, hot, export on a large recorded trace
+	$(CARGO) build --release --locked -p ocular-analyze
+	@venv=$$(scripts/venv.sh $(firstword $(PYTHONS)) | tail -n 1); $$venv/bin/python bench/analyze_bench.py
 
 bench-truth: check-python ## hot's ns/iteration next to the untraced time per iteration, on loops of known shape
 	$(CARGO) build --release --locked -p ocular-analyze

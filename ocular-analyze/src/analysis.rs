@@ -14,7 +14,7 @@
 //!   mode the time from one INSTRUCTION event to the next is the cost of the first instruction.
 
 use ocular_format::{Body, CodeObject, EventKind, Header, Mode, RawEvent, ReadOptions, Reader};
-use std::collections::HashMap;
+use rustc_hash::FxHashMap as HashMap;
 use std::path::Path;
 
 /// Per function (code object).
@@ -41,8 +41,26 @@ pub struct LoopStats {
     pub timed: u64,
     /// Sum of the measured iterations' ticks, corrected.
     pub ticks: f64,
-    /// Per instruction offset: (ticks, visits).
-    pub per_instruction: HashMap<u32, (f64, u64)>,
+    /// Per instruction of the code object, by its position in the code (not its offset): (ticks, visits).
+    per_instruction: Vec<(f64, u64)>,
+    /// Offset of each instruction position (shared with the code object's table).
+    offsets: Vec<u32>,
+}
+
+impl LoopStats {
+    /// Average ticks per visit of the instruction at `offset`, if it was measured.
+    pub fn cost_at(&self, offset: u32) -> Option<f64> {
+        let i = self.offsets.binary_search(&offset).ok()?;
+        self.per_instruction.get(i).filter(|c| c.1 > 0).map(|c| c.0 / c.1 as f64)
+    }
+
+    fn slots(&mut self, all: &[u32]) -> &mut [(f64, u64)] {
+        if self.per_instruction.len() != all.len() {
+            self.per_instruction = vec![(0.0, 0); all.len()];
+            self.offsets = all.to_vec();
+        }
+        &mut self.per_instruction
+    }
 }
 
 /// A loop's identity: code id and the offset of its head (the backward jumps' destination).
@@ -85,6 +103,8 @@ pub struct Analysis {
     pub loops: HashMap<LoopKey, LoopStats>,
     /// Code objects by id.
     pub code: HashMap<u32, CodeObject>,
+    /// Instruction offsets of each code object, computed once.
+    starts: HashMap<u32, CodeIndex>,
     /// Specialized bytecode by id.
     pub snapshots: HashMap<u32, Vec<u8>>,
     /// Thread names.
@@ -114,7 +134,7 @@ pub fn analyze(path: &Path, opts: ReadOptions) -> ocular_format::Result<Analysis
     let mut a = Analysis::default();
     let mut cost = [header.event_cost_ticks.max(0.0); 256];
     let precise = header.options.mode == Mode::Precise;
-    let mut threads: HashMap<u64, ThreadState> = HashMap::new();
+    let mut threads: HashMap<u64, ThreadState> = HashMap::default();
     while let Some(c) = r.next_chunk()? {
         match c.body {
             Body::Events(evs) => {
@@ -122,12 +142,13 @@ pub fn analyze(path: &Path, opts: ReadOptions) -> ocular_format::Result<Analysis
                 let ts = threads.entry(tid).or_default();
                 let per = a.per_thread.entry(tid).or_default();
                 for e in evs {
-                    step(ts, e, &cost, precise, &a.code, &header, &mut a.functions, per, &mut a.loops);
+                    step(ts, e, &cost, precise, &a.starts, &mut a.functions, per, &mut a.loops);
                 }
                 a.events += evs.len() as u64;
             }
             Body::Code(objs) => {
                 for o in objs {
+                    a.starts.insert(o.id, CodeIndex::new(instructions(&o, &header, 0, u32::MAX)));
                     a.code.insert(o.id, o);
                 }
             }
@@ -166,8 +187,7 @@ fn step(
     e: &RawEvent,
     cost: &[f64; 256],
     precise: bool,
-    code: &HashMap<u32, CodeObject>,
-    header: &Header,
+    starts: &HashMap<u32, CodeIndex>,
     functions: &mut HashMap<u32, FunctionStats>,
     per: &mut HashMap<u32, FunctionStats>,
     loops: &mut HashMap<LoopKey, LoopStats>,
@@ -205,7 +225,7 @@ fn step(
                 while ts.stack.len() > pos + 1 {
                     pop(ts, t, functions, per);
                 }
-                block(ts, t, off, precise, code, header, loops);
+                block(ts, t, off, precise, starts, loops);
                 pop(ts, t, functions, per);
             }
         }
@@ -218,7 +238,7 @@ fn step(
             if top.code != id {
                 return;
             }
-            block(ts, t, off, precise, code, header, loops);
+            block(ts, t, off, precise, starts, loops);
             let now = ts.cost;
             let top = ts.stack.last_mut().expect("checked above");
             let dest = e.arg.get();
@@ -260,8 +280,7 @@ fn block(
     t: u64,
     off: u32,
     precise: bool,
-    code: &HashMap<u32, CodeObject>,
-    header: &Header,
+    starts: &HashMap<u32, CodeIndex>,
     loops: &mut HashMap<LoopKey, LoopStats>,
 ) {
     let now = ts.cost;
@@ -272,29 +291,33 @@ fn block(
     }
     // The recorder's cost of this event and of every event in between (callees' included).
     let ticks = ((t - pt) as f64 - (now - pc)).max(0.0);
-    let Some(co) = code.get(&top.code) else { return };
+    let Some(index) = starts.get(&top.code) else { return };
+    let all = &index.offsets;
     for &(head, _, _) in &top.loops {
         let Some(stats) = loops.get_mut(&(top.code, head)) else { continue };
         let end = stats.end;
         if precise {
             // The previous INSTRUCTION's offset is `start`: it took the whole delta.
             if (head..=end).contains(&start) {
-                let slot = stats.per_instruction.entry(start).or_default();
-                slot.0 += ticks;
-                slot.1 += 1;
+                if let Some(i) = index.position(start) {
+                    let slot = &mut stats.slots(all)[i];
+                    slot.0 += ticks;
+                    slot.1 += 1;
+                }
             }
             continue;
         }
         if start > off || start < head || off > end {
             continue;
         }
-        let ins = instructions(co, header, start, off);
-        if ins.is_empty() {
+        // The block's instructions: positions `start`..=`off` (events name instruction boundaries).
+        let (Some(lo), Some(last)) = (index.position(start), index.position(off)) else { continue };
+        let hi = last + 1;
+        if lo >= hi {
             continue;
         }
-        let share = ticks / ins.len() as f64;
-        for o in ins {
-            let slot = stats.per_instruction.entry(o).or_default();
+        let share = ticks / (hi - lo) as f64;
+        for slot in &mut stats.slots(all)[lo..hi] {
             slot.0 += share;
             slot.1 += 1;
         }
@@ -333,6 +356,30 @@ fn pop(
             p.0 = t;
             p.1 = now;
         }
+    }
+}
+
+/// A code object's instruction offsets, and for every code unit the position of its instruction.
+#[derive(Debug)]
+struct CodeIndex {
+    offsets: Vec<u32>,
+    position: Vec<u32>,
+}
+
+impl CodeIndex {
+    fn new(offsets: Vec<u32>) -> Self {
+        let units = offsets.last().map_or(0, |&o| o as usize / 2 + 1);
+        let mut position = vec![u32::MAX; units];
+        for (i, &o) in offsets.iter().enumerate() {
+            position[o as usize / 2] = i as u32;
+        }
+        CodeIndex { offsets, position }
+    }
+
+    /// The position of the instruction at byte offset `o`, if an instruction starts there.
+    #[inline]
+    fn position(&self, o: u32) -> Option<usize> {
+        self.position.get(o as usize / 2).filter(|&&p| p != u32::MAX).map(|&p| p as usize)
     }
 }
 

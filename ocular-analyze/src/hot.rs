@@ -99,7 +99,7 @@ pub fn report(a: &Analysis, top: usize) -> HotReport {
                     !instrumented && sop != base_op && names.base.get(sop as usize).copied() == Some(base_op)
                 })
                 .map(|sop| names.name(sop).into_owned());
-            let cost = s.per_instruction.get(&off).filter(|c| c.1 > 0).map(|c| c.0 / c.1 as f64);
+            let cost = s.cost_at(off);
             body.push(Instruction {
                 offset: off,
                 line,

@@ -1,8 +1,8 @@
 //! `stats`: per function calls, inclusive and exclusive time.
 
 use crate::analysis::{Analysis, FunctionStats};
+use rustc_hash::FxHashMap as HashMap;
 use serde::Serialize;
-use std::collections::HashMap;
 
 /// How to order the rows.
 #[derive(Clone, Copy, Debug, PartialEq, Eq, clap::ValueEnum)]

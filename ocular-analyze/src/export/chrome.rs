@@ -40,6 +40,8 @@ pub fn export(path: &Path, opts: ReadOptions, out: &mut dyn Write) -> anyhow::Re
     let header = r.header().clone();
     let pid = header.pid;
     let mut code: HashMap<u32, CodeObject> = HashMap::new();
+    // Names escaped for JSON once per code object, not once per event.
+    let mut escaped: HashMap<u32, String> = HashMap::new();
     let mut body_len: HashMap<(u32, u32), usize> = HashMap::new();
     let mut names: HashMap<u64, String> = HashMap::new();
     let mut threads: HashMap<u64, Thread> = HashMap::new();
@@ -59,6 +61,7 @@ pub fn export(path: &Path, opts: ReadOptions, out: &mut dyn Write) -> anyhow::Re
         match c.body {
             Body::Code(objs) => {
                 for o in objs {
+                    escaped.insert(o.id, json_str(&o.qualname));
                     code.insert(o.id, o);
                 }
             }
@@ -73,23 +76,21 @@ pub fn export(path: &Path, opts: ReadOptions, out: &mut dyn Write) -> anyhow::Re
                     let id = e.code.get();
                     let ts = us(e.ticks.get());
                     th.last_ts = ts;
-                    let name = code.get(&id).map_or("?", |c| c.qualname.as_str());
+                    let name = escaped.get(&id).map_or("\"?\"", |s| s.as_str());
                     match e.event_kind() {
                         Some(EventKind::PY_START | EventKind::PY_RESUME | EventKind::PY_THROW) => {
                             th.stack.push(Frame { code: id, loops: Vec::new() });
                             emit(out, &mut w, format_args!(
-                                "{{\"name\":{},\"cat\":\"python\",\"ph\":\"B\",\"ts\":{ts:.3},\"pid\":{pid},\"tid\":{tid}}}",
-                                json_str(name)
+                                "{{\"name\":{name},\"cat\":\"python\",\"ph\":\"B\",\"ts\":{ts:.3},\"pid\":{pid},\"tid\":{tid}}}"
                             ))?;
                         }
                         Some(EventKind::PY_RETURN | EventKind::PY_YIELD | EventKind::PY_UNWIND) => {
                             let Some(pos) = th.stack.iter().rposition(|f| f.code == id) else { continue };
                             while th.stack.len() > pos {
                                 let f = th.stack.pop().expect("non-empty");
-                                let n = code.get(&f.code).map_or("?", |c| c.qualname.as_str());
+                                let n = escaped.get(&f.code).map_or("\"?\"", |s| s.as_str());
                                 emit(out, &mut w, format_args!(
-                                    "{{\"name\":{},\"cat\":\"python\",\"ph\":\"E\",\"ts\":{ts:.3},\"pid\":{pid},\"tid\":{tid}}}",
-                                    json_str(n)
+                                    "{{\"name\":{n},\"cat\":\"python\",\"ph\":\"E\",\"ts\":{ts:.3},\"pid\":{pid},\"tid\":{tid}}}"
                                 ))?;
                             }
                         }
@@ -116,8 +117,7 @@ pub fn export(path: &Path, opts: ReadOptions, out: &mut dyn Write) -> anyhow::Re
                             let cycles = cycles.map_or("null".to_string(), |c| c.to_string());
                             emit(out, &mut w, format_args!(
                                 "{{\"name\":\"loop\",\"cat\":\"loop\",\"ph\":\"i\",\"s\":\"t\",\"ts\":{ts:.3},\"pid\":{pid},\"tid\":{tid},\
-                                 \"args\":{{\"function\":{},\"offset\":{head},\"uops\":{uops},\"cycles\":{cycles}}}}}",
-                                json_str(name)
+                                 \"args\":{{\"function\":{name},\"offset\":{head},\"uops\":{uops},\"cycles\":{cycles}}}}}"
                             ))?;
                         }
                         _ => {}

@@ -1,0 +1,64 @@
+"""Analyzer throughput: records a large gapless trace, then times each ocular-analyze command on it.
+
+    make bench-analyze     (or: .venv/3.12/bin/python bench/analyze_bench.py [--events N])
+"""
+
+import argparse
+import os
+import subprocess
+import tempfile
+import time
+
+import ocular
+
+ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+ANALYZE = os.path.join(ROOT, "target", "release", "ocular-analyze")
+
+
+def work(n):
+    s = 0
+    for i in range(n):
+        if i % 3:
+            s += i
+        else:
+            s -= 1
+    return s
+
+
+def helper(x):
+    return x + 1
+
+
+def calls(n):
+    t = 0
+    for i in range(n):
+        t += helper(i)
+    return t
+
+
+def main():
+    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap.add_argument("--events", type=int, default=20_000_000)
+    args = ap.parse_args()
+    d = tempfile.mkdtemp()
+    path = os.path.join(d, "big.ocl")
+    # About 3 events per iteration of work() and 5 per iteration of calls().
+    with ocular.record(path, mode="adaptive", deinstrument_threshold=0) as rec:
+        work(args.events * 2 // 9)
+        calls(args.events // 15)
+    size = os.path.getsize(path)
+    print(f"# {rec.events:,} events, {size / 1e6:.1f} MB ({size / rec.events:.2f} bytes/event), best of 3 runs")
+    print()
+    print("| command | seconds | M events/s |")
+    print("|---|---:|---:|")
+    for cmd in (["info"], ["stats"], ["hot"], ["export", "--perfetto", "-o", os.path.join(d, "big.json")]):
+        best = float("inf")
+        for _ in range(3):
+            t = time.perf_counter()
+            subprocess.run([ANALYZE, *cmd, path], check=True, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+            best = min(best, time.perf_counter() - t)
+        print(f"| `{' '.join(cmd[:2] if cmd[0] == 'export' else cmd)}` | {best:.3f} | {rec.events / best / 1e6:.1f} |")
+
+
+if __name__ == "__main__":
+    main()
