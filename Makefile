@@ -30,8 +30,12 @@ demo: check-python ## record the bundled workload (testdata/workloads/demo.py), 
 	@echo "== ocular-analyze export --perfetto $(OUT)/demo.ocl -o $(OUT)/demo.json"
 	@./target/release/ocular-analyze export --perfetto $(OUT)/demo.ocl -o $(OUT)/demo.json
 	@echo
-	@echo "Open $(OUT)/demo.json in https://ui.perfetto.dev; every event: ./target/release/ocular-analyze dump $(OUT)/demo.ocl | less"
-	@echo "(the native .pftrace, Parquet and flame graph exports are not built yet: see the open issues)"
+	@echo "== ocular-analyze flamegraph $(OUT)/demo.ocl -o $(OUT)/demo.svg"
+	@./target/release/ocular-analyze flamegraph $(OUT)/demo.ocl -o $(OUT)/demo.svg
+	@echo
+	@echo "Open $(OUT)/demo.json in https://ui.perfetto.dev and $(OUT)/demo.svg in a browser;"
+	@echo "every event: ./target/release/ocular-analyze dump $(OUT)/demo.ocl | less"
+	@echo "(the native .pftrace and Parquet exports are not built yet: see the open issues)"
 
 test: test-rust test-python ## build everything and run every test (Rust, then Python on each 3.12+)
 

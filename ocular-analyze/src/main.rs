@@ -15,6 +15,7 @@ use std::process::ExitCode;
 ///   ocular-analyze hot ocular.ocl
 ///   ocular-analyze stats ocular.ocl --sort inclusive
 ///   ocular-analyze export --perfetto ocular.ocl -o ocular.json
+///   ocular-analyze flamegraph ocular.ocl -o flame.svg
 ///   ocular-analyze dump ocular.ocl | less
 #[derive(Parser, Debug)]
 #[command(version, about, long_about, propagate_version = true)]
@@ -93,6 +94,22 @@ enum Command {
         /// json (Chrome Trace Event format). Native protobuf (.pftrace) is not built yet.
         #[arg(long, default_value = "json")]
         format: String,
+        /// Skip damaged chunks instead of stopping at the first one.
+        #[arg(long)]
+        salvage: bool,
+    },
+    /// Draw an SVG flame graph of the call tree: stacks by exclusive time, recorder cost subtracted.
+    ///
+    /// Example: ocular-analyze flamegraph run.ocl -o flame.svg
+    Flamegraph {
+        /// The .ocl file.
+        file: PathBuf,
+        /// Output SVG (default: the input with .svg).
+        #[arg(short, long)]
+        output: Option<PathBuf>,
+        /// Print the folded stacks ("a;b;c nanoseconds") instead of drawing.
+        #[arg(long)]
+        folded: bool,
         /// Skip damaged chunks instead of stopping at the first one.
         #[arg(long)]
         salvage: bool,
@@ -176,6 +193,32 @@ fn run(cli: Cli) -> anyhow::Result<()> {
                 written.events,
                 written.read
             );
+        }
+        Command::Flamegraph { file, output, folded, salvage } => {
+            let opts = ReadOptions { salvage };
+            if folded {
+                let (lines, warnings) = ocular_analyze::export::flame::folded(&file, opts)?;
+                let mut out = std::io::BufWriter::new(std::io::stdout().lock());
+                for (s, v) in lines {
+                    writeln!(out, "{s} {v}")?;
+                }
+                out.flush()?;
+                for w in warnings {
+                    eprintln!("warning: {w}");
+                }
+                return Ok(());
+            }
+            let out_path = output.unwrap_or_else(|| file.with_extension("svg"));
+            let f =
+                std::fs::File::create(&out_path).with_context(|| format!("cannot create {}", out_path.display()))?;
+            let mut w = std::io::BufWriter::new(f);
+            let title = format!("{} (exclusive time)", file.display());
+            let warnings = ocular_analyze::export::flame::svg(&file, opts, &title, &mut w)?;
+            w.flush()?;
+            for w in warnings {
+                eprintln!("warning: {w}");
+            }
+            eprintln!("wrote {}", out_path.display());
         }
         Command::Dump { file, salvage } => {
             let mut out = std::io::BufWriter::new(std::io::stdout().lock());

@@ -1,3 +1,4 @@
 //! Exports to formats other tools read.
 
 pub mod chrome;
+pub mod flame;

@@ -93,3 +93,30 @@ fn the_cli_writes_beside_the_input_and_refuses_pftrace_plainly() {
     );
     std::fs::remove_dir_all(&dir).unwrap();
 }
+
+#[test]
+fn flame_graph_stacks_sum_to_the_exclusive_times_of_stats() {
+    let path = testdata("v1.0/loops-adaptive.ocl");
+    let (lines, _) = ocular_analyze::export::flame::folded(&path, Default::default()).unwrap();
+    let stacks: Vec<&str> = lines.iter().map(|(s, _)| s.as_str()).collect();
+    assert_eq!(stacks, ["main", "main;calls", "main;calls;g", "main;count", "main;nested"]);
+    let a = ocular_analyze::analysis::analyze(&path, Default::default()).unwrap();
+    let rows = ocular_analyze::stats::rows(&a, false, ocular_analyze::stats::SortBy::Exclusive);
+    for r in &rows {
+        let folded_ns: u64 =
+            lines.iter().filter(|(s, _)| s.rsplit(';').next() == Some(r.function.as_str())).map(|(_, v)| v).sum();
+        let stats_ns = r.exclusive_ms * 1e6;
+        assert!(
+            (folded_ns as f64 - stats_ns).abs() <= 1.0 + stats_ns * 1e-6,
+            "{}: {folded_ns} vs {stats_ns}",
+            r.function
+        );
+    }
+    let mut svg = Vec::new();
+    ocular_analyze::export::flame::svg(&path, Default::default(), "loops", &mut svg).unwrap();
+    let svg = String::from_utf8(svg).unwrap();
+    assert!(svg.starts_with("<?xml") && svg.contains("<svg"));
+    for f in ["main", "count", "nested", "calls"] {
+        assert!(svg.contains(&format!(">{f}<")) || svg.contains(&format!("{f} (")), "{f} missing from the SVG");
+    }
+}
