@@ -135,7 +135,9 @@ pub fn analyze(path: &Path, opts: ReadOptions) -> ocular_format::Result<Analysis
     let mut cost = [header.event_cost_ticks.max(0.0); 256];
     let precise = header.options.mode == Mode::Precise;
     let mut threads: HashMap<u64, ThreadState> = HashMap::default();
+    crate::progress::begin("analyzing", std::fs::metadata(path).map(|m| m.len()).unwrap_or(0));
     while let Some(c) = r.next_chunk()? {
+        crate::progress::at(c.info.offset);
         match c.body {
             Body::Events(evs) => {
                 let tid = c.info.thread_id;
@@ -175,6 +177,7 @@ pub fn analyze(path: &Path, opts: ReadOptions) -> ocular_format::Result<Analysis
             pop(ts, end, &mut a.functions, per);
         }
     }
+    crate::progress::end();
     let name = path.display().to_string();
     a.warnings = r.report().warnings(&name);
     a.header = Some(header);

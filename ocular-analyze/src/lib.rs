@@ -11,4 +11,5 @@ pub mod dump;
 pub mod export;
 pub mod hot;
 pub mod info;
+pub mod progress;
 pub mod stats;

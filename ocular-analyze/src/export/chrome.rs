@@ -56,8 +56,10 @@ pub fn export(path: &Path, opts: ReadOptions, out: &mut dyn Write) -> anyhow::Re
         w.events += 1;
         out.write_fmt(json)
     };
+    crate::progress::begin("exporting", std::fs::metadata(path).map(|m| m.len()).unwrap_or(0));
     let us = |ticks: u64| ticks.wrapping_sub(header.start_ticks) as i64 as f64 * 1e6 / header.ticks_per_second;
     while let Some(c) = r.next_chunk()? {
+        crate::progress::at(c.info.offset);
         match c.body {
             Body::Code(objs) => {
                 for o in objs {
@@ -163,6 +165,7 @@ pub fn export(path: &Path, opts: ReadOptions, out: &mut dyn Write) -> anyhow::Re
             json_str(&process)
         ),
     )?;
+    crate::progress::end();
     out.write_all(b"\n]}\n")?;
     out.flush()?;
     let name = path.display().to_string();

@@ -30,6 +30,7 @@ pub fn folded(path: &Path, opts: ReadOptions) -> anyhow::Result<(Vec<(String, u6
     let mut names: HashMap<u32, String> = HashMap::default();
     let mut threads: HashMap<u64, Thread> = HashMap::default();
     let mut stacks: HashMap<Vec<u32>, f64> = HashMap::default();
+    crate::progress::begin("folding stacks", std::fs::metadata(path).map(|m| m.len()).unwrap_or(0));
     let close = |th: &mut Thread, t: u64, stacks: &mut HashMap<Vec<u32>, f64>| {
         let path: Vec<u32> = th.stack.iter().map(|f| f.code).collect();
         let Some(f) = th.stack.pop() else { return };
@@ -43,6 +44,7 @@ pub fn folded(path: &Path, opts: ReadOptions) -> anyhow::Result<(Vec<(String, u6
         }
     };
     while let Some(c) = r.next_chunk()? {
+        crate::progress::at(c.info.offset);
         match c.body {
             Body::Code(objs) => {
                 for o in objs {
@@ -82,6 +84,7 @@ pub fn folded(path: &Path, opts: ReadOptions) -> anyhow::Result<(Vec<(String, u6
             _ => {}
         }
     }
+    crate::progress::end();
     for th in threads.values_mut() {
         while !th.stack.is_empty() {
             let t = th.last;
