@@ -21,9 +21,11 @@ struct Thread {
     last: u64,
 }
 
-/// Folded stacks: `"outer;inner;leaf"` -> exclusive nanoseconds, one entry per distinct stack (threads
-/// merged).
-pub fn folded(path: &Path, opts: ReadOptions) -> anyhow::Result<(Vec<(String, u64)>, Vec<String>)> {
+/// Folded stacks, `("outer;inner;leaf", exclusive nanoseconds)`, sorted.
+pub type Folded = Vec<(String, u64)>;
+
+/// Folded stacks, one entry per distinct stack (threads merged), and the reader's warnings.
+pub fn folded(path: &Path, opts: ReadOptions) -> anyhow::Result<(Folded, Vec<String>)> {
     let mut r = Reader::open_with(path, opts)?;
     let header = r.header().clone();
     let mut cost = [header.event_cost_ticks.max(0.0); 256];
@@ -92,7 +94,7 @@ pub fn folded(path: &Path, opts: ReadOptions) -> anyhow::Result<(Vec<(String, u6
         }
     }
     let ns = 1e9 / header.ticks_per_second;
-    let mut lines: Vec<(String, u64)> = stacks
+    let mut lines: Folded = stacks
         .into_iter()
         .filter_map(|(path, ticks)| {
             let v = (ticks.max(0.0) * ns).round() as u64;
