@@ -103,6 +103,10 @@ def _after_fork_in_child() -> None:
     _active = None
 
 
+# Calibration pairs (untraced run, traced run) per measurement.
+PAIRS = 21
+
+
 def _callbacks(threshold: int) -> dict:
     """The native callbacks for a threshold: the gapless set has no per-location counter at all."""
     nat = _native()
@@ -153,35 +157,39 @@ def _calibrate(mode: str, tool: int, threshold: int, buffer_events: int) -> floa
     n = max(100, min(2000, buffer_events // 4))
     ticks = nat.ticks
 
-    def best(repeats: int) -> int:
-        times = []
-        for _ in range(repeats):
-            t0 = ticks()
-            run(n)
-            times.append(ticks() - t0)
-        return min(times)
+    def once() -> int:
+        t0 = ticks()
+        run(n)
+        return ticks() - t0
 
-    best(2)  # warm up: let the interpreter specialize the loop
-    untraced = best(7)
+    for _ in range(3):
+        once()  # warm up: let the interpreter specialize the loop
     callbacks = _callbacks(threshold)
     # The same callbacks as the recording, with a threshold that is never reached.
     never = 0 if threshold == 0 else 2**32 - 1
     nat.start(None, {}, mode, never, [], [], buffer_events, 2, 0.0, _interp.describe,
               _interp.boot_thread_name, _interp.boot_thread_name.__code__, threading.get_native_id(), "", [])
+    # Untraced and traced runs alternate, and the median of the pairs' differences is the cost: a slow
+    # moment of the machine then shifts one pair, not a whole phase of the measurement.
+    diffs = []
     try:
         for name in names:
             mon.register_callback(tool, getattr(mon.events, name), callbacks[name])
-        mon.set_local_events(tool, code, _mask(names))
-        traced = best(7)
-        mon.set_local_events(tool, code, 0)
+        for _ in range(PAIRS):
+            base = once()
+            mon.set_local_events(tool, code, _mask(names))
+            traced = once()
+            mon.set_local_events(tool, code, 0)
+            diffs.append(traced - base)
     finally:
         out = nat.stop({})
         for name in names:
             mon.register_callback(tool, getattr(mon.events, name), None)
-    per_run = out["events"] / 7
+    per_run = out["events"] / PAIRS
     if per_run <= 0:
         return 0.0
-    return max(0.0, (traced - untraced) / per_run)
+    diffs.sort()
+    return max(0.0, diffs[len(diffs) // 2] / per_run)
 
 
 class Recording:
