@@ -68,6 +68,8 @@ pub type LoopKey = (u32, u32);
 
 struct Frame {
     code: u32,
+    /// This activation's node in the call tree (its stack).
+    node: u32,
     entered: u64,
     /// The thread's running cost sum when the frame was entered.
     entered_cost: f64,
@@ -92,9 +94,58 @@ struct ThreadState {
     active: HashMap<u32, u32>,
 }
 
+/// Every distinct call stack seen, interned as a tree: node 0 is the root, each other node is (parent,
+/// code id). Exclusive time accumulates per node, which is a flame graph's data.
+#[derive(Debug)]
+pub struct CallTree {
+    nodes: Vec<(u32, u32)>,
+    index: HashMap<(u32, u32), u32>,
+    exclusive: Vec<f64>,
+}
+
+impl Default for CallTree {
+    fn default() -> Self {
+        CallTree { nodes: vec![(0, 0)], index: HashMap::default(), exclusive: vec![0.0] }
+    }
+}
+
+impl CallTree {
+    fn child(&mut self, parent: u32, code: u32) -> u32 {
+        let next = self.nodes.len() as u32;
+        let id = *self.index.entry((parent, code)).or_insert(next);
+        if id == next {
+            self.nodes.push((parent, code));
+            self.exclusive.push(0.0);
+        }
+        id
+    }
+
+    /// `(code ids from the outermost call, exclusive ticks)` for every stack with time in it.
+    pub fn stacks(&self) -> Vec<(Vec<u32>, f64)> {
+        let mut out = Vec::new();
+        for (node, &ticks) in self.exclusive.iter().enumerate().skip(1) {
+            if ticks <= 0.0 {
+                continue;
+            }
+            let mut path = Vec::new();
+            let mut n = node as u32;
+            while n != 0 {
+                let (parent, code) = self.nodes[n as usize];
+                path.push(code);
+                n = parent;
+            }
+            path.reverse();
+            out.push((path, ticks));
+        }
+        out
+    }
+}
+
 /// What a pass produced.
 #[derive(Debug, Default)]
 pub struct Analysis {
+    /// Exclusive time per call stack, threads merged.
+    pub tree: CallTree,
     /// Per code id.
     pub functions: HashMap<u32, FunctionStats>,
     /// Per thread, per code id (for per-thread reports).
@@ -144,7 +195,7 @@ pub fn analyze(path: &Path, opts: ReadOptions) -> ocular_format::Result<Analysis
                 let ts = threads.entry(tid).or_default();
                 let per = a.per_thread.entry(tid).or_default();
                 for e in evs {
-                    step(ts, e, &cost, precise, &a.starts, &mut a.functions, per, &mut a.loops);
+                    step(ts, e, &cost, precise, &a.starts, &mut a.tree, &mut a.functions, per, &mut a.loops);
                 }
                 a.events += evs.len() as u64;
             }
@@ -174,7 +225,7 @@ pub fn analyze(path: &Path, opts: ReadOptions) -> ocular_format::Result<Analysis
         let per = a.per_thread.entry(*tid).or_default();
         while !ts.stack.is_empty() {
             let end = ts.last_ticks;
-            pop(ts, end, &mut a.functions, per);
+            pop(ts, end, &mut a.tree, &mut a.functions, per);
         }
     }
     crate::progress::end();
@@ -191,6 +242,7 @@ fn step(
     cost: &[f64; 256],
     precise: bool,
     starts: &HashMap<u32, CodeIndex>,
+    tree: &mut CallTree,
     functions: &mut HashMap<u32, FunctionStats>,
     per: &mut HashMap<u32, FunctionStats>,
     loops: &mut HashMap<LoopKey, LoopStats>,
@@ -210,8 +262,10 @@ fn step(
             let depth = ts.active.entry(id).or_insert(0);
             *depth += 1;
             let outermost = *depth == 1;
+            let parent = ts.stack.last().map_or(0, |f| f.node);
             ts.stack.push(Frame {
                 code: id,
+                node: tree.child(parent, id),
                 entered: t,
                 entered_cost: ts.cost,
                 child_ticks: 0,
@@ -226,10 +280,10 @@ fn step(
             // frame below the top closes the frames above it (events lost or filtered in between).
             if let Some(pos) = ts.stack.iter().rposition(|f| f.code == id) {
                 while ts.stack.len() > pos + 1 {
-                    pop(ts, t, functions, per);
+                    pop(ts, t, tree, functions, per);
                 }
                 block(ts, t, off, precise, starts, loops);
-                pop(ts, t, functions, per);
+                pop(ts, t, tree, functions, per);
             }
         }
         EventKind::JUMP
@@ -330,6 +384,7 @@ fn block(
 fn pop(
     ts: &mut ThreadState,
     t: u64,
+    tree: &mut CallTree,
     functions: &mut HashMap<u32, FunctionStats>,
     per: &mut HashMap<u32, FunctionStats>,
 ) {
@@ -345,6 +400,7 @@ fn pop(
     // cost is an average), and clamping each would bias the sums up; the totals are clamped when reported.
     let inclusive = span as f64 - span_cost;
     let exclusive = span.saturating_sub(f.child_ticks) as f64 - (span_cost - f.child_cost);
+    tree.exclusive[f.node as usize] += exclusive;
     for stats in [functions.entry(f.code).or_default(), per.entry(f.code).or_default()] {
         if f.outermost {
             stats.inclusive += inclusive;
