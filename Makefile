@@ -35,7 +35,7 @@ demo: check-python ## record the bundled workload (testdata/workloads/demo.py), 
 	@echo
 	@echo "Open $(OUT)/demo.json in https://ui.perfetto.dev and $(OUT)/demo.svg in a browser;"
 	@echo "every event: ./target/release/ocular-analyze dump $(OUT)/demo.ocl | less"
-	@echo "(the native .pftrace and Parquet exports are not built yet: see the open issues)"
+	@echo "(the Parquet export is not built yet: see the open issues)"
 
 test: test-rust test-python ## build everything and run every test (Rust, then Python on each 3.12+)
 
@@ -45,11 +45,15 @@ test-rust:
 check-python:
 	@if [ -z "$(PYTHONS)" ]; then echo "no CPython 3.12+ found: install one (pyenv install 3.12) or pass PYTHON=/path/to/python3.12"; exit 1; fi
 
+# The Python tests run the analyzer too (exports decoded with Perfetto's Python protos).
+ANALYZE_BIN := $(or $(CARGO_TARGET_DIR),target)/debug/ocular-analyze
+
 test-python: check-python
+	$(CARGO) build --locked -p ocular-analyze
 	@set -e; for py in $(PYTHONS); do \
 	    venv=$$(scripts/venv.sh $$py | tail -n 1); \
 	    echo "== pytest on $$($$venv/bin/python -c 'import sys; print(sys.version.split()[0])')"; \
-	    $$venv/bin/python -m pytest -q python/tests; \
+	    OCULAR_ANALYZE=$(abspath $(ANALYZE_BIN)) $$venv/bin/python -m pytest -q python/tests; \
 	done
 
 lint: ## rustfmt, clippy with warnings as errors, docs without warnings

@@ -12,10 +12,12 @@ if [ ! -x "$venv/bin/python" ]; then
     echo "== creating $venv with $py" >&2
     "$py" -m venv "$venv"
 fi
-if ! "$venv/bin/python" -c 'import maturin, pytest' 2>/dev/null && ! { [ -x "$venv/bin/maturin" ] && "$venv/bin/python" -c 'import pytest' 2>/dev/null; }; then
-    echo "== installing maturin and pytest into $venv" >&2
+# maturin builds the extension; pytest runs the tests; perfetto (with protobuf) decodes exported traces in
+# the tests with Perfetto's own Python protos.
+if ! [ -x "$venv/bin/maturin" ] || ! "$venv/bin/python" -c 'import pytest, perfetto.protos.perfetto.trace.perfetto_trace_pb2' 2>/dev/null; then
+    echo "== installing maturin, pytest and perfetto into $venv" >&2
     "$venv/bin/python" -m pip install -q --disable-pip-version-check --upgrade pip >&2
-    "$venv/bin/python" -m pip install -q --disable-pip-version-check "maturin>=1.9,<2" "pytest>=8" >&2
+    "$venv/bin/python" -m pip install -q --disable-pip-version-check "maturin>=1.9,<2" "pytest>=8" perfetto protobuf >&2
 fi
 echo "== building the extension for Python $ver" >&2
 (cd "$root" && VIRTUAL_ENV="$venv" CARGO_TARGET_DIR="${CARGO_TARGET_DIR:-$root/target}/py$ver" \

@@ -78,8 +78,8 @@ enum Command {
         #[arg(long)]
         salvage: bool,
     },
-    /// Export for other tools: --perfetto writes Chrome Trace Event JSON (function slices per thread, "loop"
-    /// instants with uops and cycles), which ui.perfetto.dev and chrome://tracing open.
+    /// Export for other tools: --perfetto writes Chrome Trace Event JSON or the native Perfetto protobuf
+    /// (function slices per thread, "loop" instants with uops and cycles), which ui.perfetto.dev opens.
     ///
     /// Example: ocular-analyze export --perfetto run.ocl -o run.json
     Export {
@@ -91,7 +91,8 @@ enum Command {
         /// Output file (default: the input with .json).
         #[arg(short, long)]
         output: Option<PathBuf>,
-        /// json (Chrome Trace Event format). Native protobuf (.pftrace) is not built yet.
+        /// json (Chrome Trace Event format) or pftrace (native Perfetto protobuf); an output ending in
+        /// .pftrace chooses pftrace.
         #[arg(long, default_value = "json")]
         format: String,
         /// Skip damaged chunks instead of stopping at the first one.
@@ -171,27 +172,32 @@ fn run(cli: Cli) -> anyhow::Result<()> {
         }
         Command::Export { file, perfetto: _, output, format, salvage } => {
             let fmt = match (format.as_str(), output.as_ref().and_then(|o| o.extension()).and_then(|e| e.to_str())) {
-                (_, Some("pftrace")) | ("pftrace", _) => anyhow::bail!(
-                    "the native Perfetto protobuf (.pftrace) export is not built yet: use --format json (Perfetto \
-                     opens it too)"
-                ),
+                (_, Some("pftrace")) | ("pftrace", _) => "pftrace",
                 ("json", _) => "json",
-                (other, _) => anyhow::bail!("unknown --format {other:?}: use json"),
+                (other, _) => anyhow::bail!("unknown --format {other:?}: use json or pftrace"),
             };
             let out_path = output.unwrap_or_else(|| file.with_extension(fmt));
             let f =
                 std::fs::File::create(&out_path).with_context(|| format!("cannot create {}", out_path.display()))?;
             let mut w = std::io::BufWriter::with_capacity(1 << 20, f);
-            let (written, warnings) = ocular_analyze::export::chrome::export(&file, ReadOptions { salvage }, &mut w)
-                .with_context(|| format!("cannot export {}", file.display()))?;
+            let opts = ReadOptions { salvage };
+            let (written, read, warnings) = if fmt == "pftrace" {
+                let ((p, r), w) = ocular_analyze::export::pftrace::export(&file, opts, &mut w)
+                    .with_context(|| format!("cannot export {}", file.display()))?;
+                (p, r, w)
+            } else {
+                let (c, w) = ocular_analyze::export::chrome::export(&file, opts, &mut w)
+                    .with_context(|| format!("cannot export {}", file.display()))?;
+                (c.events, c.read, w)
+            };
+            w.flush()?;
             for w in warnings {
                 eprintln!("warning: {w}");
             }
             eprintln!(
-                "wrote {}: {} trace events from {} recorded events",
+                "wrote {}: {written} {} from {read} recorded events",
                 out_path.display(),
-                written.events,
-                written.read
+                if fmt == "pftrace" { "packets" } else { "trace events" }
             );
         }
         Command::Flamegraph { file, output, folded, salvage } => {

@@ -74,7 +74,7 @@ fn two_threads_keep_their_ids_and_names() {
 }
 
 #[test]
-fn the_cli_writes_beside_the_input_and_refuses_pftrace_plainly() {
+fn the_cli_writes_beside_the_input_picks_pftrace_by_extension_and_refuses_unknown_formats() {
     let dir = std::env::temp_dir().join(format!("ocular-export-{}", std::process::id()));
     std::fs::create_dir_all(&dir).unwrap();
     let input = dir.join("run.ocl");
@@ -83,14 +83,20 @@ fn the_cli_writes_beside_the_input_and_refuses_pftrace_plainly() {
     let out = std::process::Command::new(bin).args(["export", "--perfetto", input.to_str().unwrap()]).output().unwrap();
     assert!(out.status.success(), "{}", String::from_utf8_lossy(&out.stderr));
     assert!(dir.join("run.json").exists());
+    let pf = dir.join("x.pftrace");
     let out = std::process::Command::new(bin)
-        .args(["export", "--perfetto", "-o", dir.join("x.pftrace").to_str().unwrap(), input.to_str().unwrap()])
+        .args(["export", "--perfetto", "-o", pf.to_str().unwrap(), input.to_str().unwrap()])
+        .output()
+        .unwrap();
+    assert!(out.status.success(), "{}", String::from_utf8_lossy(&out.stderr));
+    // A Trace is `repeated TracePacket packet = 1`: the file starts with that field's tag.
+    assert_eq!(std::fs::read(&pf).unwrap()[0], 0x0a);
+    let out = std::process::Command::new(bin)
+        .args(["export", "--perfetto", "--format", "svg", input.to_str().unwrap()])
         .output()
         .unwrap();
     assert_eq!(out.status.code(), Some(2));
-    assert!(
-        String::from_utf8_lossy(&out.stderr).contains("native Perfetto protobuf (.pftrace) export is not built yet")
-    );
+    assert!(String::from_utf8_lossy(&out.stderr).contains("unknown --format \"svg\": use json or pftrace"));
     std::fs::remove_dir_all(&dir).unwrap();
 }
 
