@@ -3,3 +3,4 @@
 pub mod chrome;
 pub mod flame;
 pub mod pftrace;
+pub mod timeline;

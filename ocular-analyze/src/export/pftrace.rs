@@ -10,9 +10,10 @@
 //! varint length, bytes) produces a valid trace without holding it. One packet sequence (id 1) carries
 //! everything; its first packet clears incremental state, and function names are interned on first use.
 
-use ocular_format::{Body, EventKind, ReadOptions, Reader};
+use super::timeline::{Item, Timeline};
+use ocular_format::ReadOptions;
 use prost::Message;
-use rustc_hash::FxHashMap as HashMap;
+use rustc_hash::FxHashSet as HashSet;
 use std::io::Write;
 use std::path::Path;
 
@@ -129,18 +130,10 @@ impl Out<'_> {
     }
 }
 
-#[derive(Default)]
-struct Thread {
-    stack: Vec<u32>,
-    loops: Vec<(u32, u32, u64)>,
-    last_ns: u64,
-    described: bool,
-}
-
 /// Streams `path` as a Perfetto protobuf trace; returns (packets written, events read) and warnings.
 pub fn export(path: &Path, opts: ReadOptions, out: &mut dyn Write) -> anyhow::Result<((u64, u64), Vec<String>)> {
-    let mut r = Reader::open_with(path, opts)?;
-    let h = r.header().clone();
+    let timeline = Timeline::open(path, opts)?;
+    let h = timeline.header().clone();
     let pid = h.pid as i32;
     let ns = |ticks: u64| {
         h.start_monotonic_ns
@@ -162,120 +155,40 @@ pub fn export(path: &Path, opts: ReadOptions, out: &mut dyn Write) -> anyhow::Re
         }),
         ..Default::default()
     })?;
-    let mut names: HashMap<u32, String> = HashMap::default();
-    let mut interned: HashMap<u32, bool> = HashMap::default();
-    let mut thread_names: HashMap<u64, String> = HashMap::default();
-    let mut threads: HashMap<u64, Thread> = HashMap::default();
-    let mut body_len: HashMap<(u32, u32), usize> = HashMap::default();
-    let mut code = HashMap::default();
-    let mut read = 0u64;
-    crate::progress::begin("exporting", std::fs::metadata(path).map(|m| m.len()).unwrap_or(0));
-    while let Some(c) = r.next_chunk()? {
-        crate::progress::at(c.info.offset);
-        match c.body {
-            Body::Code(objs) => {
-                for ob in objs {
-                    names.insert(ob.id, ob.qualname.clone());
-                    code.insert(ob.id, ob);
-                }
-            }
-            Body::Thread(t) => {
-                thread_names.insert(t.thread_id, t.name);
-            }
-            Body::Events(evs) => {
-                let tid = c.info.thread_id;
-                let th = threads.entry(tid).or_default();
-                read += evs.len() as u64;
-                if !th.described {
-                    th.described = true;
-                    o.packet(thread_track(pid, tid, process_uuid, thread_names.get(&tid)))?;
-                }
-                for e in evs {
-                    let id = e.code.get();
-                    let t = ns(e.ticks.get());
-                    th.last_ns = t;
-                    let intern = |interned: &mut HashMap<u32, bool>| {
-                        (!interned.contains_key(&id)).then(|| {
-                            interned.insert(id, true);
-                            InternedData {
-                                event_names: vec![EventName {
-                                    iid: Some(id as u64),
-                                    name: Some(names.get(&id).cloned().unwrap_or_else(|| "?".into())),
-                                }],
-                            }
-                        })
-                    };
-                    match e.event_kind() {
-                        Some(EventKind::PY_START | EventKind::PY_RESUME | EventKind::PY_THROW) => {
-                            th.stack.push(id);
-                            let interned_data = intern(&mut interned);
-                            o.packet(slice(t, tid, SLICE_BEGIN, Some(id as u64), interned_data))?;
-                        }
-                        Some(EventKind::PY_RETURN | EventKind::PY_YIELD | EventKind::PY_UNWIND) => {
-                            let Some(pos) = th.stack.iter().rposition(|&f| f == id) else { continue };
-                            while th.stack.len() > pos {
-                                th.stack.pop();
-                                o.packet(slice(t, tid, SLICE_END, None, None))?;
-                            }
-                        }
-                        Some(EventKind::JUMP) if e.arg.get() < e.offset.get() => {
-                            if th.stack.last() != Some(&id) {
-                                continue;
-                            }
-                            let head = e.arg.get();
-                            let ticks = e.ticks.get();
-                            let cycles = match th.loops.iter_mut().find(|l| l.0 == id && l.1 == head) {
-                                Some(l) => {
-                                    let d = ticks.saturating_sub(l.2);
-                                    l.2 = ticks;
-                                    Some(d)
-                                }
-                                None => {
-                                    th.loops.push((id, head, ticks));
-                                    None
-                                }
-                            };
-                            let uops = *body_len.entry((id, head)).or_insert_with(|| {
-                                code.get(&id)
-                                    .map_or(0, |co| crate::analysis::instructions(co, &h, head, e.offset.get()).len())
-                            });
-                            let mut p = slice(t, tid, INSTANT, Some(LOOP_IID), None);
-                            if let Some(te) = &mut p.track_event {
-                                te.categories = vec!["loop".into()];
-                                te.debug_annotations.push(annotation("uops", uops as u64));
-                                if let Some(c) = cycles {
-                                    te.debug_annotations.push(annotation("cycles", c));
-                                }
-                            }
-                            o.packet(p)?;
-                        }
-                        _ => {}
-                    }
-                }
-            }
-            _ => {}
+    let mut interned: HashSet<u32> = HashSet::default();
+    let (read, warnings) = timeline.run(|code, item| match item {
+        Item::Thread { tid, name } => o.packet(thread_track(pid, tid, process_uuid, name)),
+        Item::Begin { tid, ticks, code: id } => {
+            // Names are interned on first use, in the packet that first refers to them.
+            let interned_data = interned.insert(id).then(|| InternedData {
+                event_names: vec![EventName {
+                    iid: Some(id as u64),
+                    name: Some(code.get(&id).map_or_else(|| "?".into(), |c| c.qualname.clone())),
+                }],
+            });
+            o.packet(slice(ns(ticks), tid, SLICE_BEGIN, Some(id as u64), interned_data))
         }
-    }
-    crate::progress::end();
-    let mut tids: Vec<u64> = threads.keys().copied().collect();
-    tids.sort_unstable();
-    for tid in tids {
-        let th = threads.get_mut(&tid).expect("key");
-        let t = th.last_ns;
-        for _ in th.stack.drain(..) {
-            o.packet(slice(t, tid, SLICE_END, None, None))?;
+        Item::End { tid, ticks, .. } => o.packet(slice(ns(ticks), tid, SLICE_END, None, None)),
+        Item::Loop { tid, ticks, uops, cycles, .. } => {
+            let mut p = slice(ns(ticks), tid, INSTANT, Some(LOOP_IID), None);
+            if let Some(te) = &mut p.track_event {
+                te.categories = vec!["loop".into()];
+                te.debug_annotations.push(annotation("uops", uops as u64));
+                if let Some(c) = cycles {
+                    te.debug_annotations.push(annotation("cycles", c));
+                }
+            }
+            o.packet(p)
         }
         // Names can arrive after a thread's first events: describe the track again with its final name.
-        if let Some(name) = thread_names.get(&tid) {
-            o.packet(thread_track(pid, tid, process_uuid, Some(name)))?;
-        }
-    }
+        Item::ThreadDone { tid, name: Some(name) } => o.packet(thread_track(pid, tid, process_uuid, Some(name))),
+        Item::ThreadDone { name: None, .. } => Ok(()),
+    })?;
     o.w.flush()?;
-    let name = path.display().to_string();
-    Ok(((o.packets, read), r.report().warnings(&name)))
+    Ok(((o.packets, read), warnings))
 }
 
-fn thread_track(pid: i32, tid: u64, parent: u64, name: Option<&String>) -> TracePacket {
+fn thread_track(pid: i32, tid: u64, parent: u64, name: Option<&str>) -> TracePacket {
     TracePacket {
         track_descriptor: Some(TrackDescriptor {
             uuid: Some(tid),
@@ -283,7 +196,7 @@ fn thread_track(pid: i32, tid: u64, parent: u64, name: Option<&String>) -> Trace
             thread: Some(ThreadDescriptor {
                 pid: Some(pid),
                 tid: Some(tid as i64),
-                thread_name: Some(name.cloned().unwrap_or_else(|| format!("Thread-{tid}"))),
+                thread_name: Some(name.map_or_else(|| format!("Thread-{tid}"), str::to_string)),
             }),
             ..Default::default()
         }),

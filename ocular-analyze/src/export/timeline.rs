@@ -1,0 +1,186 @@
+//! The timeline that exporters serialize: one streaming pass that turns a thread's events into balanced
+//! function slices and loop iterations. Exporters only decide how each item is written.
+//!
+//! Rules (shared by every exporter):
+//! - `Begin` at PY_START, PY_RESUME, PY_THROW; `End` at PY_RETURN, PY_YIELD, PY_UNWIND. An exit without
+//!   its entry (the recording started inside the function) is dropped; an exit of a frame below the top
+//!   ends the frames above it first. Frames still open at the end of the file end at their thread's last
+//!   event, so every thread's slices balance.
+//! - `Loop` at every backward JUMP in the frame on top: `cycles` are the ticks since the previous
+//!   iteration of that loop in the same frame (none for the first), `uops` the instructions in the body.
+
+use ocular_format::{Body, CodeObject, EventKind, Header, ReadOptions, Reader};
+use rustc_hash::FxHashMap as HashMap;
+use std::fs::File;
+use std::io::BufReader;
+use std::path::Path;
+
+/// One thing on the timeline. Times are in ticks of the file's clock.
+#[derive(Debug)]
+pub enum Item<'a> {
+    /// A thread's first events are about to follow; its name if already known.
+    Thread {
+        /// Native thread id.
+        tid: u64,
+        /// Name, if the file named the thread before its first events.
+        name: Option<&'a str>,
+    },
+    /// A function activation starts.
+    Begin {
+        /// Native thread id.
+        tid: u64,
+        /// Ticks.
+        ticks: u64,
+        /// Code id.
+        code: u32,
+    },
+    /// The innermost open activation ends.
+    End {
+        /// Native thread id.
+        tid: u64,
+        /// Ticks.
+        ticks: u64,
+        /// Code id.
+        code: u32,
+    },
+    /// A loop iteration ends (a backward jump ran).
+    Loop {
+        /// Native thread id.
+        tid: u64,
+        /// Ticks.
+        ticks: u64,
+        /// Code id.
+        code: u32,
+        /// Offset of the loop head.
+        head: u32,
+        /// Instructions in the loop body.
+        uops: usize,
+        /// Ticks since the previous iteration of this loop in this frame.
+        cycles: Option<u64>,
+    },
+    /// Last item of a thread, after its open frames ended; its final name if known.
+    ThreadDone {
+        /// Native thread id.
+        tid: u64,
+        /// Name, if the file named the thread.
+        name: Option<&'a str>,
+    },
+}
+
+struct Frame {
+    code: u32,
+    loops: Vec<(u32, u64)>,
+}
+
+#[derive(Default)]
+struct Thread {
+    stack: Vec<Frame>,
+    last: u64,
+}
+
+/// An opened trace, ready to be walked.
+#[derive(Debug)]
+pub struct Timeline {
+    reader: Reader<BufReader<File>>,
+    path: String,
+    size: u64,
+}
+
+impl Timeline {
+    /// Opens `path`.
+    pub fn open(path: &Path, opts: ReadOptions) -> ocular_format::Result<Self> {
+        Ok(Timeline {
+            reader: Reader::open_with(path, opts)?,
+            path: path.display().to_string(),
+            size: std::fs::metadata(path).map(|m| m.len()).unwrap_or(0),
+        })
+    }
+
+    /// The file header.
+    pub fn header(&self) -> &Header {
+        self.reader.header()
+    }
+
+    /// Walks the file, calling `f` with the code objects known so far and each item. Returns the number
+    /// of events read and the reader's warnings.
+    pub fn run(
+        mut self,
+        mut f: impl FnMut(&HashMap<u32, CodeObject>, Item<'_>) -> std::io::Result<()>,
+    ) -> anyhow::Result<(u64, Vec<String>)> {
+        let header = self.reader.header().clone();
+        let mut code: HashMap<u32, CodeObject> = HashMap::default();
+        let mut uops: HashMap<(u32, u32), usize> = HashMap::default();
+        let mut names: HashMap<u64, String> = HashMap::default();
+        let mut threads: HashMap<u64, Thread> = HashMap::default();
+        let mut read = 0u64;
+        crate::progress::begin("exporting", self.size);
+        while let Some(c) = self.reader.next_chunk()? {
+            crate::progress::at(c.info.offset);
+            match c.body {
+                Body::Code(objs) => {
+                    for o in objs {
+                        code.insert(o.id, o);
+                    }
+                }
+                Body::Thread(t) => {
+                    names.insert(t.thread_id, t.name);
+                }
+                Body::Events(evs) => {
+                    let tid = c.info.thread_id;
+                    if !threads.contains_key(&tid) {
+                        f(&code, Item::Thread { tid, name: names.get(&tid).map(String::as_str) })?;
+                    }
+                    let th = threads.entry(tid).or_default();
+                    read += evs.len() as u64;
+                    for e in evs {
+                        let (id, ticks) = (e.code.get(), e.ticks.get());
+                        th.last = ticks;
+                        match e.event_kind() {
+                            Some(EventKind::PY_START | EventKind::PY_RESUME | EventKind::PY_THROW) => {
+                                th.stack.push(Frame { code: id, loops: Vec::new() });
+                                f(&code, Item::Begin { tid, ticks, code: id })?;
+                            }
+                            Some(EventKind::PY_RETURN | EventKind::PY_YIELD | EventKind::PY_UNWIND) => {
+                                let Some(pos) = th.stack.iter().rposition(|fr| fr.code == id) else { continue };
+                                while th.stack.len() > pos {
+                                    let fr = th.stack.pop().expect("non-empty");
+                                    f(&code, Item::End { tid, ticks, code: fr.code })?;
+                                }
+                            }
+                            Some(EventKind::JUMP) if e.arg.get() < e.offset.get() => {
+                                let Some(top) = th.stack.last_mut().filter(|fr| fr.code == id) else { continue };
+                                let head = e.arg.get();
+                                let cycles = match top.loops.iter_mut().find(|l| l.0 == head) {
+                                    Some(l) => Some(ticks.saturating_sub(std::mem::replace(&mut l.1, ticks))),
+                                    None => {
+                                        top.loops.push((head, ticks));
+                                        None
+                                    }
+                                };
+                                let n = *uops.entry((id, head)).or_insert_with(|| {
+                                    code.get(&id).map_or(0, |co| {
+                                        crate::analysis::instructions(co, &header, head, e.offset.get()).len()
+                                    })
+                                });
+                                f(&code, Item::Loop { tid, ticks, code: id, head, uops: n, cycles })?;
+                            }
+                            _ => {}
+                        }
+                    }
+                }
+                _ => {}
+            }
+        }
+        crate::progress::end();
+        let mut tids: Vec<u64> = threads.keys().copied().collect();
+        tids.sort_unstable();
+        for tid in tids {
+            let th = threads.get_mut(&tid).expect("key");
+            while let Some(fr) = th.stack.pop() {
+                f(&code, Item::End { tid, ticks: th.last, code: fr.code })?;
+            }
+            f(&code, Item::ThreadDone { tid, name: names.get(&tid).map(String::as_str) })?;
+        }
+        Ok((read, self.reader.report().warnings(&self.path)))
+    }
+}
