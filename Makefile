@@ -7,14 +7,17 @@ OUT   ?= out
 PYTHONS := $(shell scripts/find-pythons.sh)
 
 .DEFAULT_GOAL := help
-.PHONY: help demo test test-rust test-python check-python lint bench bench-format bench-record bench-truth bench-analyze fuzz clean
+.PHONY: help demo test test-rust test-python check-python lint bench bench-format bench-record bench-truth bench-analyze bench-peers fuzz clean
 
 help: ## list the targets
 	@grep -E '^[a-zA-Z_-]+:.*## ' $(MAKEFILE_LIST) | awk 'BEGIN {FS = ":.*## "}; {printf "  make %-14s %s\n", $$1, $$2}'
 
+# The analyzer with Parquet export (polars): the CLI that make demo, test and bench use.
+ANALYZE_FEATURES := --features parquet
+
 demo: check-python ## record the bundled workload (testdata/workloads/demo.py), then analyze it
 	@mkdir -p $(OUT)
-	$(CARGO) build --release --locked -p ocular-analyze
+	$(CARGO) build --release --locked -p ocular-analyze $(ANALYZE_FEATURES)
 	@venv=$$(scripts/venv.sh $(firstword $(PYTHONS)) | tail -n 1); \
 	    echo "== python -m ocular run -o $(OUT)/demo.ocl testdata/workloads/demo.py"; \
 	    $$venv/bin/python -m ocular run -o $(OUT)/demo.ocl testdata/workloads/demo.py
@@ -30,17 +33,20 @@ demo: check-python ## record the bundled workload (testdata/workloads/demo.py), 
 	@echo "== ocular-analyze export --perfetto $(OUT)/demo.ocl -o $(OUT)/demo.json"
 	@./target/release/ocular-analyze export --perfetto $(OUT)/demo.ocl -o $(OUT)/demo.json
 	@echo
+	@echo "== ocular-analyze export --parquet $(OUT)/demo.ocl -o $(OUT)/demo.parquet"
+	@./target/release/ocular-analyze export --parquet $(OUT)/demo.ocl -o $(OUT)/demo.parquet
+	@echo
 	@echo "== ocular-analyze flamegraph $(OUT)/demo.ocl -o $(OUT)/demo.svg"
 	@./target/release/ocular-analyze flamegraph $(OUT)/demo.ocl -o $(OUT)/demo.svg
 	@echo
-	@echo "Open $(OUT)/demo.json in https://ui.perfetto.dev and $(OUT)/demo.svg in a browser;"
+	@echo "Open $(OUT)/demo.json in https://ui.perfetto.dev and $(OUT)/demo.svg in a browser; in Python:"
+	@echo "  pl.read_parquet('$(OUT)/demo.parquet/events.parquet')   or   ocular.load('$(OUT)/demo.ocl').events()"
 	@echo "every event: ./target/release/ocular-analyze dump $(OUT)/demo.ocl | less"
-	@echo "(the Parquet export is not built yet: see the open issues)"
 
 test: test-rust test-python ## build everything and run every test (Rust, then Python on each 3.12+)
 
 test-rust:
-	$(CARGO) test --workspace --locked
+	$(CARGO) test --workspace --locked --features ocular-analyze/parquet
 
 check-python:
 	@if [ -z "$(PYTHONS)" ]; then echo "no CPython 3.12+ found: install one (pyenv install 3.12) or pass PYTHON=/path/to/python3.12"; exit 1; fi
@@ -49,7 +55,7 @@ check-python:
 ANALYZE_BIN := $(or $(CARGO_TARGET_DIR),target)/debug/ocular-analyze
 
 test-python: check-python
-	$(CARGO) build --locked -p ocular-analyze
+	$(CARGO) build --locked -p ocular-analyze $(ANALYZE_FEATURES)
 	@set -e; for py in $(PYTHONS); do \
 	    venv=$$(scripts/venv.sh $$py | tail -n 1); \
 	    echo "== pytest on $$($$venv/bin/python -c 'import sys; print(sys.version.split()[0])')"; \
@@ -59,17 +65,18 @@ test-python: check-python
 lint: ## rustfmt, clippy with warnings as errors, docs without warnings
 	$(CARGO) fmt --all -- --check
 	$(CARGO) clippy --workspace --all-targets --locked -- -D warnings
+	$(CARGO) clippy -p ocular-analyze --all-targets --locked $(ANALYZE_FEATURES) -- -D warnings
 	PYO3_PYTHON=$(firstword $(PYTHONS)) $(CARGO) clippy -p ocular-record --features python --locked -- -D warnings
 	RUSTDOCFLAGS="-D warnings" $(CARGO) doc --workspace --no-deps --locked
 
 bench: bench-format bench-record bench-truth bench-analyze ## every benchmark (prints tables; see BENCHMARKS.md)
 
 bench-analyze: check-python ## analyzer throughput: info, stats, hot, export on a large recorded trace
-	$(CARGO) build --release --locked -p ocular-analyze
+	$(CARGO) build --release --locked -p ocular-analyze $(ANALYZE_FEATURES)
 	@venv=$$(scripts/venv.sh $(firstword $(PYTHONS)) | tail -n 1); $$venv/bin/python bench/analyze_bench.py
 
 bench-truth: check-python ## hot's ns/iteration next to the untraced time per iteration, on loops of known shape
-	$(CARGO) build --release --locked -p ocular-analyze
+	$(CARGO) build --release --locked -p ocular-analyze $(ANALYZE_FEATURES)
 	@venv=$$(scripts/venv.sh $(firstword $(PYTHONS)) | tail -n 1); $$venv/bin/python bench/truth_bench.py
 
 bench-record: check-python ## recorder overhead: ns/event per mode vs the native floor, no-op callbacks, cProfile
@@ -77,6 +84,23 @@ bench-record: check-python ## recorder overhead: ns/event per mode vs the native
 
 bench-format: ## .ocl size and read/write throughput on 10M synthetic events
 	$(CARGO) run --release --locked -p ocular-format --example format_bench
+
+# Not part of `make bench`: ~20 min, and it installs the peers from PyPI into its own .venv/peers-X.Y (the
+# newest Python found; trace0 needs 3.13+). Pass options with PEERS_ARGS="--quick" (see bench/peers.py -h).
+bench-peers: check-python ## Ocular next to cProfile, VizTracer, pyinstrument, trace0 on pyperformance programs
+	$(CARGO) build --release --locked -p ocular-analyze $(ANALYZE_FEATURES)
+	@set -e; \
+	    py=$$(for p in $(PYTHONS); do echo "$$($$p -c 'import sys; print("%d.%d" % sys.version_info[:2])') $$p"; done \
+	        | sort -V | tail -n 1 | cut -d' ' -f2); \
+	    ver=$$($$py -c 'import sys; print("%d.%d" % sys.version_info[:2])'); \
+	    if [ "$$ver" = 3.12 ]; then echo "== no Python 3.13+ found: trace0 is left out"; fi; \
+	    venv=$(CURDIR)/.venv/peers-$$ver; \
+	    if [ ! -x $$venv/bin/python ]; then echo "== creating $$venv with $$py"; $$py -m venv $$venv; fi; \
+	    $$venv/bin/python -m pip install -q --disable-pip-version-check -r bench/peers-requirements.txt; \
+	    echo "== building the extension into $$venv"; \
+	    VIRTUAL_ENV=$$venv CARGO_TARGET_DIR=$(abspath $(or $(CARGO_TARGET_DIR),target))/py$$ver \
+	        $$venv/bin/maturin develop --release --quiet; \
+	    $$venv/bin/python bench/peers.py --analyze=$(abspath $(or $(CARGO_TARGET_DIR),target))/release/ocular-analyze $(PEERS_ARGS)
 
 fuzz: ## fuzz the .ocl reader for FUZZ_SECONDS (default 60); installs cargo-fuzz if missing
 	@command -v cargo-fuzz >/dev/null || $(CARGO) install cargo-fuzz --locked

@@ -12,7 +12,7 @@ import time
 import ocular
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
-ANALYZE = os.path.join(ROOT, "target", "release", "ocular-analyze")
+ANALYZE = os.path.join(os.environ.get("CARGO_TARGET_DIR", os.path.join(ROOT, "target")), "release", "ocular-analyze")
 
 
 def work(n):
@@ -52,13 +52,18 @@ def main():
     print("| command | seconds | M events/s |")
     print("|---|---:|---:|")
     for cmd in (["info"], ["stats"], ["hot"], ["export", "--perfetto", "-o", os.path.join(d, "big.json")],
-                ["export", "--perfetto", "-o", os.path.join(d, "big.pftrace")]):
+                ["export", "--perfetto", "-o", os.path.join(d, "big.pftrace")],
+                ["export", "--parquet", "-o", os.path.join(d, "big.parquet")]):
         best = float("inf")
         for _ in range(3):
             t = time.perf_counter()
             subprocess.run([ANALYZE, *cmd, path], check=True, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
             best = min(best, time.perf_counter() - t)
-        label = " ".join(cmd[:2]) + (" (pftrace)" if cmd[-1].endswith("pftrace") else " (json)") if cmd[0] == "export" else cmd[0]
+        label = cmd[0]
+        if cmd[1:2] == ["--perfetto"]:
+            label += " --perfetto" + (" (pftrace)" if cmd[-1].endswith("pftrace") else " (json)")
+        elif cmd[1:2] == ["--parquet"]:
+            label += " --parquet (rows = events)"
         print(f"| `{label}` | {best:.3f} | {rec.events / best / 1e6:.1f} |")
 
 

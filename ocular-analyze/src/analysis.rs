@@ -41,10 +41,20 @@ pub struct LoopStats {
     pub timed: u64,
     /// Sum of the measured iterations' ticks, corrected.
     pub ticks: f64,
+    /// Adaptive mode: ticks from the last recorded event inside the loop to the frame's next event outside
+    /// it, corrected. Once the threshold stops the loop's events, the rest of the loop runs in that gap:
+    /// this is its unrecorded time (it also holds the few instructions between a loop's exit and the next
+    /// event, when the exit itself was recorded it is not counted).
+    pub tail_ticks: f64,
     /// Per instruction of the code object, by its position in the code (not its offset): (ticks, visits).
     per_instruction: Vec<(f64, u64)>,
     /// Offset of each instruction position (shared with the code object's table).
     offsets: Vec<u32>,
+    /// Adaptive mode: per block of instruction positions `lo..=hi`, (lo, hi, ticks, visits), spread over
+    /// the instructions when the pass ends (one addition per event instead of one per instruction).
+    blocks: Vec<(u32, u32, f64, u64)>,
+    /// Index in `blocks` of the last block hit.
+    last_block: usize,
 }
 
 impl LoopStats {
@@ -61,6 +71,37 @@ impl LoopStats {
         }
         &mut self.per_instruction
     }
+
+    #[inline]
+    fn add_block(&mut self, lo: u32, hi: u32, ticks: f64) {
+        let i = match self.blocks.get(self.last_block) {
+            Some(b) if b.0 == lo && b.1 == hi => self.last_block,
+            _ => match self.blocks.iter().position(|b| b.0 == lo && b.1 == hi) {
+                Some(i) => i,
+                None => {
+                    self.blocks.push((lo, hi, 0.0, 0));
+                    self.blocks.len() - 1
+                }
+            },
+        };
+        self.last_block = i;
+        let b = &mut self.blocks[i];
+        b.2 += ticks;
+        b.3 += 1;
+    }
+
+    /// Spreads each block's time evenly over its instructions.
+    fn spread_blocks(&mut self, all: &[u32]) {
+        let blocks = std::mem::take(&mut self.blocks);
+        let slots = self.slots(all);
+        for (lo, hi, ticks, visits) in blocks {
+            let share = ticks / (hi - lo + 1) as f64;
+            for slot in &mut slots[lo as usize..=hi as usize] {
+                slot.0 += share;
+                slot.1 += visits;
+            }
+        }
+    }
 }
 
 /// A loop's identity: code id and the offset of its head (the backward jumps' destination).
@@ -68,6 +109,8 @@ pub type LoopKey = (u32, u32);
 
 struct Frame {
     code: u32,
+    /// Position of the code object's [`CodeIndex`] in the pass's table (`u32::MAX`: unknown code).
+    index: u32,
     /// This activation's node in the call tree (its stack).
     node: u32,
     entered: u64,
@@ -81,8 +124,9 @@ struct Frame {
     /// The previous event of this frame: ticks, running cost sum, the offset where execution continued
     /// after it.
     prev: Option<(u64, f64, u32)>,
-    /// Per loop head in this frame: ticks and running cost sum at the last backward jump to it.
-    loops: Vec<(u32, u64, f64)>,
+    /// Per loop head in this frame: head offset, the loop's position in the pass's loop table, and ticks
+    /// and running cost sum at the last backward jump to it.
+    loops: Vec<(u32, u32, u64, f64)>,
 }
 
 #[derive(Default)]
@@ -154,8 +198,7 @@ pub struct Analysis {
     pub loops: HashMap<LoopKey, LoopStats>,
     /// Code objects by id.
     pub code: HashMap<u32, CodeObject>,
-    /// Instruction offsets of each code object, computed once.
-    starts: HashMap<u32, CodeIndex>,
+
     /// Specialized bytecode by id.
     pub snapshots: HashMap<u32, Vec<u8>>,
     /// Thread names.
@@ -178,6 +221,32 @@ impl Analysis {
     }
 }
 
+/// Code indexes and loops, addressed by position so the per-event work does no hashing.
+#[derive(Default)]
+struct Tables {
+    index_of: HashMap<u32, u32>,
+    indexes: Vec<CodeIndex>,
+    loop_of: HashMap<LoopKey, u32>,
+    loop_keys: Vec<LoopKey>,
+    loops: Vec<LoopStats>,
+}
+
+impl Tables {
+    fn code_index(&self, code: u32) -> u32 {
+        self.index_of.get(&code).copied().unwrap_or(u32::MAX)
+    }
+
+    fn loop_id(&mut self, key: LoopKey) -> u32 {
+        let next = self.loops.len() as u32;
+        let id = *self.loop_of.entry(key).or_insert(next);
+        if id == next {
+            self.loop_keys.push(key);
+            self.loops.push(LoopStats::default());
+        }
+        id
+    }
+}
+
 /// Reads `path` once and analyzes it.
 pub fn analyze(path: &Path, opts: ReadOptions) -> ocular_format::Result<Analysis> {
     let mut r = Reader::open_with(path, opts)?;
@@ -186,6 +255,7 @@ pub fn analyze(path: &Path, opts: ReadOptions) -> ocular_format::Result<Analysis
     let mut cost = [header.event_cost_ticks.max(0.0); 256];
     let precise = header.options.mode == Mode::Precise;
     let mut threads: HashMap<u64, ThreadState> = HashMap::default();
+    let mut tables = Tables::default();
     crate::progress::begin("analyzing", std::fs::metadata(path).map(|m| m.len()).unwrap_or(0));
     while let Some(c) = r.next_chunk()? {
         crate::progress::at(c.info.offset);
@@ -195,13 +265,15 @@ pub fn analyze(path: &Path, opts: ReadOptions) -> ocular_format::Result<Analysis
                 let ts = threads.entry(tid).or_default();
                 let per = a.per_thread.entry(tid).or_default();
                 for e in evs {
-                    step(ts, e, &cost, precise, &a.starts, &mut a.tree, &mut a.functions, per, &mut a.loops);
+                    step(ts, e, &cost, precise, &mut tables, &mut a.tree, &mut a.functions, per);
                 }
                 a.events += evs.len() as u64;
             }
             Body::Code(objs) => {
                 for o in objs {
-                    a.starts.insert(o.id, CodeIndex::new(instructions(&o, &header, 0, u32::MAX)));
+                    let i = tables.indexes.len() as u32;
+                    tables.indexes.push(CodeIndex::new(instructions(&o, &header, 0, u32::MAX)));
+                    tables.index_of.insert(o.id, i);
                     a.code.insert(o.id, o);
                 }
             }
@@ -228,6 +300,14 @@ pub fn analyze(path: &Path, opts: ReadOptions) -> ocular_format::Result<Analysis
             pop(ts, end, &mut a.tree, &mut a.functions, per);
         }
     }
+    for (key, mut stats) in tables.loop_keys.into_iter().zip(tables.loops) {
+        if !stats.blocks.is_empty() {
+            if let Some(&i) = tables.index_of.get(&key.0) {
+                stats.spread_blocks(&tables.indexes[i as usize].offsets);
+            }
+        }
+        a.loops.insert(key, stats);
+    }
     crate::progress::end();
     let name = path.display().to_string();
     a.warnings = r.report().warnings(&name);
@@ -236,16 +316,16 @@ pub fn analyze(path: &Path, opts: ReadOptions) -> ocular_format::Result<Analysis
 }
 
 #[allow(clippy::too_many_arguments)]
+#[inline]
 fn step(
     ts: &mut ThreadState,
     e: &RawEvent,
     cost: &[f64; 256],
     precise: bool,
-    starts: &HashMap<u32, CodeIndex>,
+    tables: &mut Tables,
     tree: &mut CallTree,
     functions: &mut HashMap<u32, FunctionStats>,
     per: &mut HashMap<u32, FunctionStats>,
-    loops: &mut HashMap<LoopKey, LoopStats>,
 ) {
     let t = e.ticks.get();
     let id = e.code.get();
@@ -265,6 +345,7 @@ fn step(
             let parent = ts.stack.last().map_or(0, |f| f.node);
             ts.stack.push(Frame {
                 code: id,
+                index: tables.code_index(id),
                 node: tree.child(parent, id),
                 entered: t,
                 entered_cost: ts.cost,
@@ -282,7 +363,7 @@ fn step(
                 while ts.stack.len() > pos + 1 {
                     pop(ts, t, tree, functions, per);
                 }
-                block(ts, t, off, precise, starts, loops);
+                block(ts, t, off, precise, tables);
                 pop(ts, t, tree, functions, per);
             }
         }
@@ -295,7 +376,7 @@ fn step(
             if top.code != id {
                 return;
             }
-            block(ts, t, off, precise, starts, loops);
+            block(ts, t, off, precise, tables);
             let now = ts.cost;
             let top = ts.stack.last_mut().expect("checked above");
             let dest = e.arg.get();
@@ -310,18 +391,22 @@ fn step(
                 _ => None,
             };
             if let Some((dest, off)) = back {
-                let stats = loops.entry((id, dest)).or_default();
+                let li = match top.loops.iter().position(|l| l.0 == dest) {
+                    Some(i) => top.loops[i].1,
+                    None => tables.loop_id((id, dest)),
+                };
+                let stats = &mut tables.loops[li as usize];
                 stats.iterations += 1;
                 stats.end = stats.end.max(off);
                 match top.loops.iter_mut().find(|l| l.0 == dest) {
                     Some(l) => {
-                        let ticks = (t - l.1) as f64 - (now - l.2);
+                        let ticks = (t - l.2) as f64 - (now - l.3);
                         stats.timed += 1;
                         stats.ticks += ticks.max(0.0);
-                        l.1 = t;
-                        l.2 = now;
+                        l.2 = t;
+                        l.3 = now;
                     }
-                    None => top.loops.push((dest, t, now)),
+                    None => top.loops.push((dest, li, t, now)),
                 }
             }
         }
@@ -331,53 +416,45 @@ fn step(
 
 /// Attributes the time since the frame's previous event to the instructions that ran in between, for the
 /// loops that contain them.
-#[allow(clippy::too_many_arguments)]
-fn block(
-    ts: &mut ThreadState,
-    t: u64,
-    off: u32,
-    precise: bool,
-    starts: &HashMap<u32, CodeIndex>,
-    loops: &mut HashMap<LoopKey, LoopStats>,
-) {
+#[inline]
+fn block(ts: &mut ThreadState, t: u64, off: u32, precise: bool, tables: &mut Tables) {
     let now = ts.cost;
     let Some(top) = ts.stack.last() else { return };
-    let Some((pt, pc, start)) = top.prev else { return };
     if top.loops.is_empty() {
         return;
     }
+    let Some((pt, pc, start)) = top.prev else { return };
+    let Some(index) = tables.indexes.get(top.index as usize) else { return };
     // The recorder's cost of this event and of every event in between (callees' included).
     let ticks = ((t - pt) as f64 - (now - pc)).max(0.0);
-    let Some(index) = starts.get(&top.code) else { return };
-    let all = &index.offsets;
-    for &(head, _, _) in &top.loops {
-        let Some(stats) = loops.get_mut(&(top.code, head)) else { continue };
+    for &(head, li, _, _) in &top.loops {
+        let stats = &mut tables.loops[li as usize];
         let end = stats.end;
         if precise {
             // The previous INSTRUCTION's offset is `start`: it took the whole delta.
             if (head..=end).contains(&start) {
                 if let Some(i) = index.position(start) {
-                    let slot = &mut stats.slots(all)[i];
+                    let slot = &mut stats.slots(&index.offsets)[i];
                     slot.0 += ticks;
                     slot.1 += 1;
                 }
             }
             continue;
         }
+        let inside = |o: u32| head <= o && o <= end;
+        if inside(start) && !inside(off) {
+            stats.tail_ticks += ticks;
+            continue;
+        }
         if start > off || start < head || off > end {
             continue;
         }
         // The block's instructions: positions `start`..=`off` (events name instruction boundaries).
-        let (Some(lo), Some(last)) = (index.position(start), index.position(off)) else { continue };
-        let hi = last + 1;
-        if lo >= hi {
+        let (Some(lo), Some(hi)) = (index.position(start), index.position(off)) else { continue };
+        if lo > hi {
             continue;
         }
-        let share = ticks / (hi - lo) as f64;
-        for slot in &mut stats.slots(all)[lo..hi] {
-            slot.0 += share;
-            slot.1 += 1;
-        }
+        stats.add_block(lo as u32, hi as u32, ticks);
     }
 }
 
@@ -458,4 +535,20 @@ pub fn instructions(co: &CodeObject, header: &Header, start: u32, end: u32) -> V
         o += 2 + 2 * caches;
     }
     out
+}
+
+/// What an instruction whose base opcode is `base` had become when the recording stopped, given the
+/// opcode `at_stop` found at its offset in the snapshot: `Ok(op)` with its specialized form (or `base`
+/// itself), `Err(true)` if it was still `INSTRUMENTED_*` (CPython removes instrumentation lazily, when the
+/// code next runs, so the specialization is hidden), `Err(false)` if `at_stop` is not a form of `base`.
+pub fn specialization(header: &Header, base: u8, at_stop: u8) -> Result<u8, bool> {
+    let names = &header.opcodes;
+    if names.name(at_stop).starts_with("INSTRUMENTED_") {
+        return Err(true);
+    }
+    if names.base.get(at_stop as usize).copied() == Some(base) {
+        Ok(at_stop)
+    } else {
+        Err(false)
+    }
 }

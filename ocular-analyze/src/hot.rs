@@ -1,6 +1,6 @@
 //! `hot`: the loops that took the most time, with their bodies disassembled (base -> specialized opcode).
 
-use crate::analysis::{instructions, Analysis};
+use crate::analysis::{instructions, specialization, Analysis};
 use ocular_format::Mode;
 use serde::Serialize;
 
@@ -28,8 +28,11 @@ pub struct HotLoop {
     pub ns_per_iteration: f64,
     /// The same in ticks.
     pub ticks_per_iteration: f64,
-    /// Measured time in the loop, ns.
+    /// Time in the loop, ns: the measured iterations plus `unrecorded_ns`.
     pub total_ns: f64,
+    /// Time the loop ran after the threshold stopped recording it (adaptive mode), ns: from its last
+    /// recorded event to the frame's next event outside it. Loops are ranked by `total_ns`.
+    pub unrecorded_ns: f64,
     /// The loop body.
     pub instructions: Vec<Instruction>,
 }
@@ -72,7 +75,8 @@ pub fn report(a: &Analysis, top: usize) -> HotReport {
     let header = a.header.as_ref().expect("analysis has a header");
     let cost_ns = a.ns(header.event_cost_ticks);
     let mut keys: Vec<_> = a.loops.iter().filter(|(_, s)| s.iterations > 0).collect();
-    keys.sort_by(|x, y| y.1.ticks.total_cmp(&x.1.ticks).then(y.1.iterations.cmp(&x.1.iterations)).then(x.0.cmp(y.0)));
+    let total = |s: &crate::analysis::LoopStats| s.ticks + s.tail_ticks;
+    keys.sort_by(|x, y| total(y.1).total_cmp(&total(x.1)).then(y.1.iterations.cmp(&x.1.iterations)).then(x.0.cmp(y.0)));
     let threshold = header.options.deinstrument_threshold as u64;
     let mut loops = Vec::new();
     for (&(id, head), s) in keys.into_iter().take(top) {
@@ -93,12 +97,10 @@ pub fn report(a: &Analysis, top: usize) -> HotReport {
             let at_stop = snap.and_then(|b| b.get(off as usize).copied());
             // CPython removes instrumentation lazily, when a code object next runs: an instruction still
             // INSTRUMENTED_* at stop hides its specialization, and we say so rather than guess.
-            let instrumented = at_stop.is_some_and(|sop| names.name(sop).starts_with("INSTRUMENTED_"));
-            let specialized = at_stop
-                .filter(|&sop| {
-                    !instrumented && sop != base_op && names.base.get(sop as usize).copied() == Some(base_op)
-                })
-                .map(|sop| names.name(sop).into_owned());
+            let spec = at_stop.map(|sop| specialization(header, base_op, sop));
+            let instrumented = spec == Some(Err(true));
+            let specialized =
+                spec.and_then(Result::ok).filter(|&sop| sop != base_op).map(|sop| names.name(sop).into_owned());
             let cost = s.cost_at(off);
             body.push(Instruction {
                 offset: off,
@@ -122,7 +124,8 @@ pub fn report(a: &Analysis, top: usize) -> HotReport {
             sampled: threshold > 0 && s.iterations >= threshold,
             ns_per_iteration: a.ns(per),
             ticks_per_iteration: per,
-            total_ns: a.ns(s.ticks),
+            total_ns: a.ns(s.ticks + s.tail_ticks),
+            unrecorded_ns: a.ns(s.tail_ticks),
             instructions: body,
         });
     }
@@ -183,9 +186,14 @@ impl std::fmt::Display for HotReport {
         for (i, l) in self.loops.iter().enumerate() {
             writeln!(f)?;
             let sampled = if l.sampled { " (first ones only: de-instrumented at the threshold)" } else { "" };
+            let unrecorded = if l.unrecorded_ns > 0.0 && l.sampled {
+                format!(" ({:.3} ms of it after recording stopped)", l.unrecorded_ns / 1e6)
+            } else {
+                String::new()
+            };
             writeln!(
                 f,
-                "#{} {}  {}:{}-{}\n   {} iterations{sampled}, {:.1} ns/iteration ({:.0} ticks), {:.3} ms in total",
+                "#{} {}  {}:{}-{}\n   {} iterations{sampled}, {:.1} ns/iteration ({:.0} ticks), {:.3} ms in total{unrecorded}",
                 i + 1,
                 l.function,
                 l.file,

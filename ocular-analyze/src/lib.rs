@@ -7,9 +7,11 @@
 //! ```
 
 pub mod analysis;
+pub mod cli;
 pub mod dump;
 pub mod export;
 pub mod hot;
 pub mod info;
 pub mod progress;
 pub mod stats;
+pub mod table;

@@ -6,8 +6,13 @@ Record::
     with ocular.record("run.ocl", mode="adaptive"):
         work()
 
-or from the shell: ``python -m ocular run -o run.ocl script.py args...``. Then analyze the file with
-``ocular-analyze info run.ocl``.
+or from the shell: ``python -m ocular run -o run.ocl script.py args...``. Then analyze it::
+
+    trace = ocular.load("run.ocl")
+    print(trace.hot_text(top=3))
+    trace.events()          # a polars DataFrame, one row per event
+
+or from the shell: ``python -m ocular hot run.ocl`` (the same commands as ``ocular-analyze``).
 """
 
 from __future__ import annotations
@@ -15,13 +20,18 @@ from __future__ import annotations
 import os
 from typing import Iterable
 
+import sys
+
+from ._analysis import Trace, load
 from ._recorder import MODES, VERSION, Recording, active, record
-from .errors import AlreadyRecording, OcularError, ToolIdInUse, UnsupportedPython
+from .errors import AlreadyRecording, MissingDependency, OcularError, ToolIdInUse, UnsupportedPython
 
 __version__ = VERSION
 __all__ = [
     "record",
     "Recording",
+    "load",
+    "Trace",
     "start_tracing",
     "stop_tracing",
     "MODES",
@@ -29,9 +39,14 @@ __all__ = [
     "UnsupportedPython",
     "ToolIdInUse",
     "AlreadyRecording",
+    "MissingDependency",
 ]
 
 _legacy: Recording | None = None
+_legacy_perfetto = False
+
+#: Where ``start_tracing(perfetto=True)`` writes the timeline, in the current directory, as the prototype did.
+PERFETTO_FILE = "ocular_trace.json"
 
 
 def start_tracing(
@@ -42,24 +57,41 @@ def start_tracing(
     include_only: str | Iterable[str] | None = None,
     output: str | os.PathLike[str] = "ocular.ocl",
 ) -> Recording:
-    """Start recording, as the earlier prototype did; stop with ``stop_tracing()``.
-
-    ``perfetto=True`` is accepted for compatibility and currently has no effect: export the trace with
-    ``ocular-analyze export`` once it is available.
+    """Start recording, as the earlier prototype did; stop with ``stop_tracing()``, which prints the
+    hot-loop report and, with ``perfetto=True``, writes ``ocular_trace.json`` (Chrome Trace Event format,
+    for ui.perfetto.dev) in the current directory. The trace itself goes to ``output``.
     """
-    global _legacy
+    global _legacy, _legacy_perfetto
     rec = Recording(output, mode, deinstrument_threshold, include_only, exclude)
     rec.start()
     _legacy = rec
+    _legacy_perfetto = bool(perfetto)
     return rec
 
 
-def stop_tracing() -> Recording | None:
-    """Stop the recording started by ``start_tracing()`` and return it (None if none was running)."""
-    global _legacy
+def stop_tracing(report: bool = True, top: int = 5) -> Recording | None:
+    """Stop the recording started by ``start_tracing()`` and return it (None if none was running).
+
+    Prints the ``top`` hottest loops to stdout (``report=False`` to skip), disassembled as base ->
+    specialized opcode with their cost, as the prototype did; if tracing started with ``perfetto=True``,
+    also writes ``ocular_trace.json`` in the current directory.
+    """
+    global _legacy, _legacy_perfetto
     rec, _legacy = _legacy, None
+    perfetto, _legacy_perfetto = _legacy_perfetto, False
     if rec is None:
         rec = active()
     if rec is None:
         return None
-    return rec.stop()
+    rec.stop()
+    if report:
+        trace = load(rec.path)
+        print("[Ocular] Trace Disassembly with Hardware CPU Cycles (Base -> Specialized):")
+        print(trace.hot_text(top), end="", flush=True)
+    if perfetto:
+        from ._recorder import _native
+
+        n = _native().export_chrome(os.fspath(rec.path), PERFETTO_FILE)
+        print(f"[Ocular] wrote {os.path.abspath(PERFETTO_FILE)} ({n:,} trace events): open it in "
+              "https://ui.perfetto.dev", file=sys.stderr)
+    return rec

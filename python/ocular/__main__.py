@@ -1,7 +1,8 @@
-"""``python -m ocular``: record a script or module.
+"""``python -m ocular``: record a script or module, and analyze the trace.
 
     python -m ocular run [-o run.ocl] [--mode M] [--threshold N] [--include P]... [--exclude P]... script.py [args]
     python -m ocular run [options] -m module [args]
+    python -m ocular info|hot|stats|export|flamegraph|dump ...     (the commands of ocular-analyze)
 """
 
 from __future__ import annotations
@@ -11,6 +12,7 @@ import os
 import runpy
 import sys
 
+from ._analysis import load
 from ._recorder import MODES, Recording
 from .errors import OcularError
 
@@ -18,8 +20,12 @@ EXAMPLES = """examples:
   python -m ocular run script.py --its-own-flag        record script.py into ocular.ocl
   python -m ocular run -o run.ocl --mode calls -m http.server 8000
   python -m ocular run --exclude threading --threshold 0 job.py   gapless, without threading.py
-then:  ocular-analyze info run.ocl
+then:  python -m ocular hot run.ocl           (or ocular-analyze hot run.ocl)
 """
+
+# The analyzer's commands, run by the analyzer compiled into the extension (the same clap parser).
+ANALYZE_COMMANDS = ("info", "hot", "stats", "export", "flamegraph", "dump")
+
 
 
 def _parser() -> argparse.ArgumentParser:
@@ -30,6 +36,11 @@ def _parser() -> argparse.ArgumentParser:
         formatter_class=argparse.RawDescriptionHelpFormatter,
     )
     sub = p.add_subparsers(dest="command", metavar="COMMAND")
+    for name, what in (("info", "summarize a trace"), ("hot", "the hottest loops, disassembled"),
+                       ("stats", "per-function statistics"),
+                       ("export", "export to Perfetto (--perfetto) or Parquet (--parquet)"),
+                       ("flamegraph", "SVG flame graph"), ("dump", "every record as text")):
+        sub.add_parser(name, help=f"{what} (python -m ocular {name} --help)", add_help=False)
     run = sub.add_parser(
         "run",
         help="run a script or module under the recorder",
@@ -93,7 +104,46 @@ def _exit_code(c: object) -> int:
     return 1
 
 
+def _analyze(argv: list[str]) -> int:
+    """Runs an analyzer command. The extension has no polars inside, so ``export --parquet`` is done here
+    from the Arrow tables with polars' own Parquet writer."""
+    if argv[0] == "export" and "--parquet" in argv and not any(a in ("-h", "--help") for a in argv):
+        return _export_parquet(argv[1:])
+    from ._recorder import _native
+
+    sys.stdout.flush()
+    sys.stderr.flush()
+    return _native().cli(argv)
+
+
+def _export_parquet(args: list[str]) -> int:
+    p = argparse.ArgumentParser(prog="python -m ocular export --parquet")
+    p.add_argument("--parquet", action="store_true", required=True)
+    p.add_argument("-o", "--output")
+    p.add_argument("--salvage", action="store_true")
+    p.add_argument("file")
+    ns = p.parse_args(args)
+    out = ns.output or os.path.splitext(ns.file)[0] + ".parquet"
+    trace = load(ns.file, salvage=ns.salvage)
+    os.makedirs(out, exist_ok=True)
+    rows = {}
+    for name in ("events", "calls", "code"):
+        df = getattr(trace, name)()
+        df.write_parquet(os.path.join(out, f"{name}.parquet"))
+        rows[name] = df.height
+    print(f"wrote {out}: events.parquet ({rows['events']} rows), calls.parquet ({rows['calls']} rows), "
+          f"code.parquet ({rows['code']} rows)", file=sys.stderr)
+    return 0
+
+
 def main(argv: list[str] | None = None) -> int:
+    argv = sys.argv[1:] if argv is None else argv
+    if argv and argv[0] in ANALYZE_COMMANDS:
+        try:
+            return _analyze(argv)
+        except OcularError as e:
+            print(f"python -m ocular: error: {e}", file=sys.stderr)
+            return 2
     p = _parser()
     ns = p.parse_args(argv)
     if ns.command is None:

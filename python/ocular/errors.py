@@ -15,3 +15,7 @@ class ToolIdInUse(OcularError):
 
 class AlreadyRecording(OcularError):
     """A recording is already in progress in this process."""
+
+
+class MissingDependency(OcularError, ImportError):
+    """An optional package (polars, pandas, pyarrow) is needed for this and is not installed."""

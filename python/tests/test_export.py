@@ -62,3 +62,80 @@ def test_pftrace_names_functions_threads_and_loops(trace):
     instants = [p.track_event for p in t.packet if p.HasField("track_event") and p.track_event.name_iid == loop_iid]
     ann = {a.name: a.uint_value for a in instants[1].debug_annotations}
     assert ann["uops"] == 7 and ann["cycles"] > 0
+
+
+# -- Parquet ---------------------------------------------------------------------------------------------
+
+EVENT_COLUMNS = ["thread_id", "ts_ns", "tsc", "event", "code_id", "function", "file", "line", "offset", "arg",
+                 "opcode", "specialized"]
+CALL_COLUMNS = ["thread_id", "call_id", "parent", "depth", "code_id", "function", "file", "line", "start_ns",
+                "end_ns", "duration_ns"]
+
+
+def _info(path):
+    import json
+
+    r = subprocess.run([ANALYZE, "info", "--json", path], capture_output=True, text=True, check=True)
+    return json.loads(r.stdout)
+
+
+@pytest.fixture(scope="module")
+def parquet_dir(tmp_path_factory):
+    out = tmp_path_factory.mktemp("pq") / "loops.parquet"
+    r = subprocess.run([ANALYZE, "export", "--parquet", "-o", str(out), LOOPS], capture_output=True, text=True)
+    assert r.returncode == 0, r.stderr
+    assert r.stderr.startswith(f"wrote {out}: events.parquet (4241 rows), calls.parquet (304 rows)"), r.stderr
+    return out
+
+
+def test_parquet_read_by_polars_has_one_row_per_event(parquet_dir):
+    import polars as pl
+
+    info = _info(LOOPS)
+    ev = pl.read_parquet(parquet_dir / "events.parquet")
+    assert ev.columns == EVENT_COLUMNS
+    assert ev.height == info["events"]
+    # Spelled as sys.monitoring.events spells them, with the same counts as `info`.
+    by_kind = dict(ev.group_by("event").len().iter_rows())
+    assert by_kind == info["events_by_kind"]
+    # The loop of `count` ran 1000 times: 1000 backward jumps (gapless recording).
+    back = ev.filter((pl.col("function") == "count") & (pl.col("event") == "JUMP") & (pl.col("arg") < pl.col("offset")))
+    assert back.height == 1000
+    assert back["opcode"].unique().to_list() == ["JUMP_BACKWARD"]
+    assert back["line"].unique().to_list() == [13]
+    # Timestamps never go backwards within a thread.
+    assert ev.group_by("thread_id").agg((pl.col("tsc").diff().drop_nulls() >= 0).all())["tsc"].all()
+
+
+def test_parquet_calls_form_a_tree_that_matches_the_events(parquet_dir):
+    import polars as pl
+
+    calls = pl.read_parquet(parquet_dir / "calls.parquet")
+    ev = pl.read_parquet(parquet_dir / "events.parquet")
+    assert calls.columns == CALL_COLUMNS
+    assert calls.filter(pl.col("function") == "g").height == 300
+    starts = ev.filter(pl.col("event") == "PY_START").group_by("function").len().sort("function")
+    assert calls.group_by("function").len().sort("function").equals(starts)
+    # Each call lies inside its parent, one level deeper.
+    j = calls.join(calls, left_on="parent", right_on="call_id", suffix="_p")
+    assert j.height == calls.height - 1  # every call but main has its parent
+    assert (j["depth"] == j["depth_p"] + 1).all()
+    assert ((j["start_ns"] >= j["start_ns_p"]) & (j["end_ns"] <= j["end_ns_p"])).all()
+    assert (calls["duration_ns"] == calls["end_ns"] - calls["start_ns"]).all()
+
+
+def test_parquet_read_by_pandas_and_strings_are_dictionary_encoded(parquet_dir):
+    import pandas as pd
+    import pyarrow.parquet as pq
+
+    ev = pd.read_parquet(parquet_dir / "events.parquet")
+    assert list(ev.columns) == EVENT_COLUMNS
+    assert len(ev) == _info(LOOPS)["events"]
+    assert (ev["event"] == "PY_START").sum() == 304
+    code = pd.read_parquet(parquet_dir / "code.parquet")
+    assert sorted(code["function"]) == ["calls", "count", "g", "main", "nested"]
+    meta = pq.ParquetFile(parquet_dir / "events.parquet").metadata
+    for i in range(meta.num_columns):
+        name = meta.schema.column(i).name
+        if name in ("event", "function", "file", "opcode", "specialized"):
+            assert "RLE_DICTIONARY" in meta.row_group(0).column(i).encodings, name

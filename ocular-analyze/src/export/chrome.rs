@@ -50,8 +50,8 @@ pub fn export(path: &Path, opts: ReadOptions, out: &mut dyn Write) -> anyhow::Re
                 .clone()
         };
         match item {
-            Item::Thread { .. } => Ok(()),
-            Item::Begin { tid, ticks, code: id } | Item::End { tid, ticks, code: id } => {
+            Item::Thread { .. } | Item::Event { .. } => Ok(()),
+            Item::Begin { tid, ticks, code: id } | Item::End { tid, ticks, code: id, .. } => {
                 let ph = if matches!(item, Item::Begin { .. }) { "B" } else { "E" };
                 let (n, ts) = (name(id), us(ticks));
                 emit(out, format_args!(

@@ -2,5 +2,7 @@
 
 pub mod chrome;
 pub mod flame;
+#[cfg(feature = "parquet")]
+pub mod parquet;
 pub mod pftrace;
 pub mod timeline;

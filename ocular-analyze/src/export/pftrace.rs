@@ -157,6 +157,7 @@ pub fn export(path: &Path, opts: ReadOptions, out: &mut dyn Write) -> anyhow::Re
     })?;
     let mut interned: HashSet<u32> = HashSet::default();
     let (read, warnings) = timeline.run(|code, item| match item {
+        Item::Event { .. } => Ok(()),
         Item::Thread { tid, name } => o.packet(thread_track(pid, tid, process_uuid, name)),
         Item::Begin { tid, ticks, code: id } => {
             // Names are interned on first use, in the packet that first refers to them.

@@ -6,10 +6,11 @@
 //!   its entry (the recording started inside the function) is dropped; an exit of a frame below the top
 //!   ends the frames above it first. Frames still open at the end of the file end at their thread's last
 //!   event, so every thread's slices balance.
+//! - Every activation gets a call id, counted from 0 in the order activations begin (file order).
 //! - `Loop` at every backward JUMP in the frame on top: `cycles` are the ticks since the previous
 //!   iteration of that loop in the same frame (none for the first), `uops` the instructions in the body.
 
-use ocular_format::{Body, CodeObject, EventKind, Header, ReadOptions, Reader};
+use ocular_format::{Body, CodeObject, EventKind, Header, RawEvent, ReadOptions, Reader};
 use rustc_hash::FxHashMap as HashMap;
 use std::fs::File;
 use std::io::BufReader;
@@ -24,6 +25,13 @@ pub enum Item<'a> {
         tid: u64,
         /// Name, if the file named the thread before its first events.
         name: Option<&'a str>,
+    },
+    /// A recorded event, before the item it causes (if any).
+    Event {
+        /// Native thread id.
+        tid: u64,
+        /// The raw record.
+        event: &'a RawEvent,
     },
     /// A function activation starts.
     Begin {
@@ -42,6 +50,8 @@ pub enum Item<'a> {
         ticks: u64,
         /// Code id.
         code: u32,
+        /// The activation that ends.
+        call: Call,
     },
     /// A loop iteration ends (a backward jump ran).
     Loop {
@@ -67,8 +77,22 @@ pub enum Item<'a> {
     },
 }
 
+/// A function activation, as known when it ends.
+#[derive(Clone, Copy, Debug)]
+pub struct Call {
+    /// Call id: activations numbered from 0 in the order they begin.
+    pub id: u64,
+    /// The caller's call id; `None` for the outermost recorded activation of a thread.
+    pub parent: Option<u64>,
+    /// Ticks when it began.
+    pub start: u64,
+    /// Frames below it on its thread's recorded stack (0 for the outermost).
+    pub depth: u32,
+}
+
 struct Frame {
     code: u32,
+    call: Call,
     loops: Vec<(u32, u64)>,
 }
 
@@ -113,6 +137,7 @@ impl Timeline {
         let mut names: HashMap<u64, String> = HashMap::default();
         let mut threads: HashMap<u64, Thread> = HashMap::default();
         let mut read = 0u64;
+        let mut calls = 0u64;
         crate::progress::begin("exporting", self.size);
         while let Some(c) = self.reader.next_chunk()? {
             crate::progress::at(c.info.offset);
@@ -135,16 +160,24 @@ impl Timeline {
                     for e in evs {
                         let (id, ticks) = (e.code.get(), e.ticks.get());
                         th.last = ticks;
+                        f(&code, Item::Event { tid, event: e })?;
                         match e.event_kind() {
                             Some(EventKind::PY_START | EventKind::PY_RESUME | EventKind::PY_THROW) => {
-                                th.stack.push(Frame { code: id, loops: Vec::new() });
+                                let call = Call {
+                                    id: calls,
+                                    parent: th.stack.last().map(|fr| fr.call.id),
+                                    start: ticks,
+                                    depth: th.stack.len() as u32,
+                                };
+                                calls += 1;
+                                th.stack.push(Frame { code: id, call, loops: Vec::new() });
                                 f(&code, Item::Begin { tid, ticks, code: id })?;
                             }
                             Some(EventKind::PY_RETURN | EventKind::PY_YIELD | EventKind::PY_UNWIND) => {
                                 let Some(pos) = th.stack.iter().rposition(|fr| fr.code == id) else { continue };
                                 while th.stack.len() > pos {
                                     let fr = th.stack.pop().expect("non-empty");
-                                    f(&code, Item::End { tid, ticks, code: fr.code })?;
+                                    f(&code, Item::End { tid, ticks, code: fr.code, call: fr.call })?;
                                 }
                             }
                             Some(EventKind::JUMP) if e.arg.get() < e.offset.get() => {
@@ -177,7 +210,7 @@ impl Timeline {
         for tid in tids {
             let th = threads.get_mut(&tid).expect("key");
             while let Some(fr) = th.stack.pop() {
-                f(&code, Item::End { tid, ticks: th.last, code: fr.code })?;
+                f(&code, Item::End { tid, ticks: th.last, code: fr.code, call: fr.call })?;
             }
             f(&code, Item::ThreadDone { tid, name: names.get(&tid).map(String::as_str) })?;
         }

@@ -126,3 +126,79 @@ fn flame_graph_stacks_sum_to_the_exclusive_times_of_stats() {
         assert!(svg.contains(&format!(">{f}<")) || svg.contains(&format!("{f} (")), "{f} missing from the SVG");
     }
 }
+
+/// Collects batches as (table, rows, columns).
+#[derive(Default)]
+struct Collect(Vec<(ocular_analyze::table::Table, ocular_analyze::table::Batch)>);
+
+impl ocular_analyze::table::Sink for Collect {
+    fn batch(&mut self, t: ocular_analyze::table::Table, b: ocular_analyze::table::Batch) -> anyhow::Result<()> {
+        assert!(b.columns.iter().all(|(_, c)| c.len() == b.rows), "ragged batch");
+        self.0.push((t, b));
+        Ok(())
+    }
+}
+
+fn texts(b: &ocular_analyze::table::Batch, name: &str) -> Vec<Option<String>> {
+    use ocular_analyze::table::Column;
+    match &b.columns.iter().find(|c| c.0 == name).expect("column").1 {
+        Column::Dict(codes, dict) => codes.iter().map(|c| c.map(|c| dict[c as usize].clone())).collect(),
+        other => panic!("{name} is not text: {other:?}"),
+    }
+}
+
+fn u32s(b: &ocular_analyze::table::Batch, name: &str) -> Vec<u32> {
+    match &b.columns.iter().find(|c| c.0 == name).expect("column").1 {
+        ocular_analyze::table::Column::U32(v) => v.clone(),
+        other => panic!("{name} is not u32: {other:?}"),
+    }
+}
+
+#[test]
+fn tables_have_a_row_per_event_and_per_call_in_batches_of_any_size() {
+    use ocular_analyze::table::{build, Table};
+    for batch_rows in [1 << 20, 97] {
+        let mut sink = Collect::default();
+        let all = [Table::Code, Table::Events, Table::Calls];
+        let s = build(&testdata("v1.0/loops-adaptive.ocl"), Default::default(), &all, batch_rows, &mut sink).unwrap();
+        assert_eq!((s.rows["events"], s.rows["calls"], s.rows["code"]), (4241, 304, 5));
+        assert_eq!(s.events_read, 4241);
+        let (mut back_in_count, mut g_calls) = (0, 0);
+        for (t, b) in &sink.0 {
+            assert!(b.rows <= batch_rows);
+            match t {
+                Table::Events => {
+                    let (f, e, o, a) = (texts(b, "function"), texts(b, "event"), u32s(b, "offset"), u32s(b, "arg"));
+                    for i in 0..b.rows {
+                        if f[i].as_deref() == Some("count") && e[i].as_deref() == Some("JUMP") && a[i] < o[i] {
+                            back_in_count += 1;
+                        }
+                    }
+                }
+                Table::Calls => g_calls += texts(b, "function").iter().filter(|f| f.as_deref() == Some("g")).count(),
+                Table::Code => assert_eq!(b.rows, 5),
+            }
+        }
+        assert_eq!((back_in_count, g_calls), (1000, 300), "batch_rows {batch_rows}");
+    }
+}
+
+#[test]
+fn tables_of_a_truncated_file_stop_at_the_last_whole_chunk_with_a_warning() {
+    use ocular_analyze::table::{build, Table};
+    let bytes = std::fs::read(testdata("v1.0/loops-adaptive.ocl")).unwrap();
+    let dir = tempfile_dir();
+    let cut = dir.join("cut.ocl");
+    // Inside the trailer: every event chunk is whole.
+    std::fs::write(&cut, &bytes[..bytes.len() - 10]).unwrap();
+    let mut sink = Collect::default();
+    let s = build(&cut, Default::default(), &[Table::Events], 1 << 20, &mut sink).unwrap();
+    assert_eq!(s.rows["events"], 4241);
+    assert!(s.warnings.iter().any(|w| w.contains("incomplete chunk")), "{:?}", s.warnings);
+}
+
+fn tempfile_dir() -> std::path::PathBuf {
+    let d = std::env::temp_dir().join(format!("ocular-table-{}", std::process::id()));
+    std::fs::create_dir_all(&d).unwrap();
+    d
+}

@@ -6,6 +6,7 @@
 //! Python call made from here can let another thread run, which may even stop the recording: so no
 //! reference into the state is held across one, and the state is looked up again after it.
 
+mod analyze;
 mod callbacks;
 mod read;
 
@@ -568,6 +569,13 @@ fn _ocular(m: &Bound<'_, PyModule>) -> PyResult<()> {
     m.add_function(wrap_pyfunction!(abandon_after_fork, m)?)?;
     m.add_function(wrap_pyfunction!(is_recording, m)?)?;
     m.add_function(wrap_pyfunction!(read::read, m)?)?;
+    m.add_function(wrap_pyfunction!(analyze::info, m)?)?;
+    m.add_function(wrap_pyfunction!(analyze::hot, m)?)?;
+    m.add_function(wrap_pyfunction!(analyze::stats, m)?)?;
+    m.add_function(wrap_pyfunction!(analyze::export_chrome, m)?)?;
+    m.add_function(wrap_pyfunction!(analyze::cli, m)?)?;
+    m.add_function(wrap_pyfunction!(analyze::table, m)?)?;
+    m.add_class::<analyze::ArrowTable>()?;
     m.add("callbacks", callbacks::callbacks(m.py())?)?;
     m.add("callbacks_gapless", callbacks::callbacks_gapless(m.py())?)?;
     m.add("bench_callbacks", callbacks::bench_callbacks(m.py())?)?;

@@ -1,0 +1,317 @@
+//! The `ocular-analyze` command line, as a library function so that the Python package can offer the same
+//! commands (`python -m ocular hot run.ocl`) without a second parser.
+
+use anyhow::Context;
+use clap::{Parser, Subcommand};
+use ocular_format::ReadOptions;
+use std::ffi::OsString;
+use std::io::Write;
+use std::path::PathBuf;
+
+/// Analyze Ocular traces (.ocl files) recorded from Python programs.
+///
+/// Record with `python -m ocular run script.py` (writes ocular.ocl), then:
+///
+///   ocular-analyze info ocular.ocl
+///   ocular-analyze hot ocular.ocl
+///   ocular-analyze stats ocular.ocl --sort inclusive
+///   ocular-analyze export --perfetto ocular.ocl -o ocular.json
+///   ocular-analyze flamegraph ocular.ocl -o flame.svg
+///   ocular-analyze dump ocular.ocl | less
+#[derive(Parser, Debug)]
+#[command(name = "ocular-analyze", version, about, long_about, propagate_version = true)]
+struct Cli {
+    #[command(subcommand)]
+    command: Command,
+}
+
+#[derive(Subcommand, Debug)]
+enum Command {
+    /// Summarize a trace: Python version, mode, duration, threads, events by kind, size, lost events.
+    ///
+    /// Example: ocular-analyze info run.ocl --json | jq .events_by_kind
+    Info {
+        /// The .ocl file.
+        file: PathBuf,
+        /// Print JSON instead of text.
+        #[arg(long)]
+        json: bool,
+        /// Skip damaged chunks instead of stopping at the first one.
+        #[arg(long)]
+        salvage: bool,
+    },
+    /// Show the hottest loops: iterations, time per iteration (recorder cost subtracted), and the loop body
+    /// disassembled as base -> specialized opcode with its average cost per instruction.
+    ///
+    /// Example: ocular-analyze hot run.ocl --top 3
+    Hot {
+        /// The .ocl file.
+        file: PathBuf,
+        /// How many loops to show.
+        #[arg(long, default_value_t = 5)]
+        top: usize,
+        /// Print JSON instead of text.
+        #[arg(long)]
+        json: bool,
+        /// Skip damaged chunks instead of stopping at the first one.
+        #[arg(long)]
+        salvage: bool,
+    },
+    /// Per-function statistics: calls, inclusive and exclusive time, mean time per call, file:line.
+    ///
+    /// Example: ocular-analyze stats run.ocl --sort inclusive --top 20
+    Stats {
+        /// The .ocl file.
+        file: PathBuf,
+        /// Order of the rows.
+        #[arg(long, value_enum, default_value_t = crate::stats::SortBy::Exclusive)]
+        sort: crate::stats::SortBy,
+        /// How many rows to show.
+        #[arg(long, default_value_t = 25)]
+        top: usize,
+        /// One table per thread instead of merged.
+        #[arg(long)]
+        per_thread: bool,
+        /// Print JSON instead of text.
+        #[arg(long)]
+        json: bool,
+        /// Skip damaged chunks instead of stopping at the first one.
+        #[arg(long)]
+        salvage: bool,
+    },
+    /// Export for other tools.
+    ///
+    /// --perfetto writes Chrome Trace Event JSON or the native Perfetto protobuf (function slices per
+    /// thread, "loop" instants with uops and cycles), which ui.perfetto.dev opens.
+    ///
+    /// --parquet writes a directory with events.parquet (one row per event: thread_id, ts_ns, tsc, event,
+    /// function, file, line, offset, opcode, specialized, ...), calls.parquet (one row per function call:
+    /// start_ns, end_ns, depth, parent, ...) and code.parquet, for polars or pandas:
+    /// pl.read_parquet("run.parquet/events.parquet"). (Needs a build with `--features parquet`.)
+    ///
+    /// Examples:
+    ///   ocular-analyze export --perfetto run.ocl -o run.json
+    ///   ocular-analyze export --perfetto run.ocl -o run.pftrace
+    ///   ocular-analyze export --parquet run.ocl -o run.parquet
+    #[command(group(clap::ArgGroup::new("to").required(true).args(["perfetto", "parquet"])))]
+    Export {
+        /// The .ocl file.
+        file: PathBuf,
+        /// Perfetto / Chrome trace.
+        #[arg(long)]
+        perfetto: bool,
+        /// Parquet tables (a directory).
+        #[arg(long)]
+        parquet: bool,
+        /// Output file, or directory for --parquet (default: the input with .json, .pftrace or .parquet).
+        #[arg(short, long)]
+        output: Option<PathBuf>,
+        /// json (Chrome Trace Event format) or pftrace (native Perfetto protobuf); an output ending in
+        /// .pftrace chooses pftrace.
+        #[arg(long, default_value = "json")]
+        format: String,
+        /// Skip damaged chunks instead of stopping at the first one.
+        #[arg(long)]
+        salvage: bool,
+    },
+    /// Draw an SVG flame graph of the call tree: stacks by exclusive time, recorder cost subtracted.
+    ///
+    /// Example: ocular-analyze flamegraph run.ocl -o flame.svg
+    Flamegraph {
+        /// The .ocl file.
+        file: PathBuf,
+        /// Output SVG (default: the input with .svg).
+        #[arg(short, long)]
+        output: Option<PathBuf>,
+        /// Print the folded stacks ("a;b;c nanoseconds") instead of drawing.
+        #[arg(long)]
+        folded: bool,
+        /// Skip damaged chunks instead of stopping at the first one.
+        #[arg(long)]
+        salvage: bool,
+    },
+    /// Print every record of a trace as text, one line per event (the golden format of the tests).
+    ///
+    /// Example: ocular-analyze dump run.ocl | grep PY_START | head
+    Dump {
+        /// The .ocl file.
+        file: PathBuf,
+        /// Skip damaged chunks instead of stopping at the first one.
+        #[arg(long)]
+        salvage: bool,
+    },
+}
+
+fn run(cli: Cli) -> anyhow::Result<()> {
+    match cli.command {
+        Command::Info { file, json, salvage } => {
+            let info = crate::info::summarize(&file, ReadOptions { salvage })?;
+            for w in &info.warnings {
+                eprintln!("warning: {w}");
+            }
+            let mut out = std::io::stdout().lock();
+            if json {
+                serde_json::to_writer_pretty(&mut out, &info)?;
+                writeln!(out)?;
+            } else {
+                writeln!(out, "{info}")?;
+            }
+        }
+        Command::Hot { file, top, json, salvage } => {
+            let a = crate::analysis::analyze(&file, ReadOptions { salvage })?;
+            for w in &a.warnings {
+                eprintln!("warning: {w}");
+            }
+            let report = crate::hot::report(&a, top);
+            let mut out = std::io::stdout().lock();
+            if json {
+                serde_json::to_writer_pretty(&mut out, &report)?;
+                writeln!(out)?;
+            } else {
+                write!(out, "{report}")?;
+            }
+        }
+        Command::Stats { file, sort, top, per_thread, json, salvage } => {
+            let a = crate::analysis::analyze(&file, ReadOptions { salvage })?;
+            for w in &a.warnings {
+                eprintln!("warning: {w}");
+            }
+            let rows = crate::stats::rows(&a, per_thread, sort);
+            let mut out = std::io::stdout().lock();
+            if json {
+                serde_json::to_writer_pretty(&mut out, &rows)?;
+                writeln!(out)?;
+            } else {
+                crate::stats::render(&a, &rows, top, &mut out)?;
+            }
+        }
+        Command::Export { file, parquet: true, output, salvage, .. } => {
+            let dir = output.unwrap_or_else(|| file.with_extension("parquet"));
+            export_parquet(&file, ReadOptions { salvage }, &dir)?;
+        }
+        Command::Export { file, output, format, salvage, .. } => {
+            let fmt = match (format.as_str(), output.as_ref().and_then(|o| o.extension()).and_then(|e| e.to_str())) {
+                (_, Some("pftrace")) | ("pftrace", _) => "pftrace",
+                ("json", _) => "json",
+                (other, _) => anyhow::bail!("unknown --format {other:?}: use json or pftrace"),
+            };
+            let out_path = output.unwrap_or_else(|| file.with_extension(fmt));
+            let f =
+                std::fs::File::create(&out_path).with_context(|| format!("cannot create {}", out_path.display()))?;
+            let mut w = std::io::BufWriter::with_capacity(1 << 20, f);
+            let opts = ReadOptions { salvage };
+            let (written, read, warnings) = if fmt == "pftrace" {
+                let ((p, r), w) = crate::export::pftrace::export(&file, opts, &mut w)
+                    .with_context(|| format!("cannot export {}", file.display()))?;
+                (p, r, w)
+            } else {
+                let (c, w) = crate::export::chrome::export(&file, opts, &mut w)
+                    .with_context(|| format!("cannot export {}", file.display()))?;
+                (c.events, c.read, w)
+            };
+            w.flush()?;
+            for w in warnings {
+                eprintln!("warning: {w}");
+            }
+            eprintln!(
+                "wrote {}: {written} {} from {read} recorded events",
+                out_path.display(),
+                if fmt == "pftrace" { "packets" } else { "trace events" }
+            );
+        }
+        Command::Flamegraph { file, output, folded, salvage } => {
+            let opts = ReadOptions { salvage };
+            if folded {
+                let (lines, warnings) = crate::export::flame::folded(&file, opts)?;
+                let mut out = std::io::BufWriter::new(std::io::stdout().lock());
+                for (s, v) in lines {
+                    writeln!(out, "{s} {v}")?;
+                }
+                out.flush()?;
+                for w in warnings {
+                    eprintln!("warning: {w}");
+                }
+                return Ok(());
+            }
+            let out_path = output.unwrap_or_else(|| file.with_extension("svg"));
+            let f =
+                std::fs::File::create(&out_path).with_context(|| format!("cannot create {}", out_path.display()))?;
+            let mut w = std::io::BufWriter::new(f);
+            let title = format!("{} (exclusive time)", file.display());
+            let warnings = crate::export::flame::svg(&file, opts, &title, &mut w)?;
+            w.flush()?;
+            for w in warnings {
+                eprintln!("warning: {w}");
+            }
+            eprintln!("wrote {}", out_path.display());
+        }
+        Command::Dump { file, salvage } => {
+            let mut out = std::io::BufWriter::new(std::io::stdout().lock());
+            let warnings = crate::dump::dump(&file, ReadOptions { salvage }, &mut out)
+                .with_context(|| format!("cannot dump {}", file.display()))?;
+            out.flush()?;
+            for w in warnings {
+                eprintln!("warning: {w}");
+            }
+        }
+    }
+    Ok(())
+}
+
+#[cfg(feature = "parquet")]
+fn export_parquet(file: &std::path::Path, opts: ReadOptions, dir: &std::path::Path) -> anyhow::Result<()> {
+    let summary =
+        crate::export::parquet::export(file, opts, dir).with_context(|| format!("cannot export {}", file.display()))?;
+    for w in &summary.warnings {
+        eprintln!("warning: {w}");
+    }
+    let rows = |t: &str| summary.rows.get(t).copied().unwrap_or(0);
+    eprintln!(
+        "wrote {}: events.parquet ({} rows), calls.parquet ({} rows), code.parquet ({} rows) from {} recorded events",
+        dir.display(),
+        rows("events"),
+        rows("calls"),
+        rows("code"),
+        summary.events_read
+    );
+    Ok(())
+}
+
+#[cfg(not(feature = "parquet"))]
+fn export_parquet(_: &std::path::Path, _: ReadOptions, _: &std::path::Path) -> anyhow::Result<()> {
+    anyhow::bail!(
+        "this ocular-analyze was built without Parquet support; build it with \
+         `cargo build --release -p ocular-analyze --features parquet`"
+    )
+}
+
+/// Runs the command line on `args` (the first is the program name) and returns the exit code: 0, 2 for
+/// errors (bad input, unreadable or damaged files), or clap's code for usage errors. Never exits the
+/// process, so it can run inside a Python interpreter.
+pub fn run_from<I, T>(args: I) -> i32
+where
+    I: IntoIterator<Item = T>,
+    T: Into<OsString> + Clone,
+{
+    let cli = match Cli::try_parse_from(args) {
+        Ok(cli) => cli,
+        Err(e) => {
+            // --help and --version are "errors" that print to stdout and exit 0.
+            let _ = e.print();
+            return e.exit_code();
+        }
+    };
+    match run(cli) {
+        Ok(()) => 0,
+        Err(e) => {
+            // A closed pipe (`| head`) is not an error worth a message.
+            if let Some(io) = e.downcast_ref::<std::io::Error>() {
+                if io.kind() == std::io::ErrorKind::BrokenPipe {
+                    return 0;
+                }
+            }
+            eprintln!("ocular-analyze: error: {e:#}");
+            2
+        }
+    }
+}

@@ -1,0 +1,472 @@
+//! A trace as three tables for dataframe tools: `events` (one row per recorded event), `calls` (one row per
+//! function activation) and `code` (one row per code object).
+//!
+//! One streaming pass (the exporters' [`Timeline`]) fills column batches of at most `batch_rows` rows and
+//! hands each to a [`Sink`]: Parquet files written with polars (feature `parquet`), or Arrow record batches
+//! for the Python extension. Memory holds one batch, one stack per thread and the code objects, never the
+//! whole trace. Before that pass a first pass collects the code objects and the specialized bytecode, which
+//! the recorder writes at stop, after the events.
+//!
+//! Columns (types are Arrow's; `?` marks a nullable column; text columns are dictionary-encoded):
+//! - events: `thread_id` u64, `ts_ns` i64 (ns since the recording started), `tsc` u64 (raw ticks),
+//!   `event` text (as `sys.monitoring.events` names it), `code_id` u32, `function` text (qualname), `file`
+//!   text, `line` i32?, `offset` u32 (bytecode offset), `arg` u32 (jump destination; 0 for other events),
+//!   `opcode` text (base opcode at `offset`), `specialized` text? (the opcode there when the recording
+//!   stopped, e.g. `BINARY_OP_ADD_INT`; null when unknown or still instrumented at stop).
+//! - calls, in the order activations end: `thread_id` u64, `call_id` u64 (numbered in the order
+//!   activations begin), `parent` u64? (the caller's `call_id`), `depth` u32, `code_id` u32, `function`
+//!   text, `file` text, `line` u32 (first line), `start_ns` i64, `end_ns` i64, `duration_ns` i64. Times
+//!   are raw: the recorder's own cost is not subtracted (`stats` does that).
+//! - code: `code_id` u32, `function`, `name`, `file` text, `first_line` u32, `last_line` i32?,
+//!   `instructions` u32, `bytecode` binary (base), `specialized_bytecode` binary? (at stop).
+
+use crate::export::timeline::{Item, Timeline};
+use ocular_format::{kind_name, Body, CodeObject, Header, ReadOptions, Reader};
+use rustc_hash::FxHashMap as HashMap;
+use std::path::Path;
+use std::sync::Arc;
+
+/// Rows per batch unless told otherwise: about 50 MB of columns for events.
+pub const DEFAULT_BATCH_ROWS: usize = 1 << 20;
+
+/// Which table a batch belongs to.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
+pub enum Table {
+    /// One row per event.
+    Events,
+    /// One row per function activation.
+    Calls,
+    /// One row per code object.
+    Code,
+}
+
+impl Table {
+    /// The table's name, also its file's stem.
+    pub fn name(self) -> &'static str {
+        match self {
+            Table::Events => "events",
+            Table::Calls => "calls",
+            Table::Code => "code",
+        }
+    }
+}
+
+/// A column of a batch.
+#[derive(Clone, Debug)]
+pub enum Column {
+    /// Unsigned 64-bit.
+    U64(Vec<u64>),
+    /// Unsigned 64-bit, nullable.
+    OptU64(Vec<Option<u64>>),
+    /// Signed 64-bit.
+    I64(Vec<i64>),
+    /// Unsigned 32-bit.
+    U32(Vec<u32>),
+    /// Signed 32-bit, nullable.
+    OptI32(Vec<Option<i32>>),
+    /// Text as codes into a dictionary of distinct values (null where `None`). The dictionary is the same
+    /// or longer in later batches of the same column: codes never change meaning.
+    Dict(Vec<Option<u32>>, Arc<Vec<String>>),
+    /// Bytes, nullable.
+    Binary(Vec<Option<Vec<u8>>>),
+}
+
+impl Column {
+    /// Rows.
+    pub fn len(&self) -> usize {
+        match self {
+            Column::U64(v) => v.len(),
+            Column::OptU64(v) => v.len(),
+            Column::I64(v) => v.len(),
+            Column::U32(v) => v.len(),
+            Column::OptI32(v) => v.len(),
+            Column::Dict(v, _) => v.len(),
+            Column::Binary(v) => v.len(),
+        }
+    }
+
+    /// Whether it has no rows.
+    pub fn is_empty(&self) -> bool {
+        self.len() == 0
+    }
+}
+
+/// Some rows of a table, as named columns of equal length.
+#[derive(Clone, Debug)]
+pub struct Batch {
+    /// Rows.
+    pub rows: usize,
+    /// Columns, in the table's order.
+    pub columns: Vec<(&'static str, Column)>,
+}
+
+/// Where batches go. Each requested table gets at least one batch, possibly empty, so a sink always
+/// learns its schema.
+pub trait Sink {
+    /// Takes the next batch of `table`.
+    fn batch(&mut self, table: Table, batch: Batch) -> anyhow::Result<()>;
+}
+
+/// What [`build`] wrote.
+#[derive(Debug, Default)]
+pub struct Summary {
+    /// Rows per table.
+    pub rows: HashMap<&'static str, u64>,
+    /// Events read from the file.
+    pub events_read: u64,
+    /// The reader's warnings (truncated or damaged input).
+    pub warnings: Vec<String>,
+}
+
+/// Distinct strings and their codes, growing only.
+#[derive(Default)]
+struct Dictionary {
+    values: Vec<String>,
+    index: HashMap<String, u32>,
+    /// `values` as last handed out; replaced when values were added since.
+    shared: Option<Arc<Vec<String>>>,
+}
+
+impl Dictionary {
+    fn code(&mut self, s: &str) -> u32 {
+        if let Some(&c) = self.index.get(s) {
+            return c;
+        }
+        let c = self.values.len() as u32;
+        self.values.push(s.to_owned());
+        self.index.insert(s.to_owned(), c);
+        self.shared = None;
+        c
+    }
+
+    fn snapshot(&mut self) -> Arc<Vec<String>> {
+        self.shared.get_or_insert_with(|| Arc::new(self.values.clone())).clone()
+    }
+}
+
+/// A code object's strings and per-code-unit facts, as dictionary codes.
+struct Resolved {
+    function: u32,
+    file: u32,
+    first_line: u32,
+    /// Per code unit (offset / 2).
+    line: Vec<Option<i32>>,
+    opcode: Vec<u32>,
+    specialized: Vec<Option<u32>>,
+}
+
+#[derive(Default)]
+struct Dictionaries {
+    event: Dictionary,
+    function: Dictionary,
+    file: Dictionary,
+    opcode: Dictionary,
+    /// Event kind number to its code in `event`.
+    kinds: Vec<Option<u32>>,
+}
+
+impl Dictionaries {
+    fn kind(&mut self, k: u8) -> u32 {
+        if self.kinds.is_empty() {
+            self.kinds = vec![None; 256];
+        }
+        match self.kinds[k as usize] {
+            Some(c) => c,
+            None => {
+                let c = self.event.code(&kind_name(k));
+                self.kinds[k as usize] = Some(c);
+                c
+            }
+        }
+    }
+
+    fn resolve(&mut self, co: &CodeObject, header: &Header, snapshot: Option<&Vec<u8>>) -> Resolved {
+        let names = &header.opcodes;
+        let units = co.bytecode.len() / 2;
+        let mut r = Resolved {
+            function: self.function.code(&co.qualname),
+            file: self.file.code(&co.filename),
+            first_line: co.first_line,
+            line: Vec::with_capacity(units),
+            opcode: Vec::with_capacity(units),
+            specialized: Vec::with_capacity(units),
+        };
+        for u in 0..units {
+            let op = co.bytecode[2 * u];
+            let base = names.base.get(op as usize).copied().unwrap_or(op);
+            r.line.push(co.positions.get(u).map(|p| p.line).filter(|&l| l >= 0));
+            r.opcode.push(self.opcode.code(&names.name(base)));
+            let at_stop = snapshot.and_then(|b| b.get(2 * u).copied());
+            let spec = at_stop.and_then(|sop| crate::analysis::specialization(header, base, sop).ok());
+            r.specialized.push(spec.map(|sop| self.opcode.code(&names.name(sop))));
+        }
+        r
+    }
+}
+
+/// Code objects, snapshots and the event kinds present: the first pass.
+struct Metadata {
+    header: Header,
+    code: HashMap<u32, CodeObject>,
+    snapshots: HashMap<u32, Vec<u8>>,
+    kinds: [bool; 256],
+}
+
+fn metadata(path: &Path, opts: ReadOptions) -> ocular_format::Result<Metadata> {
+    let mut r = Reader::open_with(path, opts)?;
+    let header = r.header().clone();
+    let mut m = Metadata { header, code: HashMap::default(), snapshots: HashMap::default(), kinds: [false; 256] };
+    while let Some(c) = r.next_chunk()? {
+        match c.body {
+            Body::Code(objs) => m.code.extend(objs.into_iter().map(|o| (o.id, o))),
+            Body::Snapshot(s) => m.snapshots.extend(s.into_iter().map(|x| (x.id, x.bytecode))),
+            Body::Events(evs) => {
+                for e in evs {
+                    m.kinds[e.kind as usize] = true;
+                }
+            }
+            _ => {}
+        }
+    }
+    Ok(m)
+}
+
+/// Every dictionary filled from the first pass, so that it never grows during the second: all batches
+/// of a column share one dictionary (and one Arrow/polars type).
+fn freeze(m: &Metadata, d: &mut Dictionaries) -> HashMap<u32, Resolved> {
+    for k in 0..=255u8 {
+        if m.kinds[k as usize] {
+            d.kind(k);
+        }
+    }
+    let mut ids: Vec<u32> = m.code.keys().copied().collect();
+    ids.sort_unstable();
+    ids.into_iter().map(|id| (id, d.resolve(&m.code[&id], &m.header, m.snapshots.get(&id)))).collect()
+}
+
+/// Column builders of the events table.
+#[derive(Default)]
+struct Events {
+    thread_id: Vec<u64>,
+    ts_ns: Vec<i64>,
+    tsc: Vec<u64>,
+    event: Vec<Option<u32>>,
+    code_id: Vec<u32>,
+    function: Vec<Option<u32>>,
+    file: Vec<Option<u32>>,
+    line: Vec<Option<i32>>,
+    offset: Vec<u32>,
+    arg: Vec<u32>,
+    opcode: Vec<Option<u32>>,
+    specialized: Vec<Option<u32>>,
+}
+
+impl Events {
+    fn take(&mut self, d: &mut Dictionaries) -> Batch {
+        let e = std::mem::take(self);
+        Batch {
+            rows: e.tsc.len(),
+            columns: vec![
+                ("thread_id", Column::U64(e.thread_id)),
+                ("ts_ns", Column::I64(e.ts_ns)),
+                ("tsc", Column::U64(e.tsc)),
+                ("event", Column::Dict(e.event, d.event.snapshot())),
+                ("code_id", Column::U32(e.code_id)),
+                ("function", Column::Dict(e.function, d.function.snapshot())),
+                ("file", Column::Dict(e.file, d.file.snapshot())),
+                ("line", Column::OptI32(e.line)),
+                ("offset", Column::U32(e.offset)),
+                ("arg", Column::U32(e.arg)),
+                ("opcode", Column::Dict(e.opcode, d.opcode.snapshot())),
+                ("specialized", Column::Dict(e.specialized, d.opcode.snapshot())),
+            ],
+        }
+    }
+}
+
+/// Column builders of the calls table.
+#[derive(Default)]
+struct Calls {
+    thread_id: Vec<u64>,
+    call_id: Vec<u64>,
+    parent: Vec<Option<u64>>,
+    depth: Vec<u32>,
+    code_id: Vec<u32>,
+    function: Vec<Option<u32>>,
+    file: Vec<Option<u32>>,
+    line: Vec<u32>,
+    start_ns: Vec<i64>,
+    end_ns: Vec<i64>,
+}
+
+impl Calls {
+    fn take(&mut self, d: &mut Dictionaries) -> Batch {
+        let c = std::mem::take(self);
+        let duration = c.end_ns.iter().zip(&c.start_ns).map(|(e, s)| e - s).collect();
+        Batch {
+            rows: c.call_id.len(),
+            columns: vec![
+                ("thread_id", Column::U64(c.thread_id)),
+                ("call_id", Column::U64(c.call_id)),
+                ("parent", Column::OptU64(c.parent)),
+                ("depth", Column::U32(c.depth)),
+                ("code_id", Column::U32(c.code_id)),
+                ("function", Column::Dict(c.function, d.function.snapshot())),
+                ("file", Column::Dict(c.file, d.file.snapshot())),
+                ("line", Column::U32(c.line)),
+                ("start_ns", Column::I64(c.start_ns)),
+                ("end_ns", Column::I64(c.end_ns)),
+                ("duration_ns", Column::I64(duration)),
+            ],
+        }
+    }
+}
+
+fn code_table(m: &Metadata, d: &mut Dictionaries) -> Batch {
+    let mut ids: Vec<u32> = m.code.keys().copied().collect();
+    ids.sort_unstable();
+    let (mut function, mut name, mut file) = (Vec::new(), Vec::new(), Vec::new());
+    let (mut first, mut last, mut count, mut base, mut spec) =
+        (Vec::new(), Vec::new(), Vec::new(), Vec::new(), Vec::new());
+    let mut names = Dictionary::default();
+    for id in &ids {
+        let co = &m.code[id];
+        function.push(Some(d.function.code(&co.qualname)));
+        name.push(Some(names.code(&co.name)));
+        file.push(Some(d.file.code(&co.filename)));
+        first.push(co.first_line);
+        last.push(co.positions.iter().map(|p| p.end_line.max(p.line)).max().filter(|&l| l >= 0));
+        count.push(crate::analysis::instructions(co, &m.header, 0, u32::MAX).len() as u32);
+        base.push(Some(co.bytecode.clone()));
+        spec.push(m.snapshots.get(id).cloned());
+    }
+    Batch {
+        rows: ids.len(),
+        columns: vec![
+            ("code_id", Column::U32(ids)),
+            ("function", Column::Dict(function, d.function.snapshot())),
+            ("name", Column::Dict(name, names.snapshot())),
+            ("file", Column::Dict(file, d.file.snapshot())),
+            ("first_line", Column::U32(first)),
+            ("last_line", Column::OptI32(last)),
+            ("instructions", Column::U32(count)),
+            ("bytecode", Column::Binary(base)),
+            ("specialized_bytecode", Column::Binary(spec)),
+        ],
+    }
+}
+
+/// Builds the requested tables of `path` into `sink`, `batch_rows` rows at a time.
+pub fn build(
+    path: &Path,
+    opts: ReadOptions,
+    tables: &[Table],
+    batch_rows: usize,
+    sink: &mut dyn Sink,
+) -> anyhow::Result<Summary> {
+    let batch_rows = batch_rows.max(1);
+    let meta = metadata(path, opts)?;
+    let h = &meta.header;
+    let ns = |ticks: u64| (ticks.wrapping_sub(h.start_ticks) as i64 as f64 * 1e9 / h.ticks_per_second) as i64;
+    let mut d = Dictionaries::default();
+    // Code objects resolved to dictionary codes.
+    let resolved = freeze(&meta, &mut d);
+    // Events of a code object the file does not describe (damaged input).
+    let unknown = Resolved {
+        function: d.function.code("?"),
+        file: d.file.code("?"),
+        first_line: 0,
+        line: vec![],
+        opcode: vec![],
+        specialized: vec![],
+    };
+    let mut summary = Summary::default();
+    let count =
+        |summary: &mut Summary, t: Table, b: &Batch| *summary.rows.entry(t.name()).or_default() += b.rows as u64;
+    if tables.contains(&Table::Code) {
+        let b = code_table(&meta, &mut d);
+        count(&mut summary, Table::Code, &b);
+        sink.batch(Table::Code, b)?;
+    }
+    let want_events = tables.contains(&Table::Events);
+    let want_calls = tables.contains(&Table::Calls);
+    if !want_events && !want_calls {
+        return Ok(summary);
+    }
+    let mut events = Events::default();
+    let mut calls = Calls::default();
+    let mut failed: Option<anyhow::Error> = None;
+    let timeline = Timeline::open(path, opts)?;
+    let result = timeline.run(|_, item| {
+        let r = (|| -> anyhow::Result<()> {
+            match item {
+                Item::Event { tid, event: e } if want_events => {
+                    let id = e.code.get();
+                    let co = resolved.get(&id).unwrap_or(&unknown);
+                    let unit = e.offset.get() as usize / 2;
+                    let ticks = e.ticks.get();
+                    events.thread_id.push(tid);
+                    events.ts_ns.push(ns(ticks));
+                    events.tsc.push(ticks);
+                    events.event.push(d.kinds.get(e.kind as usize).copied().flatten());
+                    events.code_id.push(id);
+                    events.function.push(Some(co.function));
+                    events.file.push(Some(co.file));
+                    events.line.push(co.line.get(unit).copied().flatten());
+                    events.offset.push(e.offset.get());
+                    events.arg.push(e.arg.get());
+                    events.opcode.push(co.opcode.get(unit).copied());
+                    events.specialized.push(co.specialized.get(unit).copied().flatten());
+                    if events.tsc.len() >= batch_rows {
+                        let b = events.take(&mut d);
+                        count(&mut summary, Table::Events, &b);
+                        sink.batch(Table::Events, b)?;
+                    }
+                }
+                Item::End { tid, ticks, code: id, call } if want_calls => {
+                    let co = resolved.get(&id).unwrap_or(&unknown);
+                    calls.thread_id.push(tid);
+                    calls.call_id.push(call.id);
+                    calls.parent.push(call.parent);
+                    calls.depth.push(call.depth);
+                    calls.code_id.push(id);
+                    calls.function.push(Some(co.function));
+                    calls.file.push(Some(co.file));
+                    calls.line.push(co.first_line);
+                    calls.start_ns.push(ns(call.start));
+                    calls.end_ns.push(ns(ticks));
+                    if calls.call_id.len() >= batch_rows {
+                        let b = calls.take(&mut d);
+                        count(&mut summary, Table::Calls, &b);
+                        sink.batch(Table::Calls, b)?;
+                    }
+                }
+                _ => {}
+            }
+            Ok(())
+        })();
+        // The walker speaks io::Error; keep the real error and stop it with a placeholder.
+        r.map_err(|e| {
+            failed = Some(e);
+            std::io::Error::other("table sink failed")
+        })
+    });
+    if let Some(e) = failed {
+        return Err(e);
+    }
+    let (read, warnings) = result?;
+    for (t, want) in [(Table::Events, want_events), (Table::Calls, want_calls)] {
+        if !want {
+            continue;
+        }
+        let b = if t == Table::Events { events.take(&mut d) } else { calls.take(&mut d) };
+        // A last, possibly empty, batch: every table gets at least one.
+        if b.rows > 0 || !summary.rows.contains_key(t.name()) {
+            count(&mut summary, t, &b);
+            sink.batch(t, b)?;
+        }
+    }
+    summary.events_read = read;
+    summary.warnings = warnings;
+    Ok(summary)
+}

@@ -1,0 +1,216 @@
+//! The analyzer inside the extension: `ocular.load()`'s reports and tables, the `stop_tracing()` report,
+//! and `python -m ocular hot|stats|info|export`. Everything runs in the `ocular_analyze` library with the
+//! GIL released; tables reach Python as Arrow C streams (`__arrow_c_stream__`), never as text.
+
+use arrow_array::ffi_stream::FFI_ArrowArrayStream;
+use arrow_array::types::UInt32Type;
+use arrow_array::{
+    ArrayRef, BinaryArray, DictionaryArray, Int32Array, Int64Array, RecordBatch, RecordBatchIterator, StringArray,
+    UInt32Array, UInt64Array,
+};
+use arrow_schema::{ArrowError, DataType, Field, Schema};
+use ocular_analyze::table::{build as build_tables, Batch, Column, Sink, Table, DEFAULT_BATCH_ROWS};
+use ocular_format::ReadOptions;
+use pyo3::exceptions::{PyOSError, PyValueError};
+use pyo3::prelude::*;
+use pyo3::types::{PyCapsule, PyDict, PyList};
+use std::path::PathBuf;
+use std::sync::Arc;
+
+fn os_err(e: impl std::fmt::Display) -> PyErr {
+    PyOSError::new_err(e.to_string())
+}
+
+/// A JSON value as Python objects (dict, list, str, int, float, bool, None).
+fn to_py<'py>(py: Python<'py>, v: &serde_json::Value) -> PyResult<Bound<'py, PyAny>> {
+    use serde_json::Value;
+    Ok(match v {
+        Value::Null => py.None().into_bound(py),
+        Value::Bool(b) => b.into_pyobject(py)?.to_owned().into_any(),
+        Value::Number(n) => match (n.as_u64(), n.as_i64()) {
+            (Some(u), _) => u.into_pyobject(py)?.into_any(),
+            (None, Some(i)) => i.into_pyobject(py)?.into_any(),
+            _ => n.as_f64().unwrap_or(f64::NAN).into_pyobject(py)?.into_any(),
+        },
+        Value::String(s) => s.into_pyobject(py)?.into_any(),
+        Value::Array(a) => {
+            let l = PyList::empty(py);
+            for x in a {
+                l.append(to_py(py, x)?)?;
+            }
+            l.into_any()
+        }
+        Value::Object(o) => {
+            let d = PyDict::new(py);
+            for (k, x) in o {
+                d.set_item(k, to_py(py, x)?)?;
+            }
+            d.into_any()
+        }
+    })
+}
+
+fn json<T: serde::Serialize>(py: Python<'_>, v: &T) -> PyResult<Py<PyAny>> {
+    let value = serde_json::to_value(v).map_err(|e| PyValueError::new_err(e.to_string()))?;
+    Ok(to_py(py, &value)?.unbind())
+}
+
+/// `info(path, salvage=False) -> dict`: what `ocular-analyze info --json` prints.
+#[pyfunction]
+#[pyo3(signature = (path, salvage=false))]
+pub(super) fn info(py: Python<'_>, path: PathBuf, salvage: bool) -> PyResult<Py<PyAny>> {
+    let i = py.detach(|| ocular_analyze::info::summarize(&path, ReadOptions { salvage })).map_err(os_err)?;
+    json(py, &i)
+}
+
+/// `hot(path, top=10, salvage=False) -> (dict, str, warnings)`: the hot-loop report as `--json` gives it,
+/// and as text.
+#[pyfunction]
+#[pyo3(signature = (path, top=10, salvage=false))]
+pub(super) fn hot(
+    py: Python<'_>,
+    path: PathBuf,
+    top: usize,
+    salvage: bool,
+) -> PyResult<(Py<PyAny>, String, Vec<String>)> {
+    let (report, warnings) = py
+        .detach(|| {
+            let a = ocular_analyze::analysis::analyze(&path, ReadOptions { salvage })?;
+            Ok::<_, ocular_format::Error>((ocular_analyze::hot::report(&a, top), a.warnings))
+        })
+        .map_err(os_err)?;
+    Ok((json(py, &report)?, report.to_string(), warnings))
+}
+
+/// `stats(path, per_thread=False, salvage=False) -> list[dict]`: per-function rows, as `stats --json`.
+#[pyfunction]
+#[pyo3(signature = (path, per_thread=false, salvage=false))]
+pub(super) fn stats(py: Python<'_>, path: PathBuf, per_thread: bool, salvage: bool) -> PyResult<Py<PyAny>> {
+    let rows = py
+        .detach(|| {
+            let a = ocular_analyze::analysis::analyze(&path, ReadOptions { salvage })?;
+            Ok::<_, ocular_format::Error>(ocular_analyze::stats::rows(
+                &a,
+                per_thread,
+                ocular_analyze::stats::SortBy::Exclusive,
+            ))
+        })
+        .map_err(os_err)?;
+    json(py, &rows)
+}
+
+/// `export_chrome(path, out) -> int`: the Chrome Trace Event JSON (what `perfetto=True` writes); returns
+/// the number of trace events.
+#[pyfunction]
+pub(super) fn export_chrome(py: Python<'_>, path: PathBuf, out: PathBuf) -> PyResult<u64> {
+    py.detach(|| {
+        let f = std::fs::File::create(&out).map_err(|e| os_err(format!("cannot create {}: {e}", out.display())))?;
+        let mut w = std::io::BufWriter::with_capacity(1 << 20, f);
+        let (counts, _) = ocular_analyze::export::chrome::export(&path, ReadOptions::default(), &mut w)
+            .map_err(|e| os_err(format!("{e:#}")))?;
+        std::io::Write::flush(&mut w).map_err(os_err)?;
+        Ok(counts.events)
+    })
+}
+
+/// `cli(argv) -> int`: runs `ocular-analyze` with `argv` (without the program name); returns its exit code.
+#[pyfunction]
+pub(super) fn cli(py: Python<'_>, argv: Vec<String>) -> i32 {
+    py.detach(|| {
+        ocular_analyze::progress::enable();
+        ocular_analyze::cli::run_from(std::iter::once("ocular-analyze".to_string()).chain(argv))
+    })
+}
+
+/// Collects one table's batches as Arrow record batches.
+#[derive(Default)]
+struct ArrowSink {
+    schema: Option<Arc<Schema>>,
+    batches: Vec<RecordBatch>,
+}
+
+fn arrow_column(col: Column) -> (DataType, bool, ArrayRef) {
+    match col {
+        Column::U64(v) => (DataType::UInt64, false, Arc::new(UInt64Array::from(v))),
+        Column::OptU64(v) => (DataType::UInt64, true, Arc::new(UInt64Array::from(v))),
+        Column::I64(v) => (DataType::Int64, false, Arc::new(Int64Array::from(v))),
+        Column::U32(v) => (DataType::UInt32, false, Arc::new(UInt32Array::from(v))),
+        Column::OptI32(v) => (DataType::Int32, true, Arc::new(Int32Array::from(v))),
+        Column::Dict(codes, dict) => {
+            let values = Arc::new(StringArray::from_iter_values(dict.iter()));
+            let keys = UInt32Array::from(codes);
+            let a = DictionaryArray::<UInt32Type>::try_new(keys, values).expect("codes index the dictionary");
+            (DataType::Dictionary(Box::new(DataType::UInt32), Box::new(DataType::Utf8)), true, Arc::new(a))
+        }
+        Column::Binary(v) => (DataType::Binary, true, Arc::new(BinaryArray::from_iter(v))),
+    }
+}
+
+impl Sink for ArrowSink {
+    fn batch(&mut self, _: Table, batch: Batch) -> anyhow::Result<()> {
+        let mut fields = Vec::with_capacity(batch.columns.len());
+        let mut arrays = Vec::with_capacity(batch.columns.len());
+        for (name, col) in batch.columns {
+            let (dt, nullable, a) = arrow_column(col);
+            fields.push(Field::new(name, dt, nullable));
+            arrays.push(a);
+        }
+        let schema = self.schema.get_or_insert_with(|| Arc::new(Schema::new(fields))).clone();
+        self.batches.push(RecordBatch::try_new(schema, arrays)?);
+        Ok(())
+    }
+}
+
+/// An Arrow table built by the analyzer, exported once through the Arrow PyCapsule interface.
+#[pyclass(module = "ocular._ocular", name = "ArrowTable")]
+pub(super) struct ArrowTable {
+    schema: Arc<Schema>,
+    batches: Option<Vec<RecordBatch>>,
+    rows: usize,
+}
+
+#[pymethods]
+impl ArrowTable {
+    /// Rows in the table.
+    fn __len__(&self) -> usize {
+        self.rows
+    }
+
+    /// The Arrow C stream interface: polars.DataFrame(t), pyarrow.table(t). The batches move into the
+    /// stream, so a table can be read once.
+    #[pyo3(signature = (requested_schema=None))]
+    fn __arrow_c_stream__<'py>(
+        &mut self,
+        py: Python<'py>,
+        requested_schema: Option<Bound<'py, PyAny>>,
+    ) -> PyResult<Bound<'py, PyCapsule>> {
+        let _ = requested_schema; // the schema is ours; consumers cast if they want to
+        let batches = self.batches.take().ok_or_else(|| PyValueError::new_err("this table was already read"))?;
+        let reader = RecordBatchIterator::new(batches.into_iter().map(Ok::<_, ArrowError>), self.schema.clone());
+        let stream = FFI_ArrowArrayStream::new(Box::new(reader));
+        PyCapsule::new_with_value(py, stream, c"arrow_array_stream")
+    }
+}
+
+/// `table(path, name, salvage=False) -> ArrowTable`: one of the tables of `ocular_analyze::table`
+/// (`events`, `calls`, `code`).
+#[pyfunction]
+#[pyo3(signature = (path, name, salvage=false))]
+pub(super) fn table(py: Python<'_>, path: PathBuf, name: &str, salvage: bool) -> PyResult<(ArrowTable, Vec<String>)> {
+    let which = match name {
+        "events" => Table::Events,
+        "calls" => Table::Calls,
+        "code" => Table::Code,
+        other => return Err(PyValueError::new_err(format!("no table {other:?}: events, calls or code"))),
+    };
+    let (sink, summary) = py
+        .detach(|| {
+            let mut sink = ArrowSink::default();
+            let s = build_tables(&path, ReadOptions { salvage }, &[which], DEFAULT_BATCH_ROWS, &mut sink)?;
+            Ok::<_, anyhow::Error>((sink, s))
+        })
+        .map_err(|e| os_err(format!("{e:#}")))?;
+    let rows = sink.batches.iter().map(RecordBatch::num_rows).sum();
+    let schema = sink.schema.unwrap_or_else(|| Arc::new(Schema::empty()));
+    Ok((ArrowTable { schema, batches: Some(sink.batches), rows }, summary.warnings))
+}

@@ -1,0 +1,133 @@
+"""``ocular.load()``: a recorded trace analyzed by the Rust analyzer inside the extension.
+
+The reports are Python dicts and lists; the tables are Arrow streams built in Rust and handed to polars
+(or pyarrow, for pandas) through the Arrow PyCapsule interface, without copying through text.
+"""
+
+from __future__ import annotations
+
+import os
+import warnings
+from typing import Any
+
+from .errors import MissingDependency, OcularError
+
+
+def _ext():
+    from ._recorder import _native
+
+    return _native()
+
+
+def _need(package: str, what: str):
+    try:
+        return __import__(package)
+    except ImportError:
+        raise MissingDependency(
+            f"{what} needs the optional package {package!r}, which is not installed: pip install {package}"
+        ) from None
+
+
+class Trace:
+    """An ``.ocl`` file, ready to be analyzed. Made by :func:`ocular.load`.
+
+    - ``info()``, ``hot(top=10)``, ``stats()``: the reports of ``ocular-analyze info|hot|stats --json``.
+    - ``events()``, ``calls()``, ``code()``: polars DataFrames (the columns of ``ocular-analyze export
+      --parquet``; text columns are categorical); ``events_pandas()`` and friends: the same as pandas.
+    """
+
+    def __init__(self, path: str | os.PathLike[str], salvage: bool = False):
+        self.path = os.fspath(path)
+        self.salvage = salvage
+        if not os.path.exists(self.path):
+            raise FileNotFoundError(f"no such trace: {self.path}")
+        self._info = _call(_ext().info, self.path, salvage=salvage)
+
+    def __repr__(self) -> str:
+        i = self._info
+        return (f"<ocular.Trace {self.path!r}: Python {i['python_version']}, {i['mode']} mode, "
+                f"{i['events']:,} events, {len(i['threads'])} threads>")
+
+    def info(self) -> dict[str, Any]:
+        """Format version, Python version, mode, duration, threads, events by kind, size, lost events."""
+        return self._info
+
+    def hot(self, top: int = 10) -> dict[str, Any]:
+        """The ``top`` hottest loops: function, file, lines, iterations, ns per iteration, and the body
+        disassembled (base -> specialized opcode, cost per instruction). ``str()`` of it is the text report;
+        see :meth:`hot_text`."""
+        report, _text, warns = _call(_ext().hot, self.path, top, salvage=self.salvage)
+        _warn(warns)
+        return report
+
+    def hot_text(self, top: int = 10) -> str:
+        """The hot-loop report as ``ocular-analyze hot`` prints it."""
+        _report, text, warns = _call(_ext().hot, self.path, top, salvage=self.salvage)
+        _warn(warns)
+        return text
+
+    def stats(self, per_thread: bool = False) -> list[dict[str, Any]]:
+        """Per function: calls, inclusive and exclusive ms (recorder cost subtracted), mean us, file:line."""
+        return _call(_ext().stats, self.path, per_thread=per_thread, salvage=self.salvage)
+
+    def _arrow(self, name: str):
+        table, warns = _call(_ext().table, self.path, name, salvage=self.salvage)
+        _warn(warns)
+        return table
+
+    def _polars(self, name: str):
+        pl = _need("polars", f"Trace.{name}()")
+        return pl.DataFrame(self._arrow(name))
+
+    def _pandas(self, name: str):
+        _need("pandas", f"Trace.{name}_pandas()")
+        pa = _need("pyarrow", f"Trace.{name}_pandas()")
+        return pa.table(self._arrow(name)).to_pandas()
+
+    def events(self):
+        """One row per event: thread_id, ts_ns, tsc, event, code_id, function, file, line, offset, arg,
+        opcode, specialized (polars DataFrame)."""
+        return self._polars("events")
+
+    def calls(self):
+        """One row per function call: thread_id, call_id, parent, depth, code_id, function, file, line,
+        start_ns, end_ns, duration_ns (polars DataFrame)."""
+        return self._polars("calls")
+
+    def code(self):
+        """One row per code object: code_id, function, name, file, first_line, last_line, instructions,
+        bytecode, specialized_bytecode (polars DataFrame)."""
+        return self._polars("code")
+
+    def events_pandas(self):
+        """:meth:`events` as a pandas DataFrame (needs pandas and pyarrow)."""
+        return self._pandas("events")
+
+    def calls_pandas(self):
+        """:meth:`calls` as a pandas DataFrame (needs pandas and pyarrow)."""
+        return self._pandas("calls")
+
+    def code_pandas(self):
+        """:meth:`code` as a pandas DataFrame (needs pandas and pyarrow)."""
+        return self._pandas("code")
+
+
+def _call(f, *args, **kwargs):
+    try:
+        return f(*args, **kwargs)
+    except OSError as e:
+        raise OcularError(str(e)) from None
+
+
+def _warn(warns):
+    for w in warns:
+        warnings.warn(w, stacklevel=3)
+
+
+def load(path: str | os.PathLike[str], salvage: bool = False) -> Trace:
+    """Open a recorded ``.ocl`` file for analysis: ``ocular.load("run.ocl").hot()``.
+
+    A truncated file is analyzed up to its last whole chunk (with a warning); ``salvage=True`` also skips
+    damaged chunks in the middle. A missing, foreign or corrupt file raises an error naming it.
+    """
+    return Trace(path, salvage)

@@ -1,0 +1,177 @@
+"""Analysis from Python: ocular.load() reports and DataFrames (checked against the CLI's Parquet export),
+the prototype's stop_tracing() report and ocular_trace.json, `python -m ocular hot|info|export`, the
+notebook example, and the errors promised for missing packages and bad files."""
+
+import json
+import os
+import subprocess
+import sys
+import textwrap
+
+import pytest
+
+import ocular
+
+ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+ANALYZE = os.environ.get("OCULAR_ANALYZE", os.path.join(ROOT, "target", "debug", "ocular-analyze"))
+LOOPS = os.path.join(ROOT, "testdata", "v1.0", "loops-adaptive.ocl")
+
+
+def _pyocular(*args, cwd=None):
+    return subprocess.run([sys.executable, "-m", "ocular", *args], capture_output=True, text=True, cwd=cwd)
+
+
+@pytest.fixture(scope="module")
+def exported(tmp_path_factory):
+    out = tmp_path_factory.mktemp("pq") / "loops.parquet"
+    r = subprocess.run([ANALYZE, "export", "--parquet", "-o", str(out), LOOPS], capture_output=True, text=True)
+    assert r.returncode == 0, r.stderr
+    return out
+
+
+def test_load_reports_match_the_known_loops():
+    t = ocular.load(LOOPS)
+    assert t.info()["events"] == 4241
+    assert "4,241 events" in repr(t)
+    loops = {(l["function"], l["iterations"]) for l in t.hot(top=10)["loops"]}
+    assert {("count", 1000), ("calls", 300)} <= loops
+    assert [l for l in t.hot_text(top=1).splitlines() if l.startswith("#")] == [
+        l for l in subprocess.run([ANALYZE, "hot", "--top", "1", LOOPS], capture_output=True, text=True).stdout.splitlines()
+        if l.startswith("#")]
+    calls = {r["function"]: r["calls"] for r in t.stats()}
+    assert calls == {"main": 1, "count": 1, "nested": 1, "calls": 1, "g": 300}
+
+
+@pytest.mark.parametrize("table", ["events", "calls", "code"])
+def test_dataframes_equal_the_parquet_export(exported, table):
+    import polars as pl
+
+    df = getattr(ocular.load(LOOPS), table)()
+    pq = pl.read_parquet(exported / f"{table}.parquet")
+    assert df.columns == pq.columns
+    assert df.height == pq.height
+    # Text arrives dictionary-encoded (categorical) through Arrow; as strings the frames are equal.
+    as_str = df.with_columns(pl.col(pl.Categorical).cast(pl.String))
+    assert as_str.equals(pq)
+
+
+def test_pandas_variants_have_the_same_rows_and_columns(exported):
+    import pandas as pd
+
+    t = ocular.load(LOOPS)
+    for table in ("events", "calls", "code"):
+        df = getattr(t, f"{table}_pandas")()
+        pq = pd.read_parquet(exported / f"{table}.parquet")
+        assert list(df.columns) == list(pq.columns)
+        assert len(df) == len(pq)
+    ev = t.events_pandas()
+    assert (ev["event"] == "PY_START").sum() == 304
+
+
+@pytest.mark.parametrize("missing,call,message", [
+    ("polars", "events", "Trace.events() needs the optional package 'polars', which is not installed: pip install polars"),
+    ("pyarrow", "calls_pandas", "Trace.calls_pandas() needs the optional package 'pyarrow', which is not installed: "
+                                "pip install pyarrow"),
+    ("pandas", "code_pandas", "Trace.code_pandas() needs the optional package 'pandas', which is not installed: "
+                              "pip install pandas"),
+])
+def test_a_missing_optional_package_is_named(monkeypatch, missing, call, message):
+    monkeypatch.setitem(sys.modules, missing, None)  # makes `import missing` fail
+    t = ocular.load(LOOPS)
+    with pytest.raises(ocular.MissingDependency) as e:
+        getattr(t, call)()
+    assert str(e.value) == message
+    assert isinstance(e.value, ImportError)
+
+
+def test_load_errors_name_the_file(tmp_path):
+    with pytest.raises(FileNotFoundError, match="no such trace: .*nope.ocl"):
+        ocular.load(tmp_path / "nope.ocl")
+    foreign = tmp_path / "foreign.ocl"
+    foreign.write_bytes(b"PK\x03\x04 not a trace at all")
+    with pytest.raises(ocular.OcularError, match="foreign.ocl.* not an Ocular trace"):
+        ocular.load(foreign)
+
+
+def test_a_table_is_read_once():
+    import polars as pl
+
+    from ocular._recorder import _native
+
+    table, warnings = _native().table(LOOPS, "code")
+    assert warnings == [] and len(table) == 5
+    assert pl.DataFrame(table).height == 5
+    with pytest.raises(ValueError, match="already read"):
+        pl.DataFrame(table)
+
+
+STOP_SCRIPT = textwrap.dedent("""
+    import sys
+    sys.path.insert(0, {workloads!r})
+    import ocular
+    from loops import count, nested, calls
+    ocular.start_tracing(perfetto=True, deinstrument_threshold=0, output="run.ocl")
+    count(1000)
+    nested(10, 50)
+    calls(300)
+    ocular.stop_tracing()
+""")
+
+
+def test_stop_tracing_prints_the_hot_report_and_writes_ocular_trace_json(tmp_path):
+    script = tmp_path / "legacy.py"
+    script.write_text(STOP_SCRIPT.format(workloads=os.path.join(ROOT, "testdata", "workloads")))
+    r = subprocess.run([sys.executable, str(script)], capture_output=True, text=True, cwd=tmp_path)
+    assert r.returncode == 0, r.stderr
+    lines = r.stdout.splitlines()
+    assert lines[0] == "[Ocular] Trace Disassembly with Hardware CPU Cycles (Base -> Specialized):"
+    assert lines[1] == "Hot loops (adaptive mode), hottest first"
+    heads = [l for l in lines if l.startswith("#")]
+    assert len(heads) == 4  # count, nested's inner and outer loops, calls
+    assert any(l.startswith("#") and " count " in l for l in heads)
+    assert "   1000 iterations," in r.stdout and "   300 iterations," in r.stdout
+    assert "BINARY_OP" in r.stdout and "| ~" in r.stdout
+    # ocular_trace.json: Chrome Trace Event format, balanced, one loop instant per backward jump.
+    assert f"wrote {tmp_path / 'ocular_trace.json'}" in r.stderr
+    trace = json.loads((tmp_path / "ocular_trace.json").read_text())
+    evs = trace["traceEvents"]
+    begins = [e for e in evs if e["ph"] == "B"]
+    assert len(begins) == len([e for e in evs if e["ph"] == "E"])
+    assert {e["name"] for e in begins} >= {"count", "nested", "calls", "g"}
+    assert sum(1 for e in begins if e["name"] == "g") == 300
+    assert sum(1 for e in evs if e["ph"] == "i" and e["name"] == "loop") == 1000 + 10 * 50 + 10 + 300
+
+
+def test_python_m_ocular_mirrors_ocular_analyze(tmp_path):
+    for args in (["hot", "--top", "2"], ["info", "--json"], ["stats", "--top", "3"]):
+        mine = _pyocular(*args, LOOPS)
+        theirs = subprocess.run([ANALYZE, *args, LOOPS], capture_output=True, text=True)
+        assert mine.returncode == 0, mine.stderr
+        assert mine.stdout == theirs.stdout, args
+    out = tmp_path / "pq"
+    r = _pyocular("export", "--parquet", "-o", str(out), LOOPS)
+    assert r.returncode == 0, r.stderr
+    assert r.stderr.startswith(f"wrote {out}: events.parquet (4241 rows), calls.parquet (304 rows)"), r.stderr
+    assert sorted(os.listdir(out)) == ["calls.parquet", "code.parquet", "events.parquet"]
+    r = _pyocular("export", "--perfetto", "-o", str(tmp_path / "t.json"), LOOPS)
+    assert r.returncode == 0 and (tmp_path / "t.json").exists(), r.stderr
+
+
+def test_python_m_ocular_analyze_errors_and_help(tmp_path):
+    r = _pyocular("hot", str(tmp_path / "missing.ocl"))
+    assert r.returncode == 2
+    assert "missing.ocl" in r.stderr and "No such file" in r.stderr
+    r = _pyocular("hot", "--help")
+    assert r.returncode == 0 and "Example: ocular-analyze hot run.ocl --top 3" in r.stdout
+    r = _pyocular("--help")
+    assert r.returncode == 0 and "hot" in r.stdout and "export" in r.stdout
+
+
+def test_notebook_example_finds_the_hottest_loop_and_its_specializations(tmp_path):
+    r = subprocess.run([sys.executable, os.path.join(ROOT, "python", "examples", "hottest_loop.py"),
+                        str(tmp_path / "ex.ocl")], capture_output=True, text=True)
+    assert r.returncode == 0, r.stderr
+    hot = [l for l in r.stdout.splitlines() if l.startswith("hottest loop: ")]
+    assert len(hot) == 1 and hot[0].startswith("hottest loop: kernel at hottest_loop.py:"), r.stdout
+    spec = [l for l in r.stdout.splitlines() if l.startswith("specialized: ")]
+    assert len(spec) == 1 and "BINARY_OP -> BINARY_OP_" in spec[0], r.stdout
