@@ -198,6 +198,22 @@ def main():
         oc.append(with_ocular(fresh(), "adaptive", 500, path)[0][0])
     u, o = min(un), min(oc)
     print(f"| tight loop, 12M iterations | {u / 1e6:.0f} | {o / 1e6:.0f} | {o / u:.3f}x |")
+    # Calls: with the threshold a function's calls stop being recorded after its first 500, so a
+    # call-heavy program runs at its untraced speed too (calls mode, and threshold 0, record every call).
+    fib_src = "def fib(n):\n    return n if n < 2 else fib(n - 1) + fib(n - 2)\n"
+
+    def fresh_fib():
+        ns = {}
+        exec(compile(fib_src, "<fib>", "exec"), ns)
+        return lambda: ns["fib"](25)
+
+    ratios = []
+    for _ in range(max(3, args.repeats // 2)):
+        u = timed(fresh_fib())[0]
+        o = with_ocular(fresh_fib(), "adaptive", 500, path)[0][0]
+        ratios.append(o / u)
+    ratios.sort()
+    print(f"| recursive calls, fib(25), 243k calls | - | - | {ratios[len(ratios) // 2]:.3f}x (median of paired runs) |")
 
 
 if __name__ == "__main__":

@@ -104,5 +104,16 @@ pub fn render(a: &Analysis, rows: &[Row], top: usize, out: &mut dyn std::io::Wri
     if rows.len() > top {
         writeln!(out, "... {} more (use --top)", rows.len() - top)?;
     }
+    if let Some(h) = &a.header {
+        let n = h.options.deinstrument_threshold;
+        if n > 0 && h.options.mode != ocular_format::Mode::Calls && rows.iter().any(|r| r.calls >= n as u64) {
+            writeln!(
+                out,
+                "note: recorded with threshold {n}: a function's calls after its first {n} were not recorded, so \
+                 calls and times of functions at {n} calls cover those only (record in calls mode, or with \
+                 --threshold 0, for every call)"
+            )?;
+        }
+    }
     Ok(())
 }

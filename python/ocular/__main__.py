@@ -53,7 +53,8 @@ def _parser() -> argparse.ArgumentParser:
                      help="calls: function boundaries; adaptive (default): plus jumps and branches; "
                           "precise: plus every instruction")
     run.add_argument("--threshold", type=int, default=500, metavar="N",
-                     help="stop recording a jump, branch or instruction after N hits (default 500; 0 = gapless)")
+                     help="stop recording a jump, branch or instruction after N hits, and a function after N calls "
+                          "(default 500; 0 = gapless; calls mode records every call)")
     run.add_argument("--include", action="append", default=[], metavar="P",
                      help="record only code whose file or qualified name contains P (repeatable)")
     run.add_argument("--exclude", action="append", default=[], metavar="P",

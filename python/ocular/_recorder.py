@@ -107,10 +107,11 @@ def _after_fork_in_child() -> None:
 PAIRS = 21
 
 
-def _callbacks(threshold: int) -> dict:
-    """The native callbacks for a threshold: the gapless set has no per-location counter at all."""
+def _callbacks(threshold: int, mode: str) -> dict:
+    """The native callbacks for a threshold: the gapless set has no per-location counter at all. Calls
+    mode records every call whatever the threshold (it has no locations to thin out)."""
     nat = _native()
-    return nat.callbacks_gapless if threshold == 0 else nat.callbacks
+    return nat.callbacks_gapless if threshold == 0 or mode == "calls" else nat.callbacks
 
 
 # Event kind numbers of the file format (FORMAT.md 5.1).
@@ -164,7 +165,7 @@ def _calibrate(mode: str, tool: int, threshold: int, buffer_events: int) -> floa
 
     for _ in range(3):
         once()  # warm up: let the interpreter specialize the loop
-    callbacks = _callbacks(threshold)
+    callbacks = _callbacks(threshold, mode)
     # The same callbacks as the recording, with a threshold that is never reached.
     never = 0 if threshold == 0 else 2**32 - 1
     nat.start(None, {}, mode, never, [], [], buffer_events, 2, 0.0, _interp.describe,
@@ -283,7 +284,7 @@ class Recording:
             raise
         # Locations switched off (DISABLE) by an earlier recording would stay off: switch them back on.
         mon.restart_events()
-        callbacks = _callbacks(self.deinstrument_threshold)
+        callbacks = _callbacks(self.deinstrument_threshold, self.mode)
         for name in self._events:
             mon.register_callback(tool, getattr(mon.events, name), callbacks[name])
         self._running = True
@@ -400,8 +401,9 @@ def record(
 
     mode: "calls" (function boundaries), "adaptive" (plus JUMP/BRANCH: basic blocks), or "precise" (plus
     every INSTRUCTION). deinstrument_threshold: stop recording a jump, branch or instruction after that
-    many hits (0 = gapless); function boundaries are always recorded. include_only / exclude: substrings
-    of a code object's file name or qualified name, decided once per code object.
+    many hits, and a function's calls after that many calls (0 = gapless; calls mode records every call).
+    include_only / exclude: substrings of a code object's file name or qualified name, decided once per
+    code object.
     """
     return Recording(path, mode, deinstrument_threshold, include_only, exclude, **kwargs)
 

@@ -29,6 +29,7 @@ class Reference:
         self.tool = tool
         self.events = collections.defaultdict(list)  # native thread id -> [(kind, qualname, offset, dest)]
         self.hits = collections.Counter()
+        self.calls = collections.defaultdict(lambda: [0, 0, False])  # code -> [entries, open, off]
 
     def _cb(self, name):
         mon = sys.monitoring
@@ -38,6 +39,21 @@ class Reference:
         def cb(code, offset, *rest):
             if code.co_filename != WORKLOADS_FILE:
                 return None if name in NO_DISABLE else mon.DISABLE
+            if self.threshold and not location:
+                # A code object's first N entries and their exits; then entries off, exits once none is open.
+                st = self.calls[code]
+                skip = None if name in NO_DISABLE else mon.DISABLE
+                if name in ("PY_START", "PY_RESUME", "PY_THROW"):
+                    if st[2]:
+                        return skip
+                    st[1] += 1
+                    if name != "PY_THROW":
+                        st[0] += 1
+                        st[2] = st[0] >= self.threshold
+                else:
+                    if st[2] and st[1] == 0:
+                        return skip
+                    st[1] = max(0, st[1] - 1)
             dest = rest[0] if has_dest else 0
             self.events[threading.get_native_id()].append((name, code.co_qualname, offset, dest))
             if location and self.threshold:

@@ -48,19 +48,24 @@ def test_modes_record_their_event_kinds(ocl):
     assert kinds["precise"] == kinds["calls"] | {"INSTRUCTION"}
 
 
-def test_threshold_stops_each_location_after_n_hits_and_keeps_calls(ocl):
+def test_threshold_stops_each_location_and_each_functions_calls_after_n_hits(ocl):
     with ocular.record(ocl, mode="adaptive", deinstrument_threshold=7):
         with Reference(event_names("adaptive"), threshold=7) as ref:
             for _ in range(20):
                 workloads.loop(30)
+            workloads.fib(12)
+            workloads.use_gen(30)
+            workloads.exceptions(10)
     f = read_ocl(ocl)
     assert counts(f["workload"]) == counts(ref.events)
+    (tid,) = f["workload"]
+    assert f["workload"][tid] == ref.events[tid]
     c = counts(f["workload"])
-    assert c[("loop", "PY_START")] == 20, "function boundaries are never de-instrumented"
+    assert c[("loop", "PY_START")] == 7 and c[("loop", "PY_RETURN")] == 7, "the first 7 calls and their returns"
     per_location = {}
     for kind, qual, off, dest in f["workload"][next(iter(f["workload"]))]:
         if kind in ("JUMP", "BRANCH"):
-            per_location[(kind, off, dest)] = per_location.get((kind, off, dest), 0) + 1
+            per_location[(qual, kind, off, dest)] = per_location.get((qual, kind, off, dest), 0) + 1
     assert max(per_location.values()) <= 7
     assert f["header"]["deinstrument_threshold"] == 7
 
@@ -121,6 +126,16 @@ def test_specialized_bytecode_is_snapshotted_at_stop(ocl):
     ops = {names[b] for b in f["snapshots"][cid][::2]}
     assert "FOR_ITER_RANGE" in ops, sorted(ops)
     assert any(n.startswith("BINARY_OP_ADD_INT") for n in ops), sorted(ops)
+
+
+def test_calls_mode_records_every_call_whatever_the_threshold(ocl):
+    with ocular.record(ocl, mode="calls", deinstrument_threshold=7):
+        with Reference(event_names("calls")) as ref:
+            for _ in range(20):
+                workloads.loop(30)
+    f = read_ocl(ocl)
+    assert counts(f["workload"]) == counts(ref.events)
+    assert counts(f["workload"])[("loop", "PY_START")] == 20
 
 
 def test_header_describes_the_interpreter(ocl):

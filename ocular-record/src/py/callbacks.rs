@@ -94,7 +94,8 @@ unsafe fn disable() -> *mut ffi::PyObject {
 /// One event. `DEST`: args[2] is a destination offset. `LOCATION`: a jump, branch or instruction.
 /// `CAN_DISABLE`: the event may return `DISABLE` (CPython raises ValueError into the user's code for
 /// PY_UNWIND and PY_THROW, so those never do). `THRESH`: count hits per location and return `DISABLE` at
-/// the threshold (the gapless callbacks have no such code at all).
+/// the threshold, and record a code object's first `threshold` entries only (see [`calls`]); the gapless
+/// callbacks have no such code at all.
 ///
 /// The fast path is a thread-local load and a cache compare; everything else (attaching a thread, a new
 /// code object, excluded code, a recording that stopped) is in `cold`. That works because a thread's
@@ -188,6 +189,13 @@ unsafe fn record<
         let off = small_int(fast, *args.add(1));
         let arg = if DEST { small_int(fast, *args.add(2)) } else { 0 };
         let mut stop_here = false;
+        if THRESH && !LOCATION {
+            match calls::<KIND>(&mut *cs, (*ts).threshold) {
+                Calls::Record => {}
+                Calls::Skip => return none(),
+                Calls::Disable => return if CAN_DISABLE { disable() } else { none() },
+            }
+        }
         if THRESH && LOCATION {
             let hits: &mut [u32] = &mut (*cs).hits;
             if let Some(h) = hits.get_mut((off / 2) as usize) {
@@ -201,6 +209,48 @@ unsafe fn record<
         } else {
             none()
         }
+    }
+}
+
+enum Calls {
+    Record,
+    Skip,
+    Disable,
+}
+
+/// The threshold for function boundaries: a code object's first `threshold` entries (PY_START,
+/// PY_RESUME) are recorded, and the exits matching them; after that its entries are switched off
+/// (`DISABLE`), and each exit location is switched off once no recorded activation is open. The call
+/// tree of the recorded activations stays balanced; PY_THROW and PY_UNWIND, which cannot be switched off,
+/// are skipped the same way.
+#[inline(always)]
+fn calls<const KIND: u8>(cs: &mut CodeState, threshold: u32) -> Calls {
+    const START: u8 = EventKind::PY_START as u8;
+    const RESUME: u8 = EventKind::PY_RESUME as u8;
+    const THROW: u8 = EventKind::PY_THROW as u8;
+    const RETURN: u8 = EventKind::PY_RETURN as u8;
+    const YIELD: u8 = EventKind::PY_YIELD as u8;
+    const UNWIND: u8 = EventKind::PY_UNWIND as u8;
+    match KIND {
+        START | RESUME | THROW => {
+            if cs.calls_off {
+                return if KIND == THROW { Calls::Skip } else { Calls::Disable };
+            }
+            cs.open += 1;
+            if KIND != THROW {
+                cs.calls += 1;
+                cs.calls_off = cs.calls >= threshold;
+            }
+            Calls::Record
+        }
+        RETURN | YIELD | UNWIND => {
+            if cs.calls_off && cs.open == 0 {
+                return if KIND == UNWIND { Calls::Skip } else { Calls::Disable };
+            }
+            cs.open = cs.open.saturating_sub(1);
+            Calls::Record
+        }
+        _ => Calls::Record,
     }
 }
 

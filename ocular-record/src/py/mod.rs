@@ -71,6 +71,12 @@ struct CodeState {
     flags: u8,
     /// Hits per code unit (offset / 2), for the de-instrumentation threshold.
     hits: Box<[u32]>,
+    /// With a threshold (adaptive and precise modes): recorded entries (PY_START, PY_RESUME).
+    calls: u32,
+    /// Recorded entries not yet matched by a recorded exit.
+    open: u32,
+    /// The threshold was reached: entries are switched off, exits once `open` is 0.
+    calls_off: bool,
 }
 
 const RECORD: u8 = 1;
@@ -411,14 +417,14 @@ unsafe fn lookup(code: *mut ffi::PyObject) -> *mut CodeState {
                     s.code(vec![c]);
                 }
             }
-            CodeState { id, flags, hits: vec![0; units].into_boxed_slice() }
+            CodeState { id, flags, hits: vec![0; units].into_boxed_slice(), calls: 0, open: 0, calls_off: false }
         }
         Err(e) => {
             // Never let an exception escape into the user's program: note it, skip this code object.
             if rec.errors.len() < 10 {
                 rec.errors.push(format!("cannot describe a code object: {e}"));
             }
-            CodeState { id: 0, flags: boot, hits: Box::new([]) }
+            CodeState { id: 0, flags: boot, hits: Box::new([]), calls: 0, open: 0, calls_off: false }
         }
     };
     rec.keep.push(obj.unbind());
