@@ -104,7 +104,7 @@ def _after_fork_in_child() -> None:
 
 
 # Calibration pairs (untraced run, traced run) per measurement.
-PAIRS = 21
+PAIRS = 13
 
 
 def _callbacks(threshold: int, mode: str) -> dict:
@@ -168,7 +168,8 @@ def _calibrate(mode: str, tool: int, threshold: int, buffer_events: int) -> floa
     callbacks = _callbacks(threshold, mode)
     # The same callbacks as the recording, with a threshold that is never reached.
     never = 0 if threshold == 0 else 2**32 - 1
-    nat.start(None, {}, mode, never, [], [], buffer_events, 2, 0.0, _interp.describe,
+    # Small buffers: the calibration records a few thousand events into nothing.
+    nat.start(None, {}, mode, never, [], [], min(buffer_events, 8192), 2, 0.0, _interp.describe,
               _interp.boot_thread_name, _interp.boot_thread_name.__code__, threading.get_native_id(), "", [])
     # Untraced and traced runs alternate, and the median of the pairs' differences is the cost: a slow
     # moment of the machine then shifts one pair, not a whole phase of the measurement.
@@ -259,8 +260,12 @@ class Recording:
             warnings.warn(note, RuntimeWarning, stacklevel=3)
         self.tool_id = tool
         try:
-            hz = nat.ticks_per_second(20)
+            # The tick rate is measured across the calibration (tens of ms) instead of a sleep of its own.
+            before = nat.clock_point()
             cost, per_kind = calibration(self.mode, tool, self.deinstrument_threshold, self.buffer_events)
+            after = nat.clock_point()
+            span_ns = after[1] - before[1]
+            hz = (after[0] - before[0]) * 1e9 / span_ns if span_ns >= 5_000_000 else nat.ticks_per_second(10)
             self.event_cost_ns = cost * 1e9 / hz
             self.call_event_cost_ns = per_kind[0][1] * 1e9 / hz
             header = {
