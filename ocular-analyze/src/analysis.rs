@@ -41,6 +41,13 @@ pub struct LoopStats {
     pub timed: u64,
     /// Sum of the measured iterations' ticks, corrected.
     pub ticks: f64,
+    /// Quiet iterations: timed ones whose backward jump was the thread's very next event after the
+    /// previous one (no other event of the loop, or of anything it called, was recorded in between). With a
+    /// threshold, the recorder keeps a loop's backward jump on after its other locations went quiet, so
+    /// these run nearly as unrecorded code does: specialized, with one callback to subtract.
+    pub quiet: u64,
+    /// Sum of the quiet iterations' ticks, corrected.
+    pub quiet_ticks: f64,
     /// Adaptive mode: ticks from the last recorded event inside the loop to the frame's next event outside
     /// it, corrected. Once the threshold stops the loop's events, the rest of the loop runs in that gap:
     /// this is its unrecorded time (it also holds the few instructions between a loop's exit and the next
@@ -124,9 +131,9 @@ struct Frame {
     /// The previous event of this frame: ticks, running cost sum, the offset where execution continued
     /// after it.
     prev: Option<(u64, f64, u32)>,
-    /// Per loop head in this frame: head offset, the loop's position in the pass's loop table, and ticks
-    /// and running cost sum at the last backward jump to it.
-    loops: Vec<(u32, u32, u64, f64)>,
+    /// Per loop head in this frame: head offset, the loop's position in the pass's loop table, and ticks,
+    /// running cost sum and thread event count at the last backward jump to it.
+    loops: Vec<(u32, u32, u64, f64, u64)>,
 }
 
 #[derive(Default)]
@@ -135,6 +142,8 @@ struct ThreadState {
     /// Sum of the recorder's cost of every event of this thread so far, in ticks.
     cost: f64,
     last_ticks: u64,
+    /// Events of this thread so far.
+    count: u64,
     active: HashMap<u32, u32>,
 }
 
@@ -332,6 +341,8 @@ fn step(
     let off = e.offset.get();
     ts.cost += cost[e.kind as usize];
     ts.last_ticks = t;
+    ts.count += 1;
+    let count = ts.count;
     let Some(kind) = e.event_kind() else { return };
     match kind {
         EventKind::PY_START | EventKind::PY_RESUME | EventKind::PY_THROW => {
@@ -400,13 +411,18 @@ fn step(
                 stats.end = stats.end.max(off);
                 match top.loops.iter_mut().find(|l| l.0 == dest) {
                     Some(l) => {
-                        let ticks = (t - l.2) as f64 - (now - l.3);
+                        let ticks = ((t - l.2) as f64 - (now - l.3)).max(0.0);
                         stats.timed += 1;
-                        stats.ticks += ticks.max(0.0);
+                        stats.ticks += ticks;
+                        if l.4 + 1 == count {
+                            stats.quiet += 1;
+                            stats.quiet_ticks += ticks;
+                        }
                         l.2 = t;
                         l.3 = now;
+                        l.4 = count;
                     }
-                    None => top.loops.push((dest, li, t, now)),
+                    None => top.loops.push((dest, li, t, now, count)),
                 }
             }
         }
@@ -427,7 +443,7 @@ fn block(ts: &mut ThreadState, t: u64, off: u32, precise: bool, tables: &mut Tab
     let Some(index) = tables.indexes.get(top.index as usize) else { return };
     // The recorder's cost of this event and of every event in between (callees' included).
     let ticks = ((t - pt) as f64 - (now - pc)).max(0.0);
-    for &(head, li, _, _) in &top.loops {
+    for &(head, li, ..) in &top.loops {
         let stats = &mut tables.loops[li as usize];
         let end = stats.end;
         if precise {

@@ -24,8 +24,15 @@ pub struct HotLoop {
     /// Whether the de-instrumentation threshold stopped the recording of this loop (then `iterations` is
     /// the number recorded, not the number run).
     pub sampled: bool,
-    /// Mean time per iteration, recorder cost subtracted.
+    /// Mean time per iteration, recorder cost subtracted: of the quiet iterations when there are at least
+    /// [`MIN_QUIET`] (see `timing`), else of all timed ones.
     pub ns_per_iteration: f64,
+    /// Which iterations `ns_per_iteration` averages: "quiet" (only the loop's backward jump was recorded:
+    /// the loop ran specialized, as it does unrecorded) or "instrumented" (every branch and call recorded:
+    /// CPython runs the loop's branches de-specialized, so this overstates the unrecorded time).
+    pub timing: String,
+    /// Quiet iterations measured.
+    pub quiet_iterations: u64,
     /// The same in ticks.
     pub ticks_per_iteration: f64,
     /// Time in the loop, ns: the measured iterations plus `unrecorded_ns`.
@@ -70,6 +77,9 @@ pub struct HotReport {
     pub loops: Vec<HotLoop>,
 }
 
+/// Quiet iterations needed before `ns_per_iteration` uses them.
+pub const MIN_QUIET: u64 = 16;
+
 /// The `top` hottest loops by measured time.
 pub fn report(a: &Analysis, top: usize) -> HotReport {
     let header = a.header.as_ref().expect("analysis has a header");
@@ -112,7 +122,11 @@ pub fn report(a: &Analysis, top: usize) -> HotReport {
                 ns: cost.map(|c| a.ns(c)),
             });
         }
-        let per = if s.timed > 0 { s.ticks / s.timed as f64 } else { 0.0 };
+        let (per, timing) = if s.quiet >= MIN_QUIET {
+            (s.quiet_ticks / s.quiet as f64, "quiet")
+        } else {
+            (if s.timed > 0 { s.ticks / s.timed as f64 } else { 0.0 }, "instrumented")
+        };
         loops.push(HotLoop {
             function: co.qualname.clone(),
             file: co.filename.clone(),
@@ -123,6 +137,8 @@ pub fn report(a: &Analysis, top: usize) -> HotReport {
             iterations: s.iterations,
             sampled: threshold > 0 && s.iterations >= threshold,
             ns_per_iteration: a.ns(per),
+            timing: timing.into(),
+            quiet_iterations: s.quiet,
             ticks_per_iteration: per,
             total_ns: a.ns(s.ticks + s.tail_ticks),
             unrecorded_ns: a.ns(s.tail_ticks),
@@ -193,7 +209,7 @@ impl std::fmt::Display for HotReport {
             };
             writeln!(
                 f,
-                "#{} {}  {}:{}-{}\n   {} iterations{sampled}, {:.1} ns/iteration ({:.0} ticks), {:.3} ms in total{unrecorded}",
+                "#{} {}  {}:{}-{}\n   {} iterations{sampled}, {:.1} ns/iteration ({:.0} ticks{}), {:.3} ms in total{unrecorded}",
                 i + 1,
                 l.function,
                 l.file,
@@ -202,6 +218,7 @@ impl std::fmt::Display for HotReport {
                 l.iterations,
                 l.ns_per_iteration,
                 l.ticks_per_iteration,
+                if l.timing == "quiet" { format!(", from {} quiet iterations", l.quiet_iterations) } else { String::new() },
                 l.total_ns / 1e6
             )?;
             for (k, ins) in l.instructions.iter().enumerate() {

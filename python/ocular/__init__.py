@@ -18,9 +18,11 @@ or from the shell: ``python -m ocular hot run.ocl`` (the same commands as ``ocul
 from __future__ import annotations
 
 import os
-from typing import Iterable
-
 import sys
+
+TYPE_CHECKING = False
+if TYPE_CHECKING:
+    from typing import Iterable
 
 from ._analysis import Trace, load
 from ._recorder import MODES, VERSION, Recording, active, record

@@ -8,7 +8,9 @@ from __future__ import annotations
 
 import os
 import warnings
-from typing import Any
+TYPE_CHECKING = False
+if TYPE_CHECKING:
+    from typing import Any
 
 from .errors import MissingDependency, OcularError
 

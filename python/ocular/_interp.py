@@ -5,7 +5,6 @@ from __future__ import annotations
 import dis
 import opcode
 import sys
-import sysconfig
 from types import CodeType
 
 from .errors import UnsupportedPython
@@ -20,7 +19,8 @@ def check_supported() -> None:
             f"Ocular needs Python 3.12 or newer (sys.monitoring, PEP 669); this is {sys.version.split()[0]}"
         )
     gil = getattr(sys, "_is_gil_enabled", None)
-    if sysconfig.get_config_var("Py_GIL_DISABLED") and (gil is None or not gil()):
+    # A free-threaded build has "t" in its ABI flags (sysconfig would say so too, at 6 ms of import).
+    if "t" in getattr(sys, "abiflags", "") and (gil is None or not gil()):
         raise UnsupportedPython("Ocular does not support free-threaded builds (the GIL is disabled)")
 
 

@@ -5,12 +5,14 @@ from __future__ import annotations
 import atexit
 import functools
 import os
-import platform
 import signal
 import sys
 import threading
 import warnings
-from typing import Any, Callable, Iterable, TypeVar
+# typing costs ~10 ms of import, paid by every `python -m ocular run`: only for type checkers.
+TYPE_CHECKING = False
+if TYPE_CHECKING:
+    from typing import Any, Callable, Iterable, TypeVar
 
 from . import _interp
 from .errors import AlreadyRecording, ToolIdInUse
@@ -23,7 +25,8 @@ VERSION = "0.1.0"
 # Function boundaries: what every mode records, so the call tree is always complete.
 _CALL_EVENTS = ("PY_START", "PY_RESUME", "PY_RETURN", "PY_YIELD", "PY_UNWIND", "PY_THROW")
 
-F = TypeVar("F", bound=Callable[..., Any])
+if TYPE_CHECKING:
+    F = TypeVar("F", bound=Callable[..., Any])
 
 # Ocular's own Python code (this package) is never recorded.
 _OWN_CODE = os.path.dirname(os.path.abspath(__file__)) + os.sep
@@ -155,7 +158,7 @@ def _calibrate(mode: str, tool: int, threshold: int, buffer_events: int) -> floa
         code = run.__code__
         names = ["INSTRUCTION"] if mode == "precise" else [n for n in event_names("adaptive") if n not in _CALL_EVENTS]
 
-    n = max(100, min(2000, buffer_events // 4))
+    n = max(100, min(600, buffer_events // 4))
     ticks = nat.ticks
 
     def once() -> int:
@@ -270,10 +273,10 @@ class Recording:
             self.call_event_cost_ns = per_kind[0][1] * 1e9 / hz
             header = {
                 "recorder": f"ocular {VERSION}",
-                "python_version": platform.python_version(),
+                "python_version": "%d.%d.%d" % sys.version_info[:3],
                 "python_hexversion": sys.hexversion,
                 "implementation": sys.implementation.name,
-                "platform": f"{sys.platform}-{platform.machine()}",
+                "platform": f"{sys.platform}-{os.uname().machine}",
                 "pid": os.getpid(),
                 "start": nat.clock_point(),
                 "ticks_per_second": hz,

@@ -58,7 +58,8 @@ class Reference:
             self.events[threading.get_native_id()].append((name, code.co_qualname, offset, dest))
             if location and self.threshold:
                 self.hits[(code, offset)] += 1
-                if self.hits[(code, offset)] >= self.threshold:
+                backward = name == "JUMP" and dest < offset  # stays on twice as long
+                if self.hits[(code, offset)] >= self.threshold * (2 if backward else 1):
                     return mon.DISABLE
             return None
 

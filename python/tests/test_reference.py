@@ -66,7 +66,9 @@ def test_threshold_stops_each_location_and_each_functions_calls_after_n_hits(ocl
     for kind, qual, off, dest in f["workload"][next(iter(f["workload"]))]:
         if kind in ("JUMP", "BRANCH"):
             per_location[(qual, kind, off, dest)] = per_location.get((qual, kind, off, dest), 0) + 1
-    assert max(per_location.values()) <= 7
+    assert max(n for (q, k, off, dest), n in per_location.items() if not (k == "JUMP" and dest < off)) <= 7
+    backward = [n for (q, k, off, dest), n in per_location.items() if k == "JUMP" and dest < off]
+    assert max(backward) == 14, "a loop's backward jump stays on for twice the threshold"
     assert f["header"]["deinstrument_threshold"] == 7
 
 

@@ -83,3 +83,70 @@ fn hot_json_has_the_promised_fields() {
     assert!(l["instructions"][0]["base"].is_string());
     assert!(v["correction"].as_str().unwrap().contains("ns per event"));
 }
+
+/// A synthetic trace of one frame running a loop (FOR_ITER at 2, body, JUMP_BACKWARD at 8 -> 2): the first
+/// iterations carry a BRANCH each and take `slow` ticks, the later ones only their backward jump and take
+/// `fast` ticks, as when the threshold has switched the loop's branch off and kept its backward jump.
+fn quiet_trace(slow_iterations: u64, fast_iterations: u64) -> std::path::PathBuf {
+    use ocular_format::{testing, CodeObject, EventKind, Position, RawEvent, Trailer, Writer};
+    let mut header = testing::header();
+    header.event_cost_ticks = 0.0;
+    let (slow, fast) = (900u64, 300u64);
+    let mut t = 10_000u64;
+    let mut evs = vec![RawEvent::new(t, 1, 0, 0, EventKind::PY_START as u8)];
+    for _ in 0..slow_iterations {
+        evs.push(RawEvent::new(t + slow / 2, 1, 2, 4, EventKind::BRANCH as u8));
+        t += slow;
+        evs.push(RawEvent::new(t, 1, 8, 2, EventKind::JUMP as u8));
+    }
+    for _ in 0..fast_iterations {
+        t += fast;
+        evs.push(RawEvent::new(t, 1, 8, 2, EventKind::JUMP as u8));
+    }
+    evs.push(RawEvent::new(t + 50, 1, 12, 0, EventKind::PY_RETURN as u8));
+    // RESUME, FOR_ITER (+1 cache), POP_TOP, JUMP_BACKWARD, POP_TOP, RETURN_VALUE
+    let bytecode = vec![151, 0, 93, 4, 0, 0, 1, 0, 140, 3, 1, 0, 83, 0];
+    let pos = Position { line: 3, end_line: 3, column: 0, end_column: 1 };
+    let code = CodeObject {
+        id: 1,
+        name: "f".into(),
+        qualname: "f".into(),
+        filename: "synthetic.py".into(),
+        first_line: 1,
+        flags: 0,
+        positions: vec![pos; bytecode.len() / 2],
+        bytecode,
+    };
+    let dir =
+        std::env::temp_dir().join(format!("ocular-quiet-{}-{slow_iterations}-{fast_iterations}", std::process::id()));
+    std::fs::create_dir_all(&dir).unwrap();
+    let path = dir.join("quiet.ocl");
+    let mut w = Writer::new(std::fs::File::create(&path).unwrap(), "quiet.ocl", &header, Default::default()).unwrap();
+    w.code_objects(&[code]).unwrap();
+    w.events(7, &evs).unwrap();
+    let trailer = Trailer {
+        end_unix_ns: 0,
+        end_monotonic_ns: 0,
+        end_ticks: t + 100,
+        events: evs.len() as u64,
+        lost: 0,
+        chunks: 2,
+    };
+    w.finish(trailer).unwrap();
+    path
+}
+
+#[test]
+fn hot_times_a_loop_by_its_quiet_iterations_when_it_has_enough() {
+    let a = analyze(&quiet_trace(20, 40), Default::default()).unwrap();
+    let r = hot::report(&a, 5);
+    let l = &r.loops[0];
+    assert_eq!((l.iterations, l.quiet_iterations, l.timing.as_str()), (60, 40, "quiet"));
+    assert_eq!(l.ticks_per_iteration, 300.0);
+    assert!(format!("{r}").contains("(300 ticks, from 40 quiet iterations)"), "{r}");
+    // Too few quiet ones: the instrumented iterations are averaged, and the report says which.
+    let a = analyze(&quiet_trace(20, 5), Default::default()).unwrap();
+    let l = &hot::report(&a, 5).loops[0];
+    assert_eq!((l.quiet_iterations, l.timing.as_str()), (5, "instrumented"));
+    assert_eq!(l.ticks_per_iteration, (19.0 * 900.0 + 5.0 * 300.0) / 24.0);
+}

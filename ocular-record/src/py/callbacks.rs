@@ -200,7 +200,12 @@ unsafe fn record<
             let hits: &mut [u32] = &mut (*cs).hits;
             if let Some(h) = hits.get_mut((off / 2) as usize) {
                 *h += 1;
-                stop_here = *h >= (*ts).threshold;
+                // A loop's backward jump stays on for as many hits again after the loop's other locations
+                // went quiet: those iterations carry one event each, so `hot` times them almost as they
+                // run unrecorded (specialized, without the other callbacks).
+                let backward = DEST && KIND == EventKind::JUMP as u8 && arg < off;
+                let limit = if backward { (*ts).threshold.saturating_mul(2) } else { (*ts).threshold };
+                stop_here = *h >= limit;
             }
         }
         (*ts).buf.push(RawEvent::new(t, (*cs).id, off, arg, KIND), &*(*ts).sink);
