@@ -56,6 +56,7 @@ impl RawEvent {
     }
 
     /// The kind as an [`EventKind`], if it is one this reader knows.
+    #[inline]
     pub fn event_kind(&self) -> Option<EventKind> {
         EventKind::from_u8(self.kind)
     }
@@ -89,6 +90,7 @@ macro_rules! event_kinds {
             pub const ALL: &'static [EventKind] = &[$(EventKind::$name,)*];
 
             /// The kind with this number, if known.
+            #[inline]
             pub fn from_u8(v: u8) -> Option<Self> {
                 match v { $($value => Some(EventKind::$name),)* _ => None }
             }
