@@ -69,7 +69,7 @@ impl ParquetWriters {
                 // zstd at its default level: LZ4 wrote 10% faster but files 2.8x larger (BENCHMARKS.md).
                 let w = ParquetWriter::new(BufWriter::with_capacity(1 << 20, f))
                     .with_compression(ParquetCompression::Zstd(None))
-                    .batched(&df.schema())?;
+                    .batched(df.schema())?;
                 v.insert(w)
             }
         };
