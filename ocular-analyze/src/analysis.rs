@@ -274,7 +274,7 @@ pub fn analyze(path: &Path, opts: ReadOptions) -> ocular_format::Result<Analysis
                 let ts = threads.entry(tid).or_default();
                 let per = a.per_thread.entry(tid).or_default();
                 for e in evs {
-                    step(ts, e, &cost, precise, &mut tables, &mut a.tree, &mut a.functions, per);
+                    step(ts, e, &cost, precise, &mut tables, &mut a.tree, per);
                 }
                 a.events += evs.len() as u64;
             }
@@ -306,7 +306,17 @@ pub fn analyze(path: &Path, opts: ReadOptions) -> ocular_format::Result<Analysis
         let per = a.per_thread.entry(*tid).or_default();
         while !ts.stack.is_empty() {
             let end = ts.last_ticks;
-            pop(ts, end, &mut a.tree, &mut a.functions, per);
+            pop(ts, end, &mut a.tree, per);
+        }
+    }
+    // Threads merged: the per-thread statistics summed (kept per thread during the pass: one update per
+    // call instead of two).
+    for per in a.per_thread.values() {
+        for (id, s) in per {
+            let m = a.functions.entry(*id).or_default();
+            m.calls += s.calls;
+            m.inclusive += s.inclusive;
+            m.exclusive += s.exclusive;
         }
     }
     for (key, mut stats) in tables.loop_keys.into_iter().zip(tables.loops) {
@@ -333,7 +343,6 @@ fn step(
     precise: bool,
     tables: &mut Tables,
     tree: &mut CallTree,
-    functions: &mut HashMap<u32, FunctionStats>,
     per: &mut HashMap<u32, FunctionStats>,
 ) {
     let t = e.ticks.get();
@@ -347,7 +356,6 @@ fn step(
     match kind {
         EventKind::PY_START | EventKind::PY_RESUME | EventKind::PY_THROW => {
             if kind == EventKind::PY_START {
-                functions.entry(id).or_default().calls += 1;
                 per.entry(id).or_default().calls += 1;
             }
             let depth = ts.active.entry(id).or_insert(0);
@@ -372,10 +380,10 @@ fn step(
             // frame below the top closes the frames above it (events lost or filtered in between).
             if let Some(pos) = ts.stack.iter().rposition(|f| f.code == id) {
                 while ts.stack.len() > pos + 1 {
-                    pop(ts, t, tree, functions, per);
+                    pop(ts, t, tree, per);
                 }
                 block(ts, t, off, precise, tables);
-                pop(ts, t, tree, functions, per);
+                pop(ts, t, tree, per);
             }
         }
         EventKind::JUMP
@@ -474,13 +482,7 @@ fn block(ts: &mut ThreadState, t: u64, off: u32, precise: bool, tables: &mut Tab
     }
 }
 
-fn pop(
-    ts: &mut ThreadState,
-    t: u64,
-    tree: &mut CallTree,
-    functions: &mut HashMap<u32, FunctionStats>,
-    per: &mut HashMap<u32, FunctionStats>,
-) {
+fn pop(ts: &mut ThreadState, t: u64, tree: &mut CallTree, per: &mut HashMap<u32, FunctionStats>) {
     let now = ts.cost;
     let Some(f) = ts.stack.pop() else { return };
     if let Some(d) = ts.active.get_mut(&f.code) {
@@ -494,12 +496,11 @@ fn pop(
     let inclusive = span as f64 - span_cost;
     let exclusive = span.saturating_sub(f.child_ticks) as f64 - (span_cost - f.child_cost);
     tree.exclusive[f.node as usize] += exclusive;
-    for stats in [functions.entry(f.code).or_default(), per.entry(f.code).or_default()] {
-        if f.outermost {
-            stats.inclusive += inclusive;
-        }
-        stats.exclusive += exclusive;
+    let stats = per.entry(f.code).or_default();
+    if f.outermost {
+        stats.inclusive += inclusive;
     }
+    stats.exclusive += exclusive;
     if let Some(parent) = ts.stack.last_mut() {
         parent.child_ticks += span;
         parent.child_cost += span_cost;

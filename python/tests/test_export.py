@@ -60,7 +60,11 @@ def test_pftrace_names_functions_threads_and_loops(trace):
     assert process == ["python 3.12.1 (adaptive mode)"]
     loop_iid = next(i for i, n in names.items() if n == "loop")
     instants = [p.track_event for p in t.packet if p.HasField("track_event") and p.track_event.name_iid == loop_iid]
-    ann = {a.name: a.uint_value for a in instants[1].debug_annotations}
+    # Annotation names are interned once, in the first packet.
+    ann_names = {n.iid: n.name for p in t.packet if p.HasField("interned_data")
+                 for n in p.interned_data.debug_annotation_names}
+    assert sorted(ann_names.values()) == ["cycles", "uops"]
+    ann = {ann_names[a.name_iid]: a.uint_value for a in instants[1].debug_annotations}
     assert ann["uops"] == 7 and ann["cycles"] > 0
 
 

@@ -73,24 +73,32 @@ struct TrackEvent {
     name_iid: Option<u64>,
     #[prost(uint64, optional, tag = "11")]
     track_uuid: Option<u64>,
-    #[prost(string, repeated, tag = "22")]
-    categories: Vec<String>,
     #[prost(message, repeated, tag = "4")]
     debug_annotations: Vec<DebugAnnotation>,
 }
 
 #[derive(Clone, PartialEq, Message)]
 struct DebugAnnotation {
+    #[prost(uint64, optional, tag = "1")]
+    name_iid: Option<u64>,
     #[prost(uint64, optional, tag = "3")]
     uint_value: Option<u64>,
-    #[prost(string, optional, tag = "10")]
-    name: Option<String>,
 }
 
 #[derive(Clone, PartialEq, Message)]
 struct InternedData {
     #[prost(message, repeated, tag = "2")]
     event_names: Vec<EventName>,
+    #[prost(message, repeated, tag = "3")]
+    debug_annotation_names: Vec<DebugAnnotationName>,
+}
+
+#[derive(Clone, PartialEq, Message)]
+struct DebugAnnotationName {
+    #[prost(uint64, optional, tag = "1")]
+    iid: Option<u64>,
+    #[prost(string, optional, tag = "2")]
+    name: Option<String>,
 }
 
 #[derive(Clone, PartialEq, Message)]
@@ -109,6 +117,9 @@ const SEQ_NEEDS_INCREMENTAL_STATE: u32 = 2;
 const SEQUENCE: u32 = 1;
 /// Interned name id of "loop" (code ids, used for function names, are 32-bit).
 const LOOP_IID: u64 = 1 << 32;
+/// Interned debug annotation names, declared in the first packet (no string per loop event).
+const UOPS_IID: u64 = 1;
+const CYCLES_IID: u64 = 2;
 
 struct Out<'a> {
     w: &'a mut dyn Write,
@@ -152,6 +163,10 @@ pub fn export(path: &Path, opts: ReadOptions, out: &mut dyn Write) -> anyhow::Re
         }),
         interned_data: Some(InternedData {
             event_names: vec![EventName { iid: Some(LOOP_IID), name: Some("loop".into()) }],
+            debug_annotation_names: vec![
+                DebugAnnotationName { iid: Some(UOPS_IID), name: Some("uops".into()) },
+                DebugAnnotationName { iid: Some(CYCLES_IID), name: Some("cycles".into()) },
+            ],
         }),
         ..Default::default()
     })?;
@@ -162,6 +177,7 @@ pub fn export(path: &Path, opts: ReadOptions, out: &mut dyn Write) -> anyhow::Re
         Item::Begin { tid, ticks, code: id } => {
             // Names are interned on first use, in the packet that first refers to them.
             let interned_data = interned.insert(id).then(|| InternedData {
+                debug_annotation_names: vec![],
                 event_names: vec![EventName {
                     iid: Some(id as u64),
                     name: Some(code.get(&id).map_or_else(|| "?".into(), |c| c.qualname.clone())),
@@ -173,10 +189,9 @@ pub fn export(path: &Path, opts: ReadOptions, out: &mut dyn Write) -> anyhow::Re
         Item::Loop { tid, ticks, uops, cycles, .. } => {
             let mut p = slice(ns(ticks), tid, INSTANT, Some(LOOP_IID), None);
             if let Some(te) = &mut p.track_event {
-                te.categories = vec!["loop".into()];
-                te.debug_annotations.push(annotation("uops", uops as u64));
+                te.debug_annotations.push(annotation(UOPS_IID, uops as u64));
                 if let Some(c) = cycles {
-                    te.debug_annotations.push(annotation("cycles", c));
+                    te.debug_annotations.push(annotation(CYCLES_IID, c));
                 }
             }
             o.packet(p)
@@ -212,7 +227,6 @@ fn slice(ns: u64, tid: u64, kind: i32, name_iid: Option<u64>, interned: Option<I
             r#type: Some(kind),
             name_iid,
             track_uuid: Some(tid),
-            categories: if kind == SLICE_END { vec![] } else { vec!["python".into()] },
             debug_annotations: vec![],
         }),
         interned_data: interned,
@@ -220,6 +234,6 @@ fn slice(ns: u64, tid: u64, kind: i32, name_iid: Option<u64>, interned: Option<I
     }
 }
 
-fn annotation(name: &str, v: u64) -> DebugAnnotation {
-    DebugAnnotation { name: Some(name.into()), uint_value: Some(v) }
+fn annotation(name_iid: u64, v: u64) -> DebugAnnotation {
+    DebugAnnotation { name_iid: Some(name_iid), uint_value: Some(v) }
 }
