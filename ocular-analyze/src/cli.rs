@@ -146,44 +146,20 @@ fn run(cli: Cli) -> anyhow::Result<()> {
     match cli.command {
         Command::Info { file, json, salvage } => {
             let info = crate::info::summarize(&file, ReadOptions { salvage })?;
-            for w in &info.warnings {
-                eprintln!("warning: {w}");
-            }
-            let mut out = std::io::stdout().lock();
-            if json {
-                serde_json::to_writer_pretty(&mut out, &info)?;
-                writeln!(out)?;
-            } else {
-                writeln!(out, "{info}")?;
-            }
+            warn(&info.warnings);
+            print_report(json, &info, |out| writeln!(out, "{info}"))?;
         }
         Command::Hot { file, top, json, salvage } => {
             let a = crate::analysis::analyze(&file, ReadOptions { salvage })?;
-            for w in &a.warnings {
-                eprintln!("warning: {w}");
-            }
+            warn(&a.warnings);
             let report = crate::hot::report(&a, top);
-            let mut out = std::io::stdout().lock();
-            if json {
-                serde_json::to_writer_pretty(&mut out, &report)?;
-                writeln!(out)?;
-            } else {
-                write!(out, "{report}")?;
-            }
+            print_report(json, &report, |out| write!(out, "{report}"))?;
         }
         Command::Stats { file, sort, top, per_thread, json, salvage } => {
             let a = crate::analysis::analyze(&file, ReadOptions { salvage })?;
-            for w in &a.warnings {
-                eprintln!("warning: {w}");
-            }
+            warn(&a.warnings);
             let rows = crate::stats::rows(&a, per_thread, sort);
-            let mut out = std::io::stdout().lock();
-            if json {
-                serde_json::to_writer_pretty(&mut out, &rows)?;
-                writeln!(out)?;
-            } else {
-                crate::stats::render(&a, &rows, top, &mut out)?;
-            }
+            print_report(json, &rows, |out| crate::stats::render(&a, &rows, top, out))?;
         }
         Command::Export { file, parquet: true, output, salvage, .. } => {
             let dir = output.unwrap_or_else(|| file.with_extension("parquet"));
@@ -196,9 +172,7 @@ fn run(cli: Cli) -> anyhow::Result<()> {
                 (other, _) => anyhow::bail!("unknown --format {other:?}: use json or pftrace"),
             };
             let out_path = output.unwrap_or_else(|| file.with_extension(fmt));
-            let f =
-                std::fs::File::create(&out_path).with_context(|| format!("cannot create {}", out_path.display()))?;
-            let mut w = std::io::BufWriter::with_capacity(1 << 20, f);
+            let mut w = create(&out_path)?;
             let opts = ReadOptions { salvage };
             let (written, read, warnings) = if fmt == "pftrace" {
                 let ((p, r), w) = crate::export::pftrace::export(&file, opts, &mut w)
@@ -210,9 +184,7 @@ fn run(cli: Cli) -> anyhow::Result<()> {
                 (c.events, c.read, w)
             };
             w.flush()?;
-            for w in warnings {
-                eprintln!("warning: {w}");
-            }
+            warn(&warnings);
             eprintln!(
                 "wrote {}: {written} {} from {read} recorded events",
                 out_path.display(),
@@ -228,21 +200,15 @@ fn run(cli: Cli) -> anyhow::Result<()> {
                     writeln!(out, "{s} {v}")?;
                 }
                 out.flush()?;
-                for w in warnings {
-                    eprintln!("warning: {w}");
-                }
+                warn(&warnings);
                 return Ok(());
             }
             let out_path = output.unwrap_or_else(|| file.with_extension("svg"));
-            let f =
-                std::fs::File::create(&out_path).with_context(|| format!("cannot create {}", out_path.display()))?;
-            let mut w = std::io::BufWriter::new(f);
+            let mut w = create(&out_path)?;
             let title = format!("{} (exclusive time)", file.display());
             let warnings = crate::export::flame::svg(&file, opts, &title, &mut w)?;
             w.flush()?;
-            for w in warnings {
-                eprintln!("warning: {w}");
-            }
+            warn(&warnings);
             eprintln!("wrote {}", out_path.display());
         }
         Command::Dump { file, salvage } => {
@@ -250,21 +216,46 @@ fn run(cli: Cli) -> anyhow::Result<()> {
             let warnings = crate::dump::dump(&file, ReadOptions { salvage }, &mut out)
                 .with_context(|| format!("cannot dump {}", file.display()))?;
             out.flush()?;
-            for w in warnings {
-                eprintln!("warning: {w}");
-            }
+            warn(&warnings);
         }
     }
     Ok(())
+}
+
+/// Reader warnings go to stderr, one line each.
+fn warn(warnings: &[String]) {
+    for w in warnings {
+        eprintln!("warning: {w}");
+    }
+}
+
+/// A report on stdout: pretty JSON with `--json`, else its text form.
+fn print_report<T: serde::Serialize>(
+    json: bool,
+    report: &T,
+    text: impl FnOnce(&mut dyn Write) -> std::io::Result<()>,
+) -> anyhow::Result<()> {
+    let mut out = std::io::stdout().lock();
+    if json {
+        serde_json::to_writer_pretty(&mut out, report)?;
+        writeln!(out)?;
+    } else {
+        text(&mut out)?;
+    }
+    Ok(())
+}
+
+/// An output file, buffered, with its path in the error.
+fn create(path: &std::path::Path) -> anyhow::Result<std::io::BufWriter<std::fs::File>> {
+    let f = std::fs::File::create(path).with_context(|| format!("cannot create {}", path.display()))?;
+    Ok(std::io::BufWriter::with_capacity(1 << 20, f))
 }
 
 #[cfg(feature = "parquet")]
 fn export_parquet(file: &std::path::Path, opts: ReadOptions, dir: &std::path::Path) -> anyhow::Result<()> {
     let summary =
         crate::export::parquet::export(file, opts, dir).with_context(|| format!("cannot export {}", file.display()))?;
-    for w in &summary.warnings {
-        eprintln!("warning: {w}");
-    }
+    warn(&summary.warnings);
     let rows = |t: &str| summary.rows.get(t).copied().unwrap_or(0);
     eprintln!(
         "wrote {}: events.parquet ({} rows), calls.parquet ({} rows), code.parquet ({} rows) from {} recorded events",

@@ -44,6 +44,7 @@ class Trace:
         if not os.path.exists(self.path):
             raise FileNotFoundError(f"no such trace: {self.path}")
         self._info = _call(_ext().info, self.path, salvage=salvage)
+        self._hot: dict[int, tuple] = {}  # top -> (report, text): one analysis serves hot() and hot_text()
 
     def __repr__(self) -> str:
         i = self._info
@@ -58,15 +59,20 @@ class Trace:
         """The ``top`` hottest loops: function, file, lines, iterations, ns per iteration, and the body
         disassembled (base -> specialized opcode, cost per instruction). ``str()`` of it is the text report;
         see :meth:`hot_text`."""
-        report, _text, warns = _call(_ext().hot, self.path, top, salvage=self.salvage)
-        _warn(warns)
-        return report
+        import copy
+
+        return copy.deepcopy(self._hot_pass(top)[0])  # the caller may edit it; the cache stays as computed
 
     def hot_text(self, top: int = 10) -> str:
         """The hot-loop report as ``ocular-analyze hot`` prints it."""
-        _report, text, warns = _call(_ext().hot, self.path, top, salvage=self.salvage)
-        _warn(warns)
-        return text
+        return self._hot_pass(top)[1]
+
+    def _hot_pass(self, top: int) -> tuple:
+        if top not in self._hot:
+            report, text, warns = _call(_ext().hot, self.path, top, salvage=self.salvage)
+            _warn(warns)
+            self._hot[top] = (report, text)
+        return self._hot[top]
 
     def stats(self, per_thread: bool = False) -> list[dict[str, Any]]:
         """Per function: calls, inclusive and exclusive ms (recorder cost subtracted), mean us, file:line."""
