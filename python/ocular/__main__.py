@@ -12,6 +12,10 @@ import os
 import runpy
 import sys
 
+TYPE_CHECKING = False
+if TYPE_CHECKING:
+    from typing import Callable
+
 from ._analysis import load
 from ._recorder import MODES, Recording
 from .errors import OcularError
@@ -79,21 +83,64 @@ def _run(ns: argparse.Namespace) -> int:
     else:
         sys.argv = [ns.module, *ns.target]
         sys.path[0] = os.getcwd()
+    # Everything but the program itself is done before recording starts, so the trace (and the cost of
+    # recording) is the program's: reading and compiling the script, and runpy's imports (pkgutil brings
+    # typing, some 200 code objects).
+    if ns.module is None:
+        target = _script(sys.argv[0])
+    else:
+        import pkgutil  # noqa: F401 - imported here so that runpy's use of it is not recorded
+
+        def target() -> None:
+            runpy.run_module(ns.module, run_name="__main__", alter_sys=True)
+
     rec = Recording(ns.output, ns.mode, ns.threshold, ns.include, ns.exclude)
     code = 0
     try:
         with rec:
             try:
-                if ns.module is None:
-                    runpy.run_path(sys.argv[0], run_name="__main__")
-                else:
-                    runpy.run_module(ns.module, run_name="__main__", alter_sys=True)
+                target()
             except SystemExit as e:
                 code = _exit_code(e.code)
     finally:
         if not ns.quiet and not rec.running and rec.tool_id >= 0:
             print(f"ocular: wrote {rec.summary()}", file=sys.stderr)
     return code
+
+
+def _script(path: str) -> "Callable[[], None]":
+    """A script file, read and compiled now, to run later as ``runpy.run_path(path, run_name="__main__")``
+    would: a fresh ``__main__`` module with the same globals. Directories and zip files with a
+    ``__main__.py`` go through runpy itself."""
+    if os.path.isdir(path) or not path.endswith((".py", ".pyw")) and _is_zip(path):
+        import pkgutil  # noqa: F401 - see _run
+
+        return lambda: runpy.run_path(path, run_name="__main__") and None
+    import io
+    import types
+
+    with io.open_code(path) as f:
+        source = f.read()
+    compiled = compile(source, path, "exec", dont_inherit=True)
+    module = types.ModuleType("__main__")
+    module.__dict__.update(__file__=path, __cached__=None, __loader__=None, __package__="", __spec__=None)
+
+    def run() -> None:
+        saved = sys.modules.get("__main__")
+        sys.modules["__main__"] = module
+        try:
+            exec(compiled, module.__dict__)
+        finally:
+            if saved is not None:
+                sys.modules["__main__"] = saved
+
+    return run
+
+
+def _is_zip(path: str) -> bool:
+    import zipfile
+
+    return zipfile.is_zipfile(path)
 
 
 def _exit_code(c: object) -> int:

@@ -145,6 +145,23 @@ def test_run_keeps_argv_main_and_exit_code(tmp_path):
     assert "work" in {q for (q, _, _, _) in f["code"].values()}
 
 
+def test_run_records_the_program_and_not_the_machinery_that_starts_it(tmp_path):
+    # runpy.run_path imports pkgutil, which imports typing: ~200 code objects that are not the user's.
+    script = tmp_path / "tiny.py"
+    script.write_text("def f():\n    return 1\nf()\n")
+    out = tmp_path / "tiny.ocl"
+    r = run_ocular("run", "-q", "-o", str(out), str(script))
+    assert r.returncode == 0, r.stderr
+    from ocular import _ocular
+
+    f = _ocular.read(str(out))
+    assert sorted((q, os.path.basename(fn)) for (q, fn, _, _) in f["code"].values()) == [
+        ("<module>", "tiny.py"),
+        ("f", "tiny.py"),
+    ]
+    assert [k for (_, _, k, _, _, _) in f["events"]] == ["PY_START", "PY_START", "PY_RETURN", "PY_RETURN"]
+
+
 def test_run_module_mode(tmp_path):
     (tmp_path / "mymod.py").write_text("import sys\nprint('mod', sys.argv)\n")
     out = tmp_path / "m.ocl"
