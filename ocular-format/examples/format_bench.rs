@@ -126,7 +126,8 @@ fn main() {
     for level in levels {
         let file = std::io::BufWriter::with_capacity(1 << 20, std::fs::File::create(&path).unwrap());
         let t = Instant::now();
-        let mut w = Writer::new(file, "bench", &header, WriterOptions { compress: true, level }).unwrap();
+        let mut w =
+            Writer::new(file, "bench", &header, WriterOptions { compress: true, level, ..Default::default() }).unwrap();
         for part in events.chunks(buffer) {
             w.events(1, part).unwrap();
         }

@@ -1,12 +1,12 @@
-//! Writes the frozen format fixture `testdata/v1.0/synthetic.ocl`: every chunk kind, two threads, a lost
+//! Writes the frozen format fixture of the current format version (`testdata/v2.0/synthetic.ocl`): every chunk kind, two threads, a lost
 //! record, a snapshot and a trailer. Frozen files are never rewritten: this refuses to overwrite one.
 //!
-//!     cargo run -p ocular-format --example make_fixture -- testdata/v1.0/synthetic.ocl
+//!     cargo run -p ocular-format --example make_fixture -- testdata/v2.0/synthetic.ocl
 
 use ocular_format::*;
 
 fn main() -> Result<()> {
-    let path = std::env::args().nth(1).unwrap_or_else(|| "testdata/v1.0/synthetic.ocl".into());
+    let path = std::env::args().nth(1).unwrap_or_else(|| "testdata/v2.0/synthetic.ocl".into());
     if std::path::Path::new(&path).exists() {
         eprintln!("{path} exists: frozen fixtures are never rewritten; make a new version's directory instead");
         std::process::exit(1);
@@ -21,6 +21,7 @@ fn main() -> Result<()> {
         first_line: line,
         flags: 3,
         bytecode: vec![151, 0, 93, 2, 0, 0, 1, 0, 140, 4, 83, 0],
+        linetable: Vec::new(),
         positions: (0..6)
             .map(|i| Position { line: line as i32 + i / 2, end_line: line as i32 + i / 2, column: 4, end_column: 12 })
             .collect(),

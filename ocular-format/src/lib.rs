@@ -1,4 +1,4 @@
-//! The Ocular trace file format (`.ocl`), version 1.0.
+//! The Ocular trace file format (`.ocl`), version 2.0 (and the 1.x files before it).
 //!
 //! [`FORMAT.md`](https://example.invalid/ocular/ocular-format/FORMAT.md) beside this crate is the
 //! specification; this crate is its reference reader and writer. It has no Python in it: the recorder
@@ -31,6 +31,7 @@ pub mod chunk;
 pub mod codec;
 mod error;
 mod event;
+pub mod linetable;
 mod meta;
 mod reader;
 mod writer;

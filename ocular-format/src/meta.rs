@@ -127,7 +127,37 @@ pub struct CodeObject {
     pub flags: u32,
     /// `co_code`: base bytecode, 2 bytes per code unit.
     pub bytecode: Vec<u8>,
-    /// One position per code unit, from `co_positions()`.
+    /// `co_linetable`, as stored by format 2.0 (empty in 1.x files). A writer given an empty table encodes
+    /// one from `positions`.
+    pub linetable: Vec<u8>,
+    /// One position per code unit, as `co_positions()` gives them: decoded from `linetable` by the reader
+    /// (stored as such in 1.x files). A recorder may leave it empty and give only `linetable`.
+    pub positions: Vec<Position>,
+}
+
+/// How format 2.0 stores a [`CodeObject`] (FORMAT.md 6.1).
+#[derive(Serialize, Deserialize)]
+pub(crate) struct CodeObjectV2<'a> {
+    pub id: u32,
+    pub name: std::borrow::Cow<'a, str>,
+    pub qualname: std::borrow::Cow<'a, str>,
+    pub filename: std::borrow::Cow<'a, str>,
+    pub first_line: u32,
+    pub flags: u32,
+    pub bytecode: std::borrow::Cow<'a, [u8]>,
+    pub linetable: std::borrow::Cow<'a, [u8]>,
+}
+
+/// How format 1.x stored a [`CodeObject`].
+#[derive(Deserialize)]
+pub(crate) struct CodeObjectV1 {
+    pub id: u32,
+    pub name: String,
+    pub qualname: String,
+    pub filename: String,
+    pub first_line: u32,
+    pub flags: u32,
+    pub bytecode: Vec<u8>,
     pub positions: Vec<Position>,
 }
 
@@ -173,7 +203,7 @@ pub struct Lost {
 pub struct CodeSnapshot {
     /// Code id.
     pub id: u32,
-    /// `_co_code_adaptive` at stop.
+    /// `_co_code_adaptive` at stop, as it was (the reader undoes format 2.0's XOR with the base bytecode).
     pub bytecode: Vec<u8>,
 }
 

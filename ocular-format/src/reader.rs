@@ -3,8 +3,11 @@
 use crate::chunk::{codec, hex, kind, ChunkHeader, Preamble, CHUNK_HEADER_LEN, MAGIC, MAJOR, SYNC};
 use crate::error::{Error, Result};
 use crate::event::RawEvent;
-use crate::meta::{Calibration, CodeObject, CodeSnapshot, Header, Lost, ThreadInfo, Trailer};
+use crate::meta::{
+    Calibration, CodeObject, CodeObjectV1, CodeObjectV2, CodeSnapshot, Header, Lost, ThreadInfo, Trailer,
+};
 use serde::de::DeserializeOwned;
+use std::collections::HashMap;
 use std::fs::File;
 use std::io::{BufReader, Read, Seek, SeekFrom};
 use std::path::Path;
@@ -173,6 +176,8 @@ pub struct Reader<R> {
     decoder: crate::codec::Decoder,
     zstd: zstd::bulk::Decompressor<'static>,
     report: Report,
+    /// Base bytecode by code id (2.0 files), to undo the XOR of snapshots: state per code object.
+    bases: HashMap<u32, Vec<u8>>,
 }
 
 impl<R> std::fmt::Debug for Reader<R> {
@@ -220,6 +225,7 @@ impl<R: Read + Seek> Reader<R> {
             decoder: Default::default(),
             zstd,
             report: Report::default(),
+            bases: HashMap::new(),
         };
         let mut pre = [0u8; 16];
         let got = r.read_full(&mut pre)?;
@@ -460,8 +466,17 @@ impl<R: Read + Seek> Reader<R> {
             kind::HEADER => {
                 return Err(self.corrupt(offset, "a second HEADER chunk".into()));
             }
-            kind::CODE => Body::Code(self.decode_framed(info)?),
-            kind::SNAPSHOT => Body::Snapshot(self.decode_framed(info)?),
+            kind::CODE => Body::Code(self.decode_code(info)?),
+            kind::SNAPSHOT => {
+                let mut snaps: Vec<CodeSnapshot> = self.decode_framed(info)?;
+                if self.version.0 >= 2 {
+                    // 2.0: stored XORed with the base bytecode (FORMAT.md 6.4).
+                    for s in &mut snaps {
+                        s.bytecode = crate::writer::xor(&s.bytecode, self.bases.get(&s.id));
+                    }
+                }
+                Body::Snapshot(snaps)
+            }
             kind::THREAD => Body::Thread(self.decode_one(offset)?),
             kind::LOST => Body::Lost(self.decode_one(offset)?),
             // 2026-11-21, format 1.1: CALIBRATION added. A 1.0 file has none; readers use the header's
@@ -574,6 +589,49 @@ impl<R: Read + Seek> Reader<R> {
                 ),
             )
         })
+    }
+
+    /// CODE records: 2.0 stores `co_linetable`, decoded here into positions; 1.x stored the positions.
+    fn decode_code(&mut self, info: &ChunkInfo) -> Result<Vec<CodeObject>> {
+        if self.version.0 < 2 {
+            let v1: Vec<CodeObjectV1> = self.decode_framed(info)?;
+            return Ok(v1
+                .into_iter()
+                .map(|c| CodeObject {
+                    id: c.id,
+                    name: c.name,
+                    qualname: c.qualname,
+                    filename: c.filename,
+                    first_line: c.first_line,
+                    flags: c.flags,
+                    bytecode: c.bytecode,
+                    linetable: Vec::new(),
+                    positions: c.positions,
+                })
+                .collect());
+        }
+        let v2: Vec<CodeObjectV2> = self.decode_framed(info)?;
+        let out: Vec<CodeObject> = v2
+            .into_iter()
+            .map(|c| {
+                let positions = crate::linetable::decode(&c.linetable, c.first_line, c.bytecode.len() / 2);
+                CodeObject {
+                    id: c.id,
+                    name: c.name.into_owned(),
+                    qualname: c.qualname.into_owned(),
+                    filename: c.filename.into_owned(),
+                    first_line: c.first_line,
+                    flags: c.flags,
+                    bytecode: c.bytecode.into_owned(),
+                    linetable: c.linetable.into_owned(),
+                    positions,
+                }
+            })
+            .collect();
+        for c in &out {
+            self.bases.insert(c.id, c.bytecode.clone());
+        }
+        Ok(out)
     }
 
     fn decode_framed<T: DeserializeOwned>(&self, info: &ChunkInfo) -> Result<Vec<T>> {

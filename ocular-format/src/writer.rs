@@ -3,8 +3,10 @@
 use crate::chunk::{codec, kind, ChunkHeader, Preamble, MAGIC, MAJOR, MAX_CHUNK_EVENTS, MINOR, SYNC};
 use crate::error::{Error, Result};
 use crate::event::RawEvent;
-use crate::meta::{Calibration, CodeObject, CodeSnapshot, Header, Lost, ThreadInfo, Trailer};
+use crate::meta::{Calibration, CodeObject, CodeObjectV2, CodeSnapshot, Header, Lost, ThreadInfo, Trailer};
 use serde::Serialize;
+use std::borrow::Cow;
+use std::collections::HashMap;
 use std::io::Write;
 use zerocopy::little_endian::{U16, U32, U64};
 use zerocopy::IntoBytes;
@@ -16,14 +18,20 @@ pub struct WriterOptions {
     pub compress: bool,
     /// zstd level for event chunks.
     pub level: i32,
+    /// zstd level for CODE and SNAPSHOT chunks: written once per code object, they are a small part of
+    /// the writer's work and, in a thresholded recording, most of the file.
+    pub meta_level: i32,
 }
 
 impl Default for WriterOptions {
     fn default() -> Self {
         // Level 1: the same size within 0.5% as level 3 on recorder data, and a third less writer CPU (BENCHMARKS.md).
-        Self { compress: true, level: 1 }
+        Self { compress: true, level: 1, meta_level: META_LEVEL }
     }
 }
+
+/// See [`WriterOptions::meta_level`] and BENCHMARKS.md ("Code metadata").
+const META_LEVEL: i32 = 9;
 
 /// Writes an `.ocl` file chunk by chunk. Every chunk is handed to the underlying writer whole with a
 /// single `write_all` and then flushed, so a process killed at any time leaves only whole chunks plus at
@@ -51,6 +59,8 @@ pub struct Writer<W: Write> {
     encoder: crate::codec::Encoder,
     frame: Vec<u8>,
     bytes: u64,
+    /// Base bytecode by code id: snapshots are stored XORed with it (FORMAT.md 6.4).
+    bases: HashMap<u32, Vec<u8>>,
 }
 
 impl<W: Write> std::fmt::Debug for Writer<W> {
@@ -76,6 +86,7 @@ impl<W: Write> Writer<W> {
             encoder: Default::default(),
             frame: Vec::new(),
             bytes: 0,
+            bases: HashMap::new(),
         };
         let pre = Preamble { magic: MAGIC, major: U16::new(MAJOR), minor: U16::new(MINOR), flags: U32::new(0) };
         w.out.write_all(pre.as_bytes()).map_err(|e| io_err(path, e))?;
@@ -105,14 +116,40 @@ impl<W: Write> Writer<W> {
         Ok(())
     }
 
-    /// Writes code objects as one CODE chunk.
+    /// Writes code objects as one CODE chunk, with their `linetable` (encoded from `positions` when empty).
     pub fn code_objects(&mut self, objects: &[CodeObject]) -> Result<()> {
-        self.framed(kind::CODE, objects, "code object")
+        let wire: Vec<CodeObjectV2> = objects
+            .iter()
+            .map(|c| CodeObjectV2 {
+                id: c.id,
+                name: Cow::Borrowed(&c.name),
+                qualname: Cow::Borrowed(&c.qualname),
+                filename: Cow::Borrowed(&c.filename),
+                first_line: c.first_line,
+                flags: c.flags,
+                bytecode: Cow::Borrowed(&c.bytecode),
+                linetable: if c.linetable.is_empty() && !c.positions.is_empty() {
+                    Cow::Owned(crate::linetable::encode(&c.positions, c.first_line))
+                } else {
+                    Cow::Borrowed(&c.linetable)
+                },
+            })
+            .collect();
+        self.framed(kind::CODE, &wire, "code object")?;
+        for c in objects {
+            self.bases.insert(c.id, c.bytecode.clone());
+        }
+        Ok(())
     }
 
-    /// Writes specialized-bytecode snapshots as one SNAPSHOT chunk.
+    /// Writes specialized-bytecode snapshots as one SNAPSHOT chunk, each XORed with its code object's base
+    /// bytecode (FORMAT.md 6.4): most of it equal, the XOR is mostly zeros and compresses to little.
     pub fn snapshots(&mut self, snapshots: &[CodeSnapshot]) -> Result<()> {
-        self.framed(kind::SNAPSHOT, snapshots, "code snapshot")
+        let wire: Vec<CodeSnapshot> = snapshots
+            .iter()
+            .map(|s| CodeSnapshot { id: s.id, bytecode: xor(&s.bytecode, self.bases.get(&s.id)) })
+            .collect();
+        self.framed(kind::SNAPSHOT, &wire, "code snapshot")
     }
 
     /// Writes the recorder's cost per event kind (before the first events).
@@ -170,7 +207,10 @@ impl<W: Write> Writer<W> {
                 // A framed record is postcard's encoding of a byte string: varint length, then the bytes.
                 postcard::to_io(one.as_slice(), &mut self.raw).map_err(|source| Error::Encode { what, source })?;
             }
-            self.emit(kind, codec::NONE, 0, (0, 0), part.len() as u32, true)?;
+            self.zstd.set_compression_level(self.opts.meta_level).map_err(|e| io_err(&self.path, e))?;
+            let done = self.emit(kind, codec::NONE, 0, (0, 0), part.len() as u32, true);
+            self.zstd.set_compression_level(self.opts.level).map_err(|e| io_err(&self.path, e))?;
+            done?;
         }
         Ok(())
     }
@@ -185,15 +225,15 @@ impl<W: Write> Writer<W> {
         count: u32,
         compressible: bool,
     ) -> Result<()> {
-        let compress = self.opts.compress && compressible;
-        let payload: &[u8] = if compress {
+        let mut compress = self.opts.compress && compressible;
+        if compress {
             self.stored.clear();
             self.stored.reserve(zstd::zstd_safe::compress_bound(self.raw.len()));
             self.zstd.compress_to_buffer(&self.raw, &mut self.stored).map_err(|e| io_err(&self.path, e))?;
-            &self.stored
-        } else {
-            &self.raw
-        };
+            // A small payload can grow by zstd's frame header: then it is stored as it is.
+            compress = self.stored.len() < self.raw.len();
+        }
+        let payload: &[u8] = if compress { &self.stored } else { &self.raw };
         let codec = transform | if compress { codec::ZSTD } else { codec::NONE };
         let mut h = ChunkHeader {
             sync: SYNC,
@@ -222,6 +262,13 @@ impl<W: Write> Writer<W> {
         self.bytes += total as u64;
         Ok(())
     }
+}
+
+/// `bytes` XOR `base`, byte by byte; bytes beyond the base's length (or all, without a base) as they are.
+/// Its own inverse.
+pub(crate) fn xor(bytes: &[u8], base: Option<&Vec<u8>>) -> Vec<u8> {
+    let base = base.map_or(&[][..], |b| b.as_slice());
+    bytes.iter().enumerate().map(|(i, &b)| b ^ base.get(i).copied().unwrap_or(0)).collect()
 }
 
 fn io_err(path: &str, source: std::io::Error) -> Error {

@@ -5,7 +5,6 @@ from __future__ import annotations
 import dis
 import opcode
 import sys
-from types import CodeType
 
 from .errors import UnsupportedPython
 
@@ -49,21 +48,6 @@ def opcode_tables() -> dict:
         "have_argument": opcode.HAVE_ARGUMENT,
         "extended_arg": opcode.EXTENDED_ARG,
     }
-
-
-def describe(code: CodeType) -> tuple:
-    """A code object as the recorder stores it (FORMAT.md 6.1), called once per code object, at its first
-    event: keep it cheap (the Rust side maps None positions to -1)."""
-    positions = list(code.co_positions())
-    return (
-        code.co_name,
-        code.co_qualname,
-        code.co_filename,
-        code.co_firstlineno,
-        code.co_flags,
-        code.co_code,
-        positions,
-    )
 
 
 def boot_thread_name() -> str:

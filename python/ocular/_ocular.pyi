@@ -9,8 +9,6 @@ callbacks: dict[str, Callable[..., Any]]
 callbacks_gapless: dict[str, Callable[..., Any]]
 FAST_INTS: bool
 bench_callbacks: dict[str, Callable[..., Any]]
-callbacks_gapless: dict[str, Callable[..., Any]]
-FAST_INTS: bool
 
 def ticks() -> int: ...
 def ticks_per_second(window_ms: int) -> float: ...
@@ -25,7 +23,6 @@ def start(
     buffer_events: int,
     max_buffers: int,
     event_cost_ticks: float,
-    describe: Callable[[CodeType], tuple],
     thread_name: Callable[[], str],
     boot_code: CodeType,
     main_native_id: int,

@@ -172,7 +172,7 @@ def _calibrate(mode: str, tool: int, threshold: int, buffer_events: int) -> floa
     # The same callbacks as the recording, with a threshold that is never reached.
     never = 0 if threshold == 0 else 2**32 - 1
     # Small buffers: the calibration records a few thousand events into nothing.
-    nat.start(None, {}, mode, never, [], [], min(buffer_events, 8192), 2, 0.0, _interp.describe,
+    nat.start(None, {}, mode, never, [], [], min(buffer_events, 8192), 2, 0.0,
               _interp.boot_thread_name, _interp.boot_thread_name.__code__, threading.get_native_id(), "", [])
     # Untraced and traced runs alternate, and the median of the pairs' differences is the cost: a slow
     # moment of the machine then shifts one pair, not a whole phase of the measurement.
@@ -285,7 +285,7 @@ class Recording:
             boot = threading.Thread._bootstrap.__code__  # type: ignore[attr-defined]
             main = threading.main_thread()
             nat.start(self.path, header, self.mode, self.deinstrument_threshold, self.include_only,
-                      self.exclude, self.buffer_events, self.max_buffers, cost, _interp.describe,
+                      self.exclude, self.buffer_events, self.max_buffers, cost,
                       _interp.boot_thread_name, boot, main.native_id or 0, main.name, [_OWN_CODE], per_kind)
         except BaseException:
             release_tool_id(tool, self._events)

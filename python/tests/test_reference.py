@@ -7,6 +7,7 @@ import pytest
 from conftest import Reference, counts, read_ocl
 
 import ocular
+from ocular import _ocular
 import workloads
 from ocular._recorder import event_names
 
@@ -193,3 +194,48 @@ def test_recordings_carry_a_cost_per_event_kind(ocl):
     assert cal["PY_START"] == cal["PY_RETURN"] > 0, "call events share the calls-mode measurement"
     assert cal["JUMP"] == cal["BRANCH"] > 0
     assert rec.call_event_cost_ns > 0 and rec.event_cost_ns > 0
+
+
+def _live_code_objects():
+    """Every code object reachable from a live function, with the code objects nested in their constants."""
+    import gc
+    import types
+
+    seen = {}
+    todo = [o.__code__ for o in gc.get_objects() if isinstance(o, types.FunctionType)]
+    while todo:
+        c = todo.pop()
+        if id(c) not in seen:
+            seen[id(c)] = c
+            todo.extend(k for k in c.co_consts if isinstance(k, types.CodeType))
+    return seen.values()
+
+
+def test_positions_read_back_equal_co_positions(ocl):
+    """The file stores co_linetable as CPython has it (FORMAT.md 6.1.1); the reader's decoding must give
+    exactly co_positions() for every code object, whatever forms of entry CPython chose."""
+    import argparse
+    import dataclasses
+    import json
+    import textwrap
+
+    with ocular.record(ocl, mode="calls"):
+        json.loads(json.dumps({"a": [1, 2.5, None, {"b": "c"}]}, indent=2))
+        argparse.ArgumentParser(prog="x").parse_args([])
+        textwrap.fill("many words " * 30, width=40)
+        dataclasses.make_dataclass("P", [("x", int), ("y", int, dataclasses.field(default=0))])(1)
+        workloads.mixed()
+    f = _ocular.read(ocl)
+    live = {}
+    for c in _live_code_objects():
+        live.setdefault((c.co_filename, c.co_qualname, c.co_firstlineno, c.co_code), []).append(c)
+    compared = 0
+    for cid, (qual, filename, first_line, _name) in f["code"].items():
+        same = live.get((filename, qual, first_line, f["bytecode"][cid]), [])
+        if len({c.co_linetable for c in same}) != 1:
+            continue  # a module body no function refers to, or generated code (dataclasses) seen twice
+        c = same[0]
+        want = [tuple(-1 if v is None else v for v in p) for p in c.co_positions()]
+        assert [tuple(p) for p in f["positions"][cid]] == want, f"{qual} at {filename}:{first_line}"
+        compared += 1
+    assert compared >= 100, f"only {compared} code objects compared of {len(f['code'])}"

@@ -114,6 +114,7 @@ fn quiet_trace(slow_iterations: u64, fast_iterations: u64) -> std::path::PathBuf
         filename: "synthetic.py".into(),
         first_line: 1,
         flags: 0,
+        linetable: Vec::new(),
         positions: vec![pos; bytecode.len() / 2],
         bytecode,
     };

@@ -86,12 +86,12 @@ fn foreign_file_is_named_with_its_first_bytes() {
 #[test]
 fn newer_major_version_asks_for_an_upgrade() {
     let (mut bytes, _) = sample_file(true);
-    bytes[8] = 2;
-    bytes[10] = 3;
+    bytes[8] = 3;
+    bytes[10] = 1;
     let err = read_all(&bytes, false).unwrap_err();
     assert_eq!(
         err.to_string(),
-        "mem.ocl uses .ocl format 2.3, but this Ocular reads formats up to 1.x: upgrade Ocular to read it"
+        "mem.ocl uses .ocl format 3.1, but this Ocular reads formats up to 2.x: upgrade Ocular to read it"
     );
 }
 

@@ -8,13 +8,11 @@ fn fixture(rel: &str) -> Vec<u8> {
     std::fs::read(format!("{path}{rel}")).unwrap_or_else(|e| panic!("{path}{rel}: {e}"))
 }
 
-#[test]
-fn v1_0_synthetic_reads_forever() {
-    let bytes = fixture("v1.0/synthetic.ocl");
-    assert_eq!(bytes.len(), 1918);
-    let r = ocular_format::Reader::new(std::io::Cursor::new(&bytes), "v1.0", Default::default()).unwrap();
+/// The content both synthetic fixtures hold (`make_fixture` wrote each in its version's layout).
+fn check_synthetic(bytes: &[u8], version: (u16, u16)) {
+    let r = ocular_format::Reader::new(std::io::Cursor::new(bytes), "fixture", Default::default()).unwrap();
     let h = r.header();
-    assert_eq!(r.version(), (1, 0));
+    assert_eq!(r.version(), version);
     assert_eq!((h.python_version.as_str(), h.python_hexversion, h.pid), ("3.12.1", 0x030c01f0, 4242));
     assert_eq!(h.options.mode, ocular_format::Mode::Adaptive);
     assert_eq!(h.options.exclude, ["threading"]);
@@ -22,7 +20,7 @@ fn v1_0_synthetic_reads_forever() {
     assert_eq!(h.opcodes.base[194], 93);
     assert_eq!(h.ticks_per_second, 3.0e9);
 
-    let all = read_all(&bytes, false).unwrap();
+    let all = read_all(bytes, false).unwrap();
     assert!(all.report.clean());
     let per_thread: Vec<(u64, usize)> = all.events.iter().map(|(t, e)| (*t, e.len())).collect();
     assert_eq!(per_thread, [(1001, 43), (1002, 27), (1001, 13)]);
@@ -31,9 +29,25 @@ fn v1_0_synthetic_reads_forever() {
     assert_eq!(format!("{:?}", first[2]), "JUMP ticks=10240 code=1 offset=8 arg=2");
     assert_eq!(format!("{:?}", first[42]), "PY_RETURN ticks=15060 code=1 offset=10 arg=0");
     assert_eq!(all.code.iter().map(|c| c.qualname.as_str()).collect::<Vec<_>>(), ["main", "Worker.run"]);
-    assert_eq!(all.code[1].positions[5].line, 12);
+    let p = all.code[1].positions[5];
+    assert_eq!((p.line, p.end_line, p.column, p.end_column), (12, 12, 4, 12));
+    assert_eq!(all.code[1].positions.len(), 6);
     assert_eq!(all.lost[0].count, 3);
-    assert_eq!(all.snapshots[0].bytecode[2], 194);
+    assert_eq!(all.snapshots[0].bytecode, [151, 0, 194, 2, 0, 0, 1, 0, 140, 4, 83, 0]);
     let t = all.trailer.unwrap();
     assert_eq!((t.events, t.lost, t.chunks), (83, 3, 9));
+}
+
+#[test]
+fn v1_0_synthetic_reads_forever() {
+    let bytes = fixture("v1.0/synthetic.ocl");
+    assert_eq!(bytes.len(), 1918);
+    check_synthetic(&bytes, (1, 0));
+}
+
+#[test]
+fn v2_0_synthetic_reads_forever() {
+    let bytes = fixture("v2.0/synthetic.ocl");
+    assert_eq!(bytes.len(), 1889);
+    check_synthetic(&bytes, (2, 0));
 }

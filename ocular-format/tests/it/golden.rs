@@ -74,14 +74,22 @@ fn header_payload(h: &Header) -> Vec<u8> {
     p.0
 }
 
+/// `util::code(1, ..)` as FORMAT.md 6.1 stores it: its four positions (lines 10 to 13, column 4, no end
+/// column) as a location table of long-form entries (6.1.1): first byte `1 1110 000` (entry, code 14,
+/// one unit), line delta as svarint (0 from `first_line`, then +1 = `02`), end line delta 0, column + 1
+/// = 5, end column + 1 = 0.
 fn code_record(c: &CodeObject) -> Vec<u8> {
     let mut p = Pc::default();
     p.varint(c.id as u64).string(&c.name).string(&c.qualname).string(&c.filename);
     p.varint(c.first_line as u64).varint(c.flags as u64).bytes(&c.bytecode);
-    p.varint(c.positions.len() as u64);
-    for pos in &c.positions {
-        p.zigzag(pos.line as i64).zigzag(pos.end_line as i64).zigzag(pos.column as i64).zigzag(pos.end_column as i64);
-    }
+    #[rustfmt::skip]
+    let linetable = [
+        0xf0, 0x00, 0x00, 0x05, 0x00,
+        0xf0, 0x02, 0x00, 0x05, 0x00,
+        0xf0, 0x02, 0x00, 0x05, 0x00,
+        0xf0, 0x02, 0x00, 0x05, 0x00,
+    ];
+    p.bytes(&linetable);
     p.0
 }
 
@@ -134,13 +142,17 @@ fn golden_bytes() {
     let h = small_header();
     let c = code(1, "work");
     let thread = ThreadInfo { thread_id: 77, name: "MainThread".into(), is_main: true };
-    let mut w = Writer::new(Vec::new(), "<memory>", &h, WriterOptions { compress: false, level: 0 }).unwrap();
+    let mut w =
+        Writer::new(Vec::new(), "<memory>", &h, WriterOptions { compress: false, level: 0, ..Default::default() })
+            .unwrap();
     w.code_objects(std::slice::from_ref(&c)).unwrap();
     w.thread(&thread).unwrap();
     w.events(77, &example_events()).unwrap();
+    // FOR_ITER (93) specialized to FOR_ITER_RANGE (194).
+    w.snapshots(&[CodeSnapshot { id: 1, bytecode: vec![151, 0, 194, 2, 140, 4, 83, 0] }]).unwrap();
     let got = w.finish(trailer()).unwrap();
 
-    let mut want = vec![0x89, b'O', b'C', b'L', 0x0d, 0x0a, 0x1a, 0x0a, 1, 0, 1, 0, 0, 0, 0, 0];
+    let mut want = vec![0x89, b'O', b'C', b'L', 0x0d, 0x0a, 0x1a, 0x0a, 2, 0, 0, 0, 0, 0, 0, 0];
     want.extend(chunk(0x0001, 0x00, 0, 0, (0, 0), 1, &header_payload(&h)));
     let mut framed = Pc::default();
     framed.bytes(&code_record(&c));
@@ -149,11 +161,15 @@ fn golden_bytes() {
     tp.varint(77).string("MainThread").u8(1);
     want.extend(chunk(0x0004, 0x00, 77, 2, (0, 0), 1, &tp.0));
     want.extend(chunk(0x0002, 0x10, 77, 3, (1000, 1460), 4, &EXAMPLE_PAYLOAD));
+    // FORMAT.md 6.4: the snapshot XOR the base bytecode [151, 0, 93, 2, 140, 4, 83, 0]: 194 ^ 93 = 0x9f.
+    let mut snap = Pc::default();
+    snap.bytes(Pc::default().varint(1).bytes(&[0, 0, 0x9f, 0, 0, 0, 0, 0]).0.as_slice());
+    want.extend(chunk(0x0006, 0x00, 0, 4, (0, 0), 1, &snap.0));
     let t = trailer();
     let mut tr = Pc::default();
     tr.zigzag(t.end_unix_ns).varint(t.end_monotonic_ns).varint(t.end_ticks);
-    tr.varint(4).varint(0).varint(4); // events, lost, chunks before the trailer
-    want.extend(chunk(0x00ff, 0x00, 0, 4, (0, 0), 1, &tr.0));
+    tr.varint(4).varint(0).varint(5); // events, lost, chunks before the trailer
+    want.extend(chunk(0x00ff, 0x00, 0, 5, (0, 0), 1, &tr.0));
 
     if got != want {
         let at = got.iter().zip(&want).position(|(a, b)| a != b).unwrap_or(got.len().min(want.len()));
@@ -167,14 +183,31 @@ fn golden_bytes() {
 
 #[test]
 fn compressed_events_chunk_decompresses_to_the_spec_payload() {
+    // The example four times over: the payload repeats, so zstd shrinks it and the chunk is 0x11.
+    let mut events = example_events();
+    for k in 1..4u64 {
+        events.extend(
+            example_events()
+                .into_iter()
+                .map(|e| RawEvent::new(e.ticks.get() + 500 * k, e.code.get(), e.offset.get(), e.arg.get(), e.kind)),
+        );
+    }
+    let mut encoded = Vec::new();
+    ocular_format::codec::Encoder::default().encode(&events, &mut encoded);
     let mut w = Writer::new(Vec::new(), "<memory>", &small_header(), WriterOptions::default()).unwrap();
+    w.events(77, &events).unwrap();
+    // The example alone: 34 bytes that zstd would only make longer, so they are stored as they are (0x10).
     w.events(77, &example_events()).unwrap();
     let bytes = w.finish(trailer()).unwrap();
-    let events_chunk = crate::util::chunk_bounds(&bytes)[1];
-    let c = &bytes[events_chunk.0..events_chunk.1];
+    let bounds = crate::util::chunk_bounds(&bytes);
+    let c = &bytes[bounds[1].0..bounds[1].1];
     assert_eq!(&c[4..6], &0x0002u16.to_le_bytes());
     assert_eq!(c[6], 0x11, "columnar + zstd");
-    assert_eq!(u32::from_le_bytes(c[12..16].try_into().unwrap()), 34, "raw_len");
-    let raw = zstd::bulk::decompress(&c[56..], 34).unwrap();
-    assert_eq!(raw, EXAMPLE_PAYLOAD);
+    let raw_len = u32::from_le_bytes(c[12..16].try_into().unwrap()) as usize;
+    assert_eq!(raw_len, encoded.len());
+    assert!(c.len() - 56 < raw_len, "stored {} >= raw {raw_len}", c.len() - 56);
+    assert_eq!(zstd::bulk::decompress(&c[56..], raw_len).unwrap(), encoded);
+    let c = &bytes[bounds[2].0..bounds[2].1];
+    assert_eq!(c[6], 0x10, "columnar, not compressed");
+    assert_eq!(&c[56..], &EXAMPLE_PAYLOAD);
 }

@@ -24,6 +24,7 @@ pub fn code(id: u32, qualname: &str) -> CodeObject {
         first_line: 10 * id,
         flags: 3,
         bytecode: vec![151, 0, 93, 2, 140, 4, 83, 0],
+        linetable: Vec::new(),
         positions: (0..4)
             .map(|i| Position { line: 10 * id as i32 + i, end_line: 10 * id as i32 + i, column: 4, end_column: -1 })
             .collect(),
@@ -45,7 +46,9 @@ pub fn loop_events(code: u32, start: u64, n: usize) -> Vec<RawEvent> {
 
 /// A small file with every kind of chunk, several EVENTS chunks from two threads.
 pub fn sample_file(compress: bool) -> (Vec<u8>, Vec<(u64, Vec<RawEvent>)>) {
-    let mut w = Writer::new(Vec::new(), "<memory>", &header(), WriterOptions { compress, level: 3 }).unwrap();
+    let mut w =
+        Writer::new(Vec::new(), "<memory>", &header(), WriterOptions { compress, level: 3, ..Default::default() })
+            .unwrap();
     w.code_objects(&[code(1, "work"), code(2, "Worker.run")]).unwrap();
     w.thread(&ThreadInfo { thread_id: 100, name: "MainThread".into(), is_main: true }).unwrap();
     let mut sent = Vec::new();

@@ -13,11 +13,12 @@ mod read;
 use crate::clock::{self, ClockPoint};
 use crate::filter::Filter;
 use crate::session::{Config, Discard, Session, Sink, ThreadBuffer};
-use ocular_format::{CodeObject, CodeSnapshot, Header, Mode, OpcodeTable, Options, Position, ThreadInfo};
+use ocular_format::{CodeObject, CodeSnapshot, Header, Mode, OpcodeTable, Options, ThreadInfo};
 use pyo3::exceptions::{PyOSError, PyRuntimeError, PyValueError};
 use pyo3::ffi;
+use pyo3::intern;
 use pyo3::prelude::*;
-use pyo3::types::PyDict;
+use pyo3::types::{PyBytes, PyDict};
 use rustc_hash::FxHashMap;
 use std::cell::UnsafeCell;
 
@@ -91,7 +92,6 @@ struct Recorder {
     recorded: Vec<Py<PyAny>>,
     filter: Filter,
     threshold: u32,
-    describe: Py<PyAny>,
     thread_name: Py<PyAny>,
     boot_code: usize,
     main_native_id: u64,
@@ -181,7 +181,7 @@ fn header_from(d: &Bound<'_, PyDict>, options: Options, cost: f64) -> PyResult<H
 /// registered and events enabled by the caller afterwards.
 #[pyfunction]
 #[pyo3(signature = (path, header, mode, threshold, include_only, exclude, buffer_events, max_buffers,
-                    event_cost_ticks, describe, thread_name, boot_code, main_native_id, main_name, internal,
+                    event_cost_ticks, thread_name, boot_code, main_native_id, main_name, internal,
                     calibration=Vec::new()))]
 #[allow(clippy::too_many_arguments)]
 fn start(
@@ -195,7 +195,6 @@ fn start(
     buffer_events: usize,
     max_buffers: usize,
     event_cost_ticks: f64,
-    describe: Py<PyAny>,
     thread_name: Py<PyAny>,
     boot_code: &Bound<'_, PyAny>,
     main_native_id: u64,
@@ -239,7 +238,6 @@ fn start(
         // Ocular's own Python code is never recorded; the header keeps the user's filters as given.
         filter: Filter { include_only, exclude: exclude.into_iter().chain(internal).collect() },
         threshold,
-        describe,
         thread_name,
         boot_code: boot_code.as_ptr() as usize,
         main_native_id,
@@ -306,9 +304,9 @@ fn stop<'py>(py: Python<'py>, names: &Bound<'py, PyDict>) -> PyResult<Bound<'py,
         Output::File(session) => {
             let mut snaps = Vec::with_capacity(rec.recorded.len());
             for (i, code) in rec.recorded.iter().enumerate() {
-                let adaptive = code.bind(py).getattr("_co_code_adaptive");
-                if let Ok(b) = adaptive.and_then(|b| b.extract::<Vec<u8>>()) {
-                    snaps.push(CodeSnapshot { id: i as u32 + 1, bytecode: b });
+                let adaptive = code.bind(py).getattr(intern!(py, "_co_code_adaptive"));
+                if let Ok(b) = adaptive.as_ref().map_err(|_| ()).and_then(|b| b.cast::<PyBytes>().map_err(|_| ())) {
+                    snaps.push(CodeSnapshot { id: i as u32 + 1, bytecode: b.as_bytes().to_vec() });
                 }
             }
             session.snapshots(snaps);
@@ -385,12 +383,7 @@ unsafe fn lookup(code: *mut ffi::PyObject) -> *mut CodeState {
     let py = unsafe { Python::assume_attached() };
     // SAFETY: `code` is the borrowed code object the interpreter passed as args[0].
     let obj = unsafe { Bound::from_borrowed_ptr(py, code) };
-    let describe = {
-        // SAFETY: GIL held; the reference ends before the call.
-        let Some(rec) = unsafe { state() }.recorder.as_deref() else { return std::ptr::null_mut() };
-        rec.describe.clone_ref(py)
-    };
-    let described = describe.call1(py, (&obj,)).and_then(|d| describe_code(d.bind(py)));
+    let described = describe_code(&obj);
     // The call may have let other threads run, or stopped the recording.
     // SAFETY: GIL held again; no Python call below while `st` is alive.
     let st = unsafe { state() };
@@ -434,35 +427,23 @@ unsafe fn lookup(code: *mut ffi::PyObject) -> *mut CodeState {
     p
 }
 
-/// Converts what `ocular._recorder._describe(code)` returns into a [`CodeObject`] (id set by the caller).
-fn describe_code(d: &Bound<'_, PyAny>) -> PyResult<CodeObject> {
-    #[allow(clippy::type_complexity)]
-    let (name, qualname, filename, first_line, flags, code, positions): (
-        String,
-        String,
-        String,
-        u32,
-        u32,
-        Vec<u8>,
-        Vec<(Option<i32>, Option<i32>, Option<i32>, Option<i32>)>,
-    ) = d.extract()?;
+/// A code object as FORMAT.md 6.1 stores it (id set by the caller): its attributes read directly, the
+/// location table copied as it is (decoding it is the reader's work, not the recording's).
+fn describe_code(code: &Bound<'_, PyAny>) -> PyResult<CodeObject> {
+    let py = code.py();
+    let bytes = |name: &Bound<'_, pyo3::types::PyString>| -> PyResult<Vec<u8>> {
+        Ok(code.getattr(name)?.cast::<PyBytes>()?.as_bytes().to_vec())
+    };
     Ok(CodeObject {
         id: 0,
-        name,
-        qualname,
-        filename,
-        first_line,
-        flags,
-        bytecode: code,
-        positions: positions
-            .into_iter()
-            .map(|(line, end_line, column, end_column)| Position {
-                line: line.unwrap_or(-1),
-                end_line: end_line.unwrap_or(-1),
-                column: column.unwrap_or(-1),
-                end_column: end_column.unwrap_or(-1),
-            })
-            .collect(),
+        name: code.getattr(intern!(py, "co_name"))?.extract()?,
+        qualname: code.getattr(intern!(py, "co_qualname"))?.extract()?,
+        filename: code.getattr(intern!(py, "co_filename"))?.extract()?,
+        first_line: code.getattr(intern!(py, "co_firstlineno"))?.extract()?,
+        flags: code.getattr(intern!(py, "co_flags"))?.extract()?,
+        bytecode: bytes(intern!(py, "co_code"))?,
+        linetable: bytes(intern!(py, "co_linetable"))?,
+        positions: Vec::new(),
     })
 }
 
