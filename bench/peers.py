@@ -309,6 +309,12 @@ def measure(tool: str, path: str, stderr: str, analyze: str) -> dict:
 # -- running -----------------------------------------------------------------------------------------
 
 
+# Every program and tool runs as users run them: with bytecode caching. (Some shells and CI set
+# PYTHONDONTWRITEBYTECODE; Ocular's editable install would then be compiled from source in every run,
+# while the peers, installed by pip, come with their .pyc files.) The warm-up writes the caches.
+CHILD_ENV = {k: v for k, v in os.environ.items() if k != "PYTHONDONTWRITEBYTECODE"}
+
+
 def run_once(tool, prog, script, args, opts, outdir):
     """(seconds or None, failure reason or None, stderr, output path or None)."""
     ext = TOOLS[tool][1]
@@ -319,7 +325,7 @@ def run_once(tool, prog, script, args, opts, outdir):
     t0 = time.perf_counter()
     try:
         p = subprocess.run(argv, cwd=outdir, stdin=subprocess.DEVNULL, capture_output=True, text=True,
-                           errors="replace", timeout=opts.timeout)
+                           errors="replace", timeout=opts.timeout, env=CHILD_ENV)
     except subprocess.TimeoutExpired:
         return None, f"timed out after {opts.timeout} s", "", out
     dt = time.perf_counter() - t0

@@ -31,7 +31,7 @@ impl Default for WriterOptions {
 }
 
 /// See [`WriterOptions::meta_level`] and BENCHMARKS.md ("Code metadata").
-const META_LEVEL: i32 = 9;
+const META_LEVEL: i32 = 6;
 
 /// Writes an `.ocl` file chunk by chunk. Every chunk is handed to the underlying writer whole with a
 /// single `write_all` and then flushed, so a process killed at any time leaves only whole chunks plus at
@@ -54,6 +54,7 @@ pub struct Writer<W: Write> {
     events: u64,
     lost: u64,
     zstd: zstd::bulk::Compressor<'static>,
+    meta_zstd: Option<zstd::bulk::Compressor<'static>>,
     raw: Vec<u8>,
     stored: Vec<u8>,
     encoder: crate::codec::Encoder,
@@ -81,6 +82,7 @@ impl<W: Write> Writer<W> {
             events: 0,
             lost: 0,
             zstd,
+            meta_zstd: None,
             raw: Vec::new(),
             stored: Vec::new(),
             encoder: Default::default(),
@@ -110,7 +112,7 @@ impl<W: Write> Writer<W> {
         for part in events.chunks(MAX_CHUNK_EVENTS as usize) {
             self.encoder.encode(part, &mut self.raw);
             let (first, last) = (part[0].ticks.get(), part[part.len() - 1].ticks.get());
-            self.emit(kind::EVENTS, codec::COLUMNAR, thread_id, (first, last), part.len() as u32, true)?;
+            self.emit(kind::EVENTS, codec::COLUMNAR, thread_id, (first, last), part.len() as u32, Zstd::Events)?;
             self.events += part.len() as u64;
         }
         Ok(())
@@ -166,7 +168,7 @@ impl<W: Write> Writer<W> {
     pub fn lost(&mut self, lost: &Lost) -> Result<()> {
         self.raw.clear();
         postcard::to_io(lost, &mut self.raw).map_err(|source| Error::Encode { what: "lost", source })?;
-        self.emit(kind::LOST, codec::NONE, lost.thread_id, (lost.first_ticks, lost.last_ticks), 1, false)?;
+        self.emit(kind::LOST, codec::NONE, lost.thread_id, (lost.first_ticks, lost.last_ticks), 1, Zstd::No)?;
         self.lost += lost.count;
         Ok(())
     }
@@ -194,7 +196,7 @@ impl<W: Write> Writer<W> {
     fn record<T: Serialize>(&mut self, kind: u16, thread_id: u64, value: &T, what: &'static str) -> Result<()> {
         self.raw.clear();
         postcard::to_io(value, &mut self.raw).map_err(|source| Error::Encode { what, source })?;
-        self.emit(kind, codec::NONE, thread_id, (0, 0), 1, false)
+        self.emit(kind, codec::NONE, thread_id, (0, 0), 1, Zstd::No)
     }
 
     fn framed<T: Serialize>(&mut self, kind: u16, items: &[T], what: &'static str) -> Result<()> {
@@ -207,10 +209,7 @@ impl<W: Write> Writer<W> {
                 // A framed record is postcard's encoding of a byte string: varint length, then the bytes.
                 postcard::to_io(one.as_slice(), &mut self.raw).map_err(|source| Error::Encode { what, source })?;
             }
-            self.zstd.set_compression_level(self.opts.meta_level).map_err(|e| io_err(&self.path, e))?;
-            let done = self.emit(kind, codec::NONE, 0, (0, 0), part.len() as u32, true);
-            self.zstd.set_compression_level(self.opts.level).map_err(|e| io_err(&self.path, e))?;
-            done?;
+            self.emit(kind, codec::NONE, 0, (0, 0), part.len() as u32, Zstd::Meta)?;
         }
         Ok(())
     }
@@ -223,13 +222,23 @@ impl<W: Write> Writer<W> {
         thread_id: u64,
         (first_ts, last_ts): (u64, u64),
         count: u32,
-        compressible: bool,
+        how: Zstd,
     ) -> Result<()> {
-        let mut compress = self.opts.compress && compressible;
+        let mut compress = self.opts.compress && how != Zstd::No;
         if compress {
             self.stored.clear();
             self.stored.reserve(zstd::zstd_safe::compress_bound(self.raw.len()));
-            self.zstd.compress_to_buffer(&self.raw, &mut self.stored).map_err(|e| io_err(&self.path, e))?;
+            // Two contexts: switching one context's level would reset its tables at every switch.
+            let z = if how == Zstd::Meta {
+                if self.meta_zstd.is_none() {
+                    let z = zstd::bulk::Compressor::new(self.opts.meta_level).map_err(|e| io_err(&self.path, e))?;
+                    self.meta_zstd = Some(z);
+                }
+                self.meta_zstd.as_mut().expect("set above")
+            } else {
+                &mut self.zstd
+            };
+            z.compress_to_buffer(&self.raw, &mut self.stored).map_err(|e| io_err(&self.path, e))?;
             // A small payload can grow by zstd's frame header: then it is stored as it is.
             compress = self.stored.len() < self.raw.len();
         }
@@ -262,6 +271,14 @@ impl<W: Write> Writer<W> {
         self.bytes += total as u64;
         Ok(())
     }
+}
+
+/// Which zstd context a chunk is compressed with, if any.
+#[derive(Clone, Copy, PartialEq, Eq)]
+enum Zstd {
+    No,
+    Events,
+    Meta,
 }
 
 /// `bytes` XOR `base`, byte by byte; bytes beyond the base's length (or all, without a base) as they are.
