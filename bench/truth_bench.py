@@ -3,8 +3,10 @@ ns_per_iteration that `ocular-analyze hot` reports from an adaptive recording (d
 
     make bench-truth     (or: .venv/3.12/bin/python bench/truth_bench.py; needs target/release/ocular-analyze)
 
-Untraced: (time of f(N) - time of f(0)) / N, best of repeats, after warm-up, each run on a fresh code object
-(as the recorded run is). Recorded: a fresh code object, recorded from its first call, as a user would.
+Untraced: (time of f(N) - time of f(0)) / N, best of 3, after warm-up, on a fresh code object (as the
+recorded run is). Recorded: a fresh code object, recorded from its first call, as a user would. The two are
+measured side by side in each repeat, and the error is the median over repeats of the paired ratio: this
+VM's speed drifts by 2x between phases of a run, so two separately taken figures do not compare.
 """
 
 from __future__ import annotations
@@ -102,16 +104,21 @@ def main():
     if not os.path.exists(ANALYZE):
         raise SystemExit(f"build the analyzer first: cargo build --release -p ocular-analyze ({ANALYZE})")
     path = os.path.join(tempfile.mkdtemp(), "truth.ocl")
-    print(f"# Python {platform.python_version()}; untraced: best of {args.repeats}; recorded: median of "
-          f"{args.repeats} recordings, adaptive mode, default threshold (500)")
+    print(f"# Python {platform.python_version()}; {args.repeats} repeats, each an untraced measurement (best of 3) "
+          f"and a recording (adaptive mode, default threshold 500) side by side; medians over repeats")
     print()
-    print("| loop | untraced ns/iteration | `hot` ns/iteration | error | iterations recorded |")
+    print("| loop | untraced ns/iteration | `hot` ns/iteration | error (median of paired ratios) | iterations recorded |")
     print("|---|---:|---:|---:|---:|")
     for name, src in SOURCES.items():
-        truth = untraced_ns(src, 200_000, args.repeats)
-        runs = sorted(reported_ns(src, 20_000, path) for _ in range(args.repeats))
-        rep, iters = runs[len(runs) // 2]
-        print(f"| {name} | {truth:.1f} | {rep:.1f} | {100 * (rep - truth) / truth:+.1f}% | {iters} |", flush=True)
+        pairs = []
+        for _ in range(args.repeats):
+            truth = untraced_ns(src, 50_000, 3)
+            rep, iters = reported_ns(src, 20_000, path)
+            pairs.append((truth, rep, iters))
+        med = lambda xs: sorted(xs)[len(xs) // 2]  # noqa: E731
+        err = med([rep / truth - 1 for truth, rep, _ in pairs])
+        print(f"| {name} | {med([p[0] for p in pairs]):.1f} | {med([p[1] for p in pairs]):.1f} | {100 * err:+.1f}% "
+              f"| {med([p[2] for p in pairs])} |", flush=True)
 
 
 if __name__ == "__main__":

@@ -55,11 +55,18 @@ class Reference:
                         return skip
                     st[1] = max(0, st[1] - 1)
             dest = rest[0] if has_dest else 0
+            if location and self.threshold and name == "JUMP" and dest < offset:
+                # Backward jumps: twice the threshold, counted per loop head; past it, off unrecorded.
+                key = (code, "head", dest)
+                if self.hits[key] >= 2 * self.threshold:
+                    return mon.DISABLE
+                self.hits[key] += 1
+                self.events[threading.get_native_id()].append((name, code.co_qualname, offset, dest))
+                return mon.DISABLE if self.hits[key] >= 2 * self.threshold else None
             self.events[threading.get_native_id()].append((name, code.co_qualname, offset, dest))
             if location and self.threshold:
                 self.hits[(code, offset)] += 1
-                backward = name == "JUMP" and dest < offset  # stays on twice as long
-                if self.hits[(code, offset)] >= self.threshold * (2 if backward else 1):
+                if self.hits[(code, offset)] >= self.threshold:
                     return mon.DISABLE
             return None
 

@@ -13,6 +13,16 @@ def loop(n):
     return s
 
 
+def two_back_edges(n):
+    """A loop with two backward jumps to its head (CPython 3.12 and 3.13 end the `if` with its own)."""
+    total = 0
+    for i in range(n):
+        total += i
+        if total % 5 == 0:
+            total -= 1
+    return total
+
+
 def fib(n):
     return n if n < 2 else fib(n - 1) + fib(n - 2)
 

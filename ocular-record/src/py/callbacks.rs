@@ -197,15 +197,25 @@ unsafe fn record<
             }
         }
         if THRESH && LOCATION {
-            let hits: &mut [u32] = &mut (*cs).hits;
-            if let Some(h) = hits.get_mut((off / 2) as usize) {
-                *h += 1;
-                // A loop's backward jump stays on for as many hits again after the loop's other locations
+            if DEST && KIND == EventKind::JUMP as u8 && arg < off {
+                // A loop's backward jumps stay on for as many hits again after the loop's other locations
                 // went quiet: those iterations carry one event each, so `hot` times them almost as they
-                // run unrecorded (specialized, without the other callbacks).
-                let backward = DEST && KIND == EventKind::JUMP as u8 && arg < off;
-                let limit = if backward { (*ts).threshold.saturating_mul(2) } else { (*ts).threshold };
+                // run unrecorded (specialized, without the other callbacks). They are counted per loop
+                // head, not per jump: a loop with two back edges (an `if` at the end of its body) then
+                // stops recording both at once, and no recorded interval spans unrecorded iterations.
+                let h = head_hits(&mut *cs, arg);
+                let limit = (*ts).threshold.saturating_mul(2);
+                if *h >= limit {
+                    return if CAN_DISABLE { disable() } else { none() };
+                }
+                *h += 1;
                 stop_here = *h >= limit;
+            } else {
+                let hits: &mut [u32] = &mut (*cs).hits;
+                if let Some(h) = hits.get_mut((off / 2) as usize) {
+                    *h += 1;
+                    stop_here = *h >= (*ts).threshold;
+                }
             }
         }
         (*ts).buf.push(RawEvent::new(t, (*cs).id, off, arg, KIND), &*(*ts).sink);
@@ -215,6 +225,25 @@ unsafe fn record<
             none()
         }
     }
+}
+
+/// The hit counter of the loop whose head is at offset `head` (a backward jump's destination).
+#[inline]
+fn head_hits(cs: &mut CodeState, head: u32) -> &mut u32 {
+    let i = (head / 2) as usize;
+    if i >= cs.heads.len() {
+        grow_heads(cs, i);
+    }
+    &mut cs.heads[i]
+}
+
+#[cold]
+#[inline(never)]
+fn grow_heads(cs: &mut CodeState, i: usize) {
+    let n = cs.hits.len().max(i + 1);
+    let mut v = std::mem::take(&mut cs.heads).into_vec();
+    v.resize(n, 0);
+    cs.heads = v.into_boxed_slice();
 }
 
 enum Calls {

@@ -72,6 +72,8 @@ struct CodeState {
     flags: u8,
     /// Hits per code unit (offset / 2), for the de-instrumentation threshold.
     hits: Box<[u32]>,
+    /// Backward jumps per loop head (destination / 2), allocated at the code object's first one.
+    heads: Box<[u32]>,
     /// With a threshold (adaptive and precise modes): recorded entries (PY_START, PY_RESUME).
     calls: u32,
     /// Recorded entries not yet matched by a recorded exit.
@@ -410,14 +412,30 @@ unsafe fn lookup(code: *mut ffi::PyObject) -> *mut CodeState {
                     s.code(vec![c]);
                 }
             }
-            CodeState { id, flags, hits: vec![0; units].into_boxed_slice(), calls: 0, open: 0, calls_off: false }
+            CodeState {
+                id,
+                flags,
+                hits: vec![0; units].into_boxed_slice(),
+                heads: Box::new([]),
+                calls: 0,
+                open: 0,
+                calls_off: false,
+            }
         }
         Err(e) => {
             // Never let an exception escape into the user's program: note it, skip this code object.
             if rec.errors.len() < 10 {
                 rec.errors.push(format!("cannot describe a code object: {e}"));
             }
-            CodeState { id: 0, flags: boot, hits: Box::new([]), calls: 0, open: 0, calls_off: false }
+            CodeState {
+                id: 0,
+                flags: boot,
+                hits: Box::new([]),
+                heads: Box::new([]),
+                calls: 0,
+                open: 0,
+                calls_off: false,
+            }
         }
     };
     rec.keep.push(obj.unbind());
