@@ -57,12 +57,15 @@ pub struct LoopStats {
     per_instruction: Vec<(f64, u64)>,
     /// Offset of each instruction position (shared with the code object's table).
     offsets: Vec<u32>,
-    /// Adaptive mode: per block of instruction positions `lo..=hi`, (lo, hi, ticks, visits), spread over
-    /// the instructions when the pass ends (one addition per event instead of one per instruction).
+    /// Adaptive mode: per block of instructions from offset `start` to offset `end`, (start, end, ticks,
+    /// visits), spread over the instructions when the pass ends (one addition per event instead of one per
+    /// instruction, and no lookup of positions per event).
     blocks: Vec<(u32, u32, f64, u64)>,
-    /// Index in `blocks` of the last block hit.
-    last_block: usize,
+    /// Indexes in `blocks` of recently hit blocks, by a hash of their offsets.
+    recent: [u32; BLOCK_CACHE],
 }
+
+const BLOCK_CACHE: usize = 8;
 
 impl LoopStats {
     /// Average ticks per visit of the instruction at `offset`, if it was measured.
@@ -80,28 +83,39 @@ impl LoopStats {
     }
 
     #[inline]
-    fn add_block(&mut self, lo: u32, hi: u32, ticks: f64) {
-        let i = match self.blocks.get(self.last_block) {
-            Some(b) if b.0 == lo && b.1 == hi => self.last_block,
-            _ => match self.blocks.iter().position(|b| b.0 == lo && b.1 == hi) {
-                Some(i) => i,
-                None => {
-                    self.blocks.push((lo, hi, 0.0, 0));
-                    self.blocks.len() - 1
-                }
-            },
+    fn add_block(&mut self, start: u32, end: u32, ticks: f64) {
+        // A loop alternates between a few blocks (the two sides of an `if`): a small direct-mapped table
+        // of recent ones finds them without searching.
+        let h = (start.wrapping_mul(0x9e37_79b9) ^ end) as usize % BLOCK_CACHE;
+        let i = match self.blocks.get(self.recent[h] as usize) {
+            Some(b) if b.0 == start && b.1 == end => self.recent[h] as usize,
+            _ => {
+                let i = match self.blocks.iter().position(|b| b.0 == start && b.1 == end) {
+                    Some(i) => i,
+                    None => {
+                        self.blocks.push((start, end, 0.0, 0));
+                        self.blocks.len() - 1
+                    }
+                };
+                self.recent[h] = i as u32;
+                i
+            }
         };
-        self.last_block = i;
         let b = &mut self.blocks[i];
         b.2 += ticks;
         b.3 += 1;
     }
 
-    /// Spreads each block's time evenly over its instructions.
-    fn spread_blocks(&mut self, all: &[u32]) {
+    /// Spreads each block's time evenly over its instructions (blocks that do not start and end on
+    /// instruction boundaries, which only damaged data makes, are dropped).
+    fn spread_blocks(&mut self, index: &CodeIndex) {
         let blocks = std::mem::take(&mut self.blocks);
-        let slots = self.slots(all);
-        for (lo, hi, ticks, visits) in blocks {
+        let slots = self.slots(&index.offsets);
+        for (start, end, ticks, visits) in blocks {
+            let (Some(lo), Some(hi)) = (index.position(start), index.position(end)) else { continue };
+            if lo > hi {
+                continue;
+            }
             let share = ticks / (hi - lo + 1) as f64;
             for slot in &mut slots[lo as usize..=hi as usize] {
                 slot.0 += share;
@@ -322,7 +336,7 @@ pub fn analyze(path: &Path, opts: ReadOptions) -> ocular_format::Result<Analysis
     for (key, mut stats) in tables.loop_keys.into_iter().zip(tables.loops) {
         if !stats.blocks.is_empty() {
             if let Some(&i) = tables.index_of.get(&key.0) {
-                stats.spread_blocks(&tables.indexes[i as usize].offsets);
+                stats.spread_blocks(&tables.indexes[i as usize]);
             }
         }
         a.loops.insert(key, stats);
@@ -419,7 +433,7 @@ fn step(
                 stats.end = stats.end.max(off);
                 match top.loops.iter_mut().find(|l| l.0 == dest) {
                     Some(l) => {
-                        let ticks = ((t - l.2) as f64 - (now - l.3)).max(0.0);
+                        let ticks = (ticks_f64(t - l.2) - (now - l.3)).max(0.0);
                         stats.timed += 1;
                         stats.ticks += ticks;
                         if l.4 + 1 == count {
@@ -438,9 +452,16 @@ fn step(
     }
 }
 
+/// A tick difference as f64. Through i64: one instruction, where u64 to f64 takes a branchy sequence on
+/// x86-64, once per event. (Differences beyond 2^63 ticks, a century, do not occur.)
+#[inline(always)]
+fn ticks_f64(d: u64) -> f64 {
+    d as i64 as f64
+}
+
 /// Attributes the time since the frame's previous event to the instructions that ran in between, for the
 /// loops that contain them.
-#[inline]
+#[inline(always)]
 fn block(ts: &mut ThreadState, t: u64, off: u32, precise: bool, tables: &mut Tables) {
     let now = ts.cost;
     let Some(top) = ts.stack.last() else { return };
@@ -448,15 +469,15 @@ fn block(ts: &mut ThreadState, t: u64, off: u32, precise: bool, tables: &mut Tab
         return;
     }
     let Some((pt, pc, start)) = top.prev else { return };
-    let Some(index) = tables.indexes.get(top.index as usize) else { return };
     // The recorder's cost of this event and of every event in between (callees' included).
-    let ticks = ((t - pt) as f64 - (now - pc)).max(0.0);
+    let ticks = (ticks_f64(t - pt) - (now - pc)).max(0.0);
     for &(head, li, ..) in &top.loops {
         let stats = &mut tables.loops[li as usize];
         let end = stats.end;
         if precise {
             // The previous INSTRUCTION's offset is `start`: it took the whole delta.
             if (head..=end).contains(&start) {
+                let Some(index) = tables.indexes.get(top.index as usize) else { return };
                 if let Some(i) = index.position(start) {
                     let slot = &mut stats.slots(&index.offsets)[i];
                     slot.0 += ticks;
@@ -473,12 +494,8 @@ fn block(ts: &mut ThreadState, t: u64, off: u32, precise: bool, tables: &mut Tab
         if start > off || start < head || off > end {
             continue;
         }
-        // The block's instructions: positions `start`..=`off` (events name instruction boundaries).
-        let (Some(lo), Some(hi)) = (index.position(start), index.position(off)) else { continue };
-        if lo > hi {
-            continue;
-        }
-        stats.add_block(lo as u32, hi as u32, ticks);
+        // The block's instructions: from `start` to `off` (events name instruction boundaries).
+        stats.add_block(start, off, ticks);
     }
 }
 
@@ -493,8 +510,8 @@ fn pop(ts: &mut ThreadState, t: u64, tree: &mut CallTree, per: &mut HashMap<u32,
     let span_cost = now - f.entered_cost;
     // Not clamped per frame: a short frame's corrected time can come out slightly negative (the calibrated
     // cost is an average), and clamping each would bias the sums up; the totals are clamped when reported.
-    let inclusive = span as f64 - span_cost;
-    let exclusive = span.saturating_sub(f.child_ticks) as f64 - (span_cost - f.child_cost);
+    let inclusive = ticks_f64(span) - span_cost;
+    let exclusive = ticks_f64(span.saturating_sub(f.child_ticks)) - (span_cost - f.child_cost);
     tree.exclusive[f.node as usize] += exclusive;
     let stats = per.entry(f.code).or_default();
     if f.outermost {
