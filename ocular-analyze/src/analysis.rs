@@ -117,7 +117,7 @@ impl LoopStats {
                 continue;
             }
             let share = ticks / (hi - lo + 1) as f64;
-            for slot in &mut slots[lo as usize..=hi as usize] {
+            for slot in &mut slots[lo..=hi] {
                 slot.0 += share;
                 slot.1 += visits;
             }

@@ -52,7 +52,7 @@ pub fn decode(table: &[u8], first_line: u32, units: usize) -> Vec<Position> {
             }
         };
         let n = len.min(units - out.len());
-        out.extend(std::iter::repeat_n(pos, n));
+        out.resize(out.len() + n, pos);
     }
     out.resize(units, NONE);
     out
