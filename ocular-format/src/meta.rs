@@ -110,8 +110,10 @@ impl OpcodeTable {
     }
 }
 
-/// A code object seen while recording (FORMAT.md 6.1).
-#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
+/// A code object seen while recording (FORMAT.md 6.1). Not itself serialized: the file stores it with
+/// `co_linetable` (1.x files stored decoded positions), and the reader fills in both `linetable` and
+/// `positions`.
+#[derive(Clone, Debug, PartialEq, Eq)]
 pub struct CodeObject {
     /// Id used by events; unique in the file, from 1.
     pub id: u32,
@@ -148,7 +150,8 @@ pub(crate) struct CodeObjectV2<'a> {
     pub linetable: std::borrow::Cow<'a, [u8]>,
 }
 
-/// How format 1.x stored a [`CodeObject`].
+/// How format 1.x stored a [`CodeObject`] (FORMAT.md 9): the same fields with decoded positions in place of
+/// the location table. Kept as its own type so that each version's layout is spelled out once.
 #[derive(Deserialize)]
 pub(crate) struct CodeObjectV1 {
     pub id: u32,
