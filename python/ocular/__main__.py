@@ -87,7 +87,14 @@ def _run(ns: argparse.Namespace) -> int:
     # recording) is the program's: reading and compiling the script, and runpy's imports (pkgutil brings
     # typing, some 200 code objects).
     if ns.module is None:
-        target = _script(sys.argv[0])
+        try:
+            target = _script(sys.argv[0])
+        except SyntaxError as e:
+            # As `python script.py` reports it: the error and its source line, no frames of Ocular's.
+            import traceback
+
+            traceback.print_exception(type(e), e, None)
+            return 1
     else:
         import pkgutil  # noqa: F401 - imported here so that runpy's use of it is not recorded
 

@@ -162,6 +162,18 @@ def test_run_records_the_program_and_not_the_machinery_that_starts_it(tmp_path):
     assert [k for (_, _, k, _, _, _) in f["events"]] == ["PY_START", "PY_START", "PY_RETURN", "PY_RETURN"]
 
 
+def test_run_reports_a_syntax_error_as_python_does_and_records_nothing(tmp_path):
+    script = tmp_path / "broken.py"
+    script.write_text("def f(:\n    pass\n")
+    out = tmp_path / "broken.ocl"
+    r = run_ocular("run", "-o", str(out), str(script))
+    plain = subprocess.run([sys.executable, str(script)], capture_output=True, text=True)
+    assert (r.returncode, plain.returncode) == (1, 1)
+    assert r.stderr == plain.stderr
+    assert "SyntaxError: invalid syntax" in r.stderr
+    assert not out.exists()
+
+
 def test_run_module_mode(tmp_path):
     (tmp_path / "mymod.py").write_text("import sys\nprint('mod', sys.argv)\n")
     out = tmp_path / "m.ocl"
