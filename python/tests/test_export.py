@@ -24,30 +24,73 @@ def trace(tmp_path_factory):
     return P, P.Trace.FromString(out.read_bytes())
 
 
+def track_events(P, t):
+    """[(track uuid, absolute ns, TrackEvent)] as trace processor reads them: each thread's sequence opens with
+    a packet that clears its state, anchors clock 64 (incremental) to BOOTTIME and makes it the default
+    clock, with the thread's track as the default track; every later packet's timestamp is a delta."""
+    seqs = {}
+    out = []
+    for p in t.packet:
+        seq = p.trusted_packet_sequence_id
+        if p.sequence_flags & P.TracePacket.SEQ_INCREMENTAL_STATE_CLEARED:
+            clocks = {c.clock_id: c for c in p.clock_snapshot.clocks}
+            assert clocks[64].is_incremental and clocks[6].timestamp == clocks[64].timestamp
+            assert p.trace_packet_defaults.timestamp_clock_id == 64
+            seqs[seq] = [clocks[64].timestamp, p.trace_packet_defaults.track_event_defaults.track_uuid]
+        if not p.HasField("track_event"):
+            continue
+        assert seq in seqs, "a track event before its sequence was set up"
+        assert p.sequence_flags == P.TracePacket.SEQ_NEEDS_INCREMENTAL_STATE
+        assert not p.track_event.HasField("track_uuid"), "the track comes from the sequence's defaults"
+        seqs[seq][0] += p.timestamp
+        out.append((seqs[seq][1], seqs[seq][0], p.track_event))
+    return out
+
+
 def test_pftrace_decodes_with_perfettos_protos_and_slices_balance(trace):
     P, t = trace
     E = P.TrackEvent
     per_track = collections.defaultdict(int)
     counts = collections.Counter()
     last_ts = {}
-    for p in t.packet:
-        assert p.trusted_packet_sequence_id == 1
-        if not p.HasField("track_event"):
-            continue
-        te = p.track_event
+    for track, ts, te in track_events(P, t):
         counts[te.type] += 1
-        assert p.timestamp >= last_ts.get(te.track_uuid, 0)
-        last_ts[te.track_uuid] = p.timestamp
+        assert ts >= last_ts.get(track, 0)
+        last_ts[track] = ts
         if te.type == E.TYPE_SLICE_BEGIN:
-            per_track[te.track_uuid] += 1
+            per_track[track] += 1
         elif te.type == E.TYPE_SLICE_END:
-            per_track[te.track_uuid] -= 1
-            assert per_track[te.track_uuid] >= 0, "an end without a begin"
+            per_track[track] -= 1
+            assert per_track[track] >= 0, "an end without a begin"
     assert all(v == 0 for v in per_track.values())
     # main, count, nested, calls and 300 calls of g; one instant per recorded loop iteration.
     assert counts[E.TYPE_SLICE_BEGIN] == counts[E.TYPE_SLICE_END] == 304
     assert counts[E.TYPE_INSTANT] == 1000 + 500 + 10 + 300
-    assert t.packet[0].sequence_flags == P.TracePacket.SEQ_INCREMENTAL_STATE_CLEARED
+    # Descriptors on sequence 1, the thread's events on a sequence of their own.
+    assert t.packet[0].trusted_packet_sequence_id == 1 and t.packet[0].HasField("track_descriptor")
+    assert {p.trusted_packet_sequence_id for p in t.packet if p.HasField("track_event")} == {2}
+
+
+def test_pftrace_times_are_the_calls_tables(trace, parquet_dir):
+    """The delta-encoded times add up to the same call times as calls.parquet (both from one timeline)."""
+    import polars as pl
+
+    P, t = trace
+    E = P.TrackEvent
+    names = {n.iid: n.name for p in t.packet if p.HasField("interned_data") for n in p.interned_data.event_names}
+    stack, spans = [], []
+    for _, ts, te in track_events(P, t):
+        if te.type == E.TYPE_SLICE_BEGIN:
+            stack.append((names[te.name_iid], ts))
+        elif te.type == E.TYPE_SLICE_END:
+            name, start = stack.pop()
+            spans.append((name, start, ts))
+    calls = pl.read_parquet(os.path.join(parquet_dir, "calls.parquet")).sort("start_ns")
+    want = [(str(f), s, e) for f, s, e in calls.select("function", "start_ns", "end_ns").iter_rows()]
+    got = sorted(spans, key=lambda x: x[1])
+    assert [n for n, _, _ in got] == [n for n, _, _ in want]
+    base = got[0][1] - want[0][1]  # pftrace: monotonic ns; parquet: ns since the recording started
+    assert all(abs((s - base) - ws) <= 1 and abs((e - base) - we) <= 1 for (_, s, e), (_, ws, we) in zip(got, want))
 
 
 def test_pftrace_names_functions_threads_and_loops(trace):
@@ -60,7 +103,7 @@ def test_pftrace_names_functions_threads_and_loops(trace):
     assert process == ["python 3.12.1 (adaptive mode)"]
     loop_iid = next(i for i, n in names.items() if n == "loop")
     instants = [p.track_event for p in t.packet if p.HasField("track_event") and p.track_event.name_iid == loop_iid]
-    # Annotation names are interned once, in the first packet.
+    # Annotation names are interned once per sequence, in its first packet.
     ann_names = {n.iid: n.name for p in t.packet if p.HasField("interned_data")
                  for n in p.interned_data.debug_annotation_names}
     assert sorted(ann_names.values()) == ["cycles", "uops"]

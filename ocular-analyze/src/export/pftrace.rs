@@ -7,8 +7,11 @@
 //! for the five messages used here.)
 //!
 //! Layout: a `Trace` is `repeated TracePacket packet = 1`, so writing each packet as field 1 (tag `0x0a`,
-//! varint length, bytes) produces a valid trace without holding it. One packet sequence (id 1) carries
-//! everything; its first packet clears incremental state, and function names are interned on first use.
+//! varint length, bytes) produces a valid trace without holding it. Sequence 1 carries the track
+//! descriptors. Each thread's events go on a sequence of their own, as Perfetto's SDK writes them: its first
+//! packet clears the sequence's incremental state and sets its defaults (the thread's track, and clock 64,
+//! an incremental clock anchored to BOOTTIME by a clock snapshot), so every event packet carries the time
+//! since the previous one (a byte or two) and no track id. Names are interned per sequence on first use.
 
 use super::timeline::{Item, Timeline};
 use ocular_format::ReadOptions;
@@ -19,6 +22,8 @@ use std::path::Path;
 
 #[derive(Clone, PartialEq, Message)]
 struct TracePacket {
+    #[prost(message, optional, tag = "6")]
+    clock_snapshot: Option<ClockSnapshot>,
     #[prost(uint64, optional, tag = "8")]
     timestamp: Option<u64>,
     #[prost(uint32, optional, tag = "10")]
@@ -29,8 +34,40 @@ struct TracePacket {
     interned_data: Option<InternedData>,
     #[prost(uint32, optional, tag = "13")]
     sequence_flags: Option<u32>,
+    #[prost(message, optional, tag = "59")]
+    trace_packet_defaults: Option<TracePacketDefaults>,
     #[prost(message, optional, tag = "60")]
     track_descriptor: Option<TrackDescriptor>,
+}
+
+#[derive(Clone, PartialEq, Message)]
+struct ClockSnapshot {
+    #[prost(message, repeated, tag = "1")]
+    clocks: Vec<Clock>,
+}
+
+#[derive(Clone, PartialEq, Message)]
+struct Clock {
+    #[prost(uint32, optional, tag = "1")]
+    clock_id: Option<u32>,
+    #[prost(uint64, optional, tag = "2")]
+    timestamp: Option<u64>,
+    #[prost(bool, optional, tag = "3")]
+    is_incremental: Option<bool>,
+}
+
+#[derive(Clone, PartialEq, Message)]
+struct TracePacketDefaults {
+    #[prost(uint32, optional, tag = "58")]
+    timestamp_clock_id: Option<u32>,
+    #[prost(message, optional, tag = "11")]
+    track_event_defaults: Option<TrackEventDefaults>,
+}
+
+#[derive(Clone, PartialEq, Message)]
+struct TrackEventDefaults {
+    #[prost(uint64, optional, tag = "11")]
+    track_uuid: Option<u64>,
 }
 
 #[derive(Clone, PartialEq, Message)]
@@ -114,9 +151,13 @@ const SLICE_END: i32 = 2;
 const INSTANT: i32 = 3;
 const SEQ_INCREMENTAL_STATE_CLEARED: u32 = 1;
 const SEQ_NEEDS_INCREMENTAL_STATE: u32 = 2;
-const SEQUENCE: u32 = 1;
-/// Interned name id of "loop" (code ids, used for function names, are 32-bit).
-const LOOP_IID: u64 = 1 << 32;
+/// The sequence of the track descriptors; threads' sequences follow it.
+const DESCRIPTORS: u32 = 1;
+/// Perfetto's first sequence-scoped clock id, made incremental on each thread's sequence.
+const DELTA_CLOCK: u32 = 64;
+const BOOTTIME: u32 = 6;
+/// Interned name id of "loop"; a function's is its code id + 1 (small ids are short varints).
+const LOOP_IID: u64 = 1;
 /// Interned debug annotation names, declared in the first packet (no string per loop event).
 const UOPS_IID: u64 = 1;
 const CYCLES_IID: u64 = 2;
@@ -124,20 +165,90 @@ const CYCLES_IID: u64 = 2;
 struct Out<'a> {
     w: &'a mut dyn Write,
     buf: Vec<u8>,
-    first: bool,
     packets: u64,
 }
 
 impl Out<'_> {
-    fn packet(&mut self, mut p: TracePacket) -> std::io::Result<()> {
-        p.trusted_packet_sequence_id = Some(SEQUENCE);
-        p.sequence_flags = Some(if self.first { SEQ_INCREMENTAL_STATE_CLEARED } else { SEQ_NEEDS_INCREMENTAL_STATE });
-        self.first = false;
+    /// Writes one packet on sequence `seq`; `flags` are its sequence flags, if any.
+    fn packet(&mut self, seq: u32, flags: Option<u32>, mut p: TracePacket) -> std::io::Result<()> {
+        p.trusted_packet_sequence_id = Some(seq);
+        p.sequence_flags = flags;
         self.buf.clear();
         self.buf.push(0x0a); // Trace.packet: field 1, length-delimited
         p.encode_length_delimited(&mut self.buf).map_err(std::io::Error::other)?;
         self.packets += 1;
         self.w.write_all(&self.buf)
+    }
+}
+
+/// A thread's packet sequence: its id, the time of its last packet, the names interned on it.
+struct Sequence {
+    id: u32,
+    last_ns: u64,
+    interned: HashSet<u32>,
+}
+
+/// The threads' sequences, opened on a thread's first event.
+struct Sequences {
+    by_tid: rustc_hash::FxHashMap<u64, Sequence>,
+}
+
+impl Sequences {
+    /// Writes a track event for thread `tid` at `ns`, opening the thread's sequence first if needed, and
+    /// interning `name` (a code id, with its qualified name) on it if it is new there.
+    fn event(
+        &mut self,
+        o: &mut Out<'_>,
+        tid: u64,
+        ns: u64,
+        mut te: TrackEvent,
+        name: Option<(u32, &dyn Fn() -> String)>,
+    ) -> std::io::Result<()> {
+        let next = DESCRIPTORS + 1 + self.by_tid.len() as u32;
+        let seq = match self.by_tid.entry(tid) {
+            std::collections::hash_map::Entry::Occupied(e) => e.into_mut(),
+            std::collections::hash_map::Entry::Vacant(v) => {
+                // Clear the sequence's state, anchor the delta clock at `ns`, and set the defaults.
+                o.packet(
+                    next,
+                    Some(SEQ_INCREMENTAL_STATE_CLEARED),
+                    TracePacket {
+                        clock_snapshot: Some(ClockSnapshot {
+                            clocks: vec![
+                                Clock { clock_id: Some(DELTA_CLOCK), timestamp: Some(ns), is_incremental: Some(true) },
+                                Clock { clock_id: Some(BOOTTIME), timestamp: Some(ns), is_incremental: None },
+                            ],
+                        }),
+                        trace_packet_defaults: Some(TracePacketDefaults {
+                            timestamp_clock_id: Some(DELTA_CLOCK),
+                            track_event_defaults: Some(TrackEventDefaults { track_uuid: Some(tid) }),
+                        }),
+                        interned_data: Some(InternedData {
+                            event_names: vec![EventName { iid: Some(LOOP_IID), name: Some("loop".into()) }],
+                            debug_annotation_names: vec![
+                                DebugAnnotationName { iid: Some(UOPS_IID), name: Some("uops".into()) },
+                                DebugAnnotationName { iid: Some(CYCLES_IID), name: Some("cycles".into()) },
+                            ],
+                        }),
+                        ..Default::default()
+                    },
+                )?;
+                v.insert(Sequence { id: next, last_ns: ns, interned: HashSet::default() })
+            }
+        };
+        // A thread's times only grow; damaged input could go back, and the delta clock cannot: clamp.
+        let delta = ns.saturating_sub(seq.last_ns);
+        seq.last_ns = seq.last_ns.max(ns);
+        let interned_data = match name {
+            Some((id, qualname)) if seq.interned.insert(id) => Some(InternedData {
+                event_names: vec![EventName { iid: Some(id as u64 + 1), name: Some(qualname()) }],
+                debug_annotation_names: vec![],
+            }),
+            _ => None,
+        };
+        te.track_uuid = None;
+        let p = TracePacket { timestamp: Some(delta), track_event: Some(te), interned_data, ..Default::default() };
+        o.packet(seq.id, Some(SEQ_NEEDS_INCREMENTAL_STATE), p)
     }
 }
 
@@ -150,54 +261,44 @@ pub fn export(path: &Path, opts: ReadOptions, out: &mut dyn Write) -> anyhow::Re
         h.start_monotonic_ns
             .saturating_add_signed((ticks.wrapping_sub(h.start_ticks) as i64 as f64 * 1e9 / h.ticks_per_second) as i64)
     };
-    let mut o = Out { w: out, buf: Vec::new(), first: true, packets: 0 };
+    let mut o = Out { w: out, buf: Vec::new(), packets: 0 };
     let process_uuid = pid as u64 | 1 << 40;
-    o.packet(TracePacket {
-        track_descriptor: Some(TrackDescriptor {
-            uuid: Some(process_uuid),
-            process: Some(ProcessDescriptor {
-                pid: Some(pid),
-                process_name: Some(format!("python {} ({} mode)", h.python_version, h.options.mode.name())),
+    o.packet(
+        DESCRIPTORS,
+        None,
+        TracePacket {
+            track_descriptor: Some(TrackDescriptor {
+                uuid: Some(process_uuid),
+                process: Some(ProcessDescriptor {
+                    pid: Some(pid),
+                    process_name: Some(format!("python {} ({} mode)", h.python_version, h.options.mode.name())),
+                }),
+                ..Default::default()
             }),
             ..Default::default()
-        }),
-        interned_data: Some(InternedData {
-            event_names: vec![EventName { iid: Some(LOOP_IID), name: Some("loop".into()) }],
-            debug_annotation_names: vec![
-                DebugAnnotationName { iid: Some(UOPS_IID), name: Some("uops".into()) },
-                DebugAnnotationName { iid: Some(CYCLES_IID), name: Some("cycles".into()) },
-            ],
-        }),
-        ..Default::default()
-    })?;
-    let mut interned: HashSet<u32> = HashSet::default();
+        },
+    )?;
+    let mut seqs = Sequences { by_tid: Default::default() };
     let (read, warnings) = timeline.run(|code, item| match item {
         Item::Event { .. } => Ok(()),
-        Item::Thread { tid, name } => o.packet(thread_track(pid, tid, process_uuid, name)),
+        Item::Thread { tid, name } => o.packet(DESCRIPTORS, None, thread_track(pid, tid, process_uuid, name)),
         Item::Begin { tid, ticks, code: id } => {
-            // Names are interned on first use, in the packet that first refers to them.
-            let interned_data = interned.insert(id).then(|| InternedData {
-                debug_annotation_names: vec![],
-                event_names: vec![EventName {
-                    iid: Some(id as u64),
-                    name: Some(code.get(&id).map_or_else(|| "?".into(), |c| c.qualname.clone())),
-                }],
-            });
-            o.packet(slice(ns(ticks), tid, SLICE_BEGIN, Some(id as u64), interned_data))
+            let qualname = || code.get(&id).map_or_else(|| "?".into(), |c| c.qualname.clone());
+            seqs.event(&mut o, tid, ns(ticks), track_event(SLICE_BEGIN, Some(id as u64 + 1)), Some((id, &qualname)))
         }
-        Item::End { tid, ticks, .. } => o.packet(slice(ns(ticks), tid, SLICE_END, None, None)),
+        Item::End { tid, ticks, .. } => seqs.event(&mut o, tid, ns(ticks), track_event(SLICE_END, None), None),
         Item::Loop { tid, ticks, uops, cycles, .. } => {
-            let mut p = slice(ns(ticks), tid, INSTANT, Some(LOOP_IID), None);
-            if let Some(te) = &mut p.track_event {
-                te.debug_annotations.push(annotation(UOPS_IID, uops as u64));
-                if let Some(c) = cycles {
-                    te.debug_annotations.push(annotation(CYCLES_IID, c));
-                }
+            let mut te = track_event(INSTANT, Some(LOOP_IID));
+            te.debug_annotations.push(annotation(UOPS_IID, uops as u64));
+            if let Some(c) = cycles {
+                te.debug_annotations.push(annotation(CYCLES_IID, c));
             }
-            o.packet(p)
+            seqs.event(&mut o, tid, ns(ticks), te, None)
         }
         // Names can arrive after a thread's first events: describe the track again with its final name.
-        Item::ThreadDone { tid, name: Some(name) } => o.packet(thread_track(pid, tid, process_uuid, Some(name))),
+        Item::ThreadDone { tid, name: Some(name) } => {
+            o.packet(DESCRIPTORS, None, thread_track(pid, tid, process_uuid, Some(name)))
+        }
         Item::ThreadDone { name: None, .. } => Ok(()),
     })?;
     o.w.flush()?;
@@ -220,18 +321,8 @@ fn thread_track(pid: i32, tid: u64, parent: u64, name: Option<&str>) -> TracePac
     }
 }
 
-fn slice(ns: u64, tid: u64, kind: i32, name_iid: Option<u64>, interned: Option<InternedData>) -> TracePacket {
-    TracePacket {
-        timestamp: Some(ns),
-        track_event: Some(TrackEvent {
-            r#type: Some(kind),
-            name_iid,
-            track_uuid: Some(tid),
-            debug_annotations: vec![],
-        }),
-        interned_data: interned,
-        ..Default::default()
-    }
+fn track_event(kind: i32, name_iid: Option<u64>) -> TrackEvent {
+    TrackEvent { r#type: Some(kind), name_iid, track_uuid: None, debug_annotations: vec![] }
 }
 
 fn annotation(name_iid: u64, v: u64) -> DebugAnnotation {
