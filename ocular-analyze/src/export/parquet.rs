@@ -7,10 +7,12 @@
 use crate::table::{self, Batch, Column, Sink, Summary, Table};
 use anyhow::Context;
 use ocular_format::ReadOptions;
+use polars::polars_utils::compression::ZstdLevel;
 use polars::prelude::{
-    BatchedWriter, BinaryChunked, CategoricalPhysical, ChunkedArray, DataFrame, DataType, FrozenCategories, Int64Type,
-    IntoColumn, IntoSeries, NamedFrom, ParquetCompression, ParquetWriter, PlSmallStr, Series, UInt16Chunked,
-    UInt32Type, UInt64Type, UInt8Chunked,
+    BatchedWriter, BinaryChunked, Categorical16Chunked, Categorical32Chunked, Categorical8Chunked, CategoricalPhysical,
+    ChunkedArray, DataFrame, DataType, FrozenCategories, Int64Type, IntoColumn, IntoSeries, NamedFrom,
+    ParquetCompression, ParquetWriter, PlSmallStr, PolarsNumericType, Series, UInt16Type, UInt32Type, UInt64Type,
+    UInt8Type,
 };
 use rustc_hash::FxHashMap as HashMap;
 use std::fs::File;
@@ -19,18 +21,43 @@ use std::path::{Path, PathBuf};
 
 /// A text column as a polars `Enum` whose categories are the dictionary, in order, so codes carry over.
 fn enum_series(name: PlSmallStr, codes: &[Option<u32>], dict: &[String]) -> anyhow::Result<Series> {
+    if let Some(bad) = codes.iter().flatten().find(|&&c| c as usize >= dict.len()) {
+        anyhow::bail!("column {name}: code {bad} outside its dictionary of {}", dict.len());
+    }
     let fc = FrozenCategories::new(dict.iter().map(String::as_str))?;
     let dtype = DataType::from_frozen_categories(fc.clone());
-    let cats = match fc.physical() {
+    Ok(match fc.physical() {
         CategoricalPhysical::U8 => {
-            codes.iter().map(|c| c.map(|c| c as u8)).collect::<UInt8Chunked>().with_name(name).into_series()
+            let ca = physical::<UInt8Type>(name, codes, |c| c as u8);
+            // SAFETY: every code was checked above to be an index into the dictionary, whose strings are
+            // the categories, in order; the physical type is the one the categories asked for.
+            unsafe { Categorical8Chunked::from_cats_and_dtype_unchecked(ca, dtype) }.into_series()
         }
         CategoricalPhysical::U16 => {
-            codes.iter().map(|c| c.map(|c| c as u16)).collect::<UInt16Chunked>().with_name(name).into_series()
+            let ca = physical::<UInt16Type>(name, codes, |c| c as u16);
+            // SAFETY: as above.
+            unsafe { Categorical16Chunked::from_cats_and_dtype_unchecked(ca, dtype) }.into_series()
         }
-        CategoricalPhysical::U32 => Series::new(name, codes),
-    };
-    Ok(Series::from_cats_and_dtype(&cats, &dtype, false)?)
+        CategoricalPhysical::U32 => {
+            let ca = physical::<UInt32Type>(name, codes, |c| c);
+            // SAFETY: as above.
+            unsafe { Categorical32Chunked::from_cats_and_dtype_unchecked(ca, dtype) }.into_series()
+        }
+    })
+}
+
+/// Codes as a polars array: taken as a plain vector when there is no null (most columns of most batches),
+/// else collected with their validity.
+fn physical<T: PolarsNumericType>(
+    name: PlSmallStr,
+    codes: &[Option<u32>],
+    to: impl Fn(u32) -> T::Native,
+) -> ChunkedArray<T> {
+    if codes.iter().all(Option::is_some) {
+        ChunkedArray::<T>::from_vec(name, codes.iter().map(|c| to(c.unwrap_or(0))).collect())
+    } else {
+        codes.iter().map(|c| c.map(&to)).collect::<ChunkedArray<T>>().with_name(name)
+    }
 }
 
 /// Converts a batch to a polars `DataFrame`.
@@ -59,16 +86,16 @@ struct ParquetWriters {
 }
 
 impl ParquetWriters {
-    fn batch(&mut self, table: Table, batch: Batch) -> anyhow::Result<()> {
-        let df = dataframe(batch)?;
+    fn batch(&mut self, table: Table, df: DataFrame) -> anyhow::Result<()> {
         let w = match self.writers.entry(table) {
             std::collections::hash_map::Entry::Occupied(o) => o.into_mut(),
             std::collections::hash_map::Entry::Vacant(v) => {
                 let path = self.dir.join(format!("{}.parquet", table.name()));
                 let f = File::create(&path).with_context(|| format!("cannot create {}", path.display()))?;
-                // zstd at its default level: LZ4 wrote 10% faster but files 2.8x larger (BENCHMARKS.md).
+                // zstd level 1: less of the writer thread's time than level 3 (polars' default), its largest
+                // cost, for files the same size within 0.1% on the bench trace; LZ4 made them 2.8x larger.
                 let w = ParquetWriter::new(BufWriter::with_capacity(1 << 20, f))
-                    .with_compression(ParquetCompression::Zstd(None))
+                    .with_compression(ParquetCompression::Zstd(Some(ZstdLevel::try_new(1)?)))
                     .batched(df.schema())?;
                 v.insert(w)
             }
@@ -78,25 +105,27 @@ impl ParquetWriters {
     }
 }
 
-/// Hands batches to the thread that writes them: reading and building the tables overlaps with encoding
-/// and compressing them (two batches in flight at most, so memory stays bounded).
-struct Pipe(std::sync::mpsc::SyncSender<(Table, Batch)>);
+/// Hands batches, as DataFrames, to the thread that writes them: reading the trace and building the
+/// tables and DataFrames overlaps with encoding and compressing them (the writer thread was the busier of
+/// the two); two batches in flight at most, so memory stays bounded.
+struct Pipe(std::sync::mpsc::SyncSender<(Table, DataFrame)>);
 
 impl Sink for Pipe {
     fn batch(&mut self, table: Table, batch: Batch) -> anyhow::Result<()> {
+        let df = dataframe(batch)?;
         // A closed channel means the writer failed; its error is reported when it is joined.
-        self.0.send((table, batch)).map_err(|_| anyhow::anyhow!("the Parquet writer stopped"))
+        self.0.send((table, df)).map_err(|_| anyhow::anyhow!("the Parquet writer stopped"))
     }
 }
 
 /// Exports `path` into `dir` (created if missing) as events.parquet, calls.parquet and code.parquet.
 pub fn export(path: &Path, opts: ReadOptions, dir: &Path) -> anyhow::Result<Summary> {
     std::fs::create_dir_all(dir).with_context(|| format!("cannot create directory {}", dir.display()))?;
-    let (tx, rx) = std::sync::mpsc::sync_channel::<(Table, Batch)>(1);
+    let (tx, rx) = std::sync::mpsc::sync_channel::<(Table, DataFrame)>(1);
     let mut w = ParquetWriters { dir: dir.to_owned(), writers: HashMap::default() };
     let writer = std::thread::Builder::new().name("parquet-writer".into()).spawn(move || -> anyhow::Result<()> {
-        for (table, batch) in rx {
-            w.batch(table, batch)?;
+        for (table, df) in rx {
+            w.batch(table, df)?;
         }
         for (t, w) in w.writers {
             w.finish().with_context(|| format!("cannot finish {}.parquet", t.name()))?;
