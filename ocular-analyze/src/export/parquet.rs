@@ -10,7 +10,7 @@ use ocular_format::ReadOptions;
 use polars::polars_utils::compression::ZstdLevel;
 use polars::prelude::{
     BatchedWriter, BinaryChunked, Categorical16Chunked, Categorical32Chunked, Categorical8Chunked, CategoricalPhysical,
-    ChunkedArray, DataFrame, DataType, FrozenCategories, Int64Type, IntoColumn, IntoSeries, NamedFrom,
+    ChunkedArray, DataFrame, DataType, FrozenCategories, Int32Type, Int64Type, IntoColumn, IntoSeries,
     ParquetCompression, ParquetWriter, PlSmallStr, PolarsNumericType, Series, UInt16Type, UInt32Type, UInt64Type,
     UInt8Type,
 };
@@ -28,35 +28,35 @@ fn enum_series(name: PlSmallStr, codes: &[Option<u32>], dict: &[String]) -> anyh
     let dtype = DataType::from_frozen_categories(fc.clone());
     Ok(match fc.physical() {
         CategoricalPhysical::U8 => {
-            let ca = physical::<UInt8Type>(name, codes, |c| c as u8);
+            let ca = physical::<UInt8Type, u32>(name, codes, |c| c as u8);
             // SAFETY: every code was checked above to be an index into the dictionary, whose strings are
             // the categories, in order; the physical type is the one the categories asked for.
             unsafe { Categorical8Chunked::from_cats_and_dtype_unchecked(ca, dtype) }.into_series()
         }
         CategoricalPhysical::U16 => {
-            let ca = physical::<UInt16Type>(name, codes, |c| c as u16);
+            let ca = physical::<UInt16Type, u32>(name, codes, |c| c as u16);
             // SAFETY: as above.
             unsafe { Categorical16Chunked::from_cats_and_dtype_unchecked(ca, dtype) }.into_series()
         }
         CategoricalPhysical::U32 => {
-            let ca = physical::<UInt32Type>(name, codes, |c| c);
+            let ca = physical::<UInt32Type, u32>(name, codes, |c| c);
             // SAFETY: as above.
             unsafe { Categorical32Chunked::from_cats_and_dtype_unchecked(ca, dtype) }.into_series()
         }
     })
 }
 
-/// Codes as a polars array: taken as a plain vector when there is no null (most columns of most batches),
-/// else collected with their validity.
-fn physical<T: PolarsNumericType>(
+/// Optional values (converted by `to`) as a polars array: taken as a plain vector when there is no null
+/// (most columns of most batches), else collected with their validity.
+fn physical<T: PolarsNumericType, V: Copy + Default>(
     name: PlSmallStr,
-    codes: &[Option<u32>],
-    to: impl Fn(u32) -> T::Native,
+    values: &[Option<V>],
+    to: impl Fn(V) -> T::Native,
 ) -> ChunkedArray<T> {
-    if codes.iter().all(Option::is_some) {
-        ChunkedArray::<T>::from_vec(name, codes.iter().map(|c| to(c.unwrap_or(0))).collect())
+    if values.iter().all(Option::is_some) {
+        ChunkedArray::<T>::from_vec(name, values.iter().map(|v| to(v.unwrap_or_default())).collect())
     } else {
-        codes.iter().map(|c| c.map(&to)).collect::<ChunkedArray<T>>().with_name(name)
+        values.iter().map(|v| v.map(&to)).collect::<ChunkedArray<T>>().with_name(name)
     }
 }
 
@@ -67,10 +67,10 @@ pub fn dataframe(batch: Batch) -> anyhow::Result<DataFrame> {
         let name = PlSmallStr::from_static(name);
         let s: Series = match col {
             Column::U64(v) => ChunkedArray::<UInt64Type>::from_vec(name, v).into_series(),
-            Column::OptU64(v) => Series::new(name, v),
+            Column::OptU64(v) => physical::<UInt64Type, u64>(name, &v, |x| x).into_series(),
             Column::I64(v) => ChunkedArray::<Int64Type>::from_vec(name, v).into_series(),
             Column::U32(v) => ChunkedArray::<UInt32Type>::from_vec(name, v).into_series(),
-            Column::OptI32(v) => Series::new(name, v),
+            Column::OptI32(v) => physical::<Int32Type, i32>(name, &v, |x| x).into_series(),
             Column::Dict(codes, dict) => enum_series(name, &codes, &dict)?,
             Column::Binary(v) => v.into_iter().collect::<BinaryChunked>().with_name(name).into_series(),
         };
