@@ -2,6 +2,7 @@
 //! gives. Adding a field is a minor version change and only ever appends it at the end of a record.
 
 use serde::{Deserialize, Serialize};
+use std::borrow::Cow;
 
 /// The file header (FORMAT.md 4.2): everything needed to interpret the events without the recording
 /// interpreter.
@@ -102,7 +103,7 @@ pub struct OpcodeTable {
 
 impl OpcodeTable {
     /// The name of `op`, or `<op N>` for numbers the table leaves empty or does not have.
-    pub fn name(&self, op: u8) -> std::borrow::Cow<'_, str> {
+    pub fn name(&self, op: u8) -> Cow<'_, str> {
         match self.names.get(op as usize) {
             Some(n) if !n.is_empty() => n.as_str().into(),
             _ => format!("<op {op}>").into(),
@@ -137,31 +138,36 @@ pub struct CodeObject {
     pub positions: Vec<Position>,
 }
 
-/// How format 2.0 stores a [`CodeObject`] (FORMAT.md 6.1).
+/// How a [`CodeObject`] is stored (FORMAT.md 6.1): seven fields, then its source positions, which format
+/// 2.0 stores as `co_linetable` (`L` = bytes) and 1.x stored decoded (`L` = `Vec<Position>`, FORMAT.md 9).
 #[derive(Serialize, Deserialize)]
-pub(crate) struct CodeObjectV2<'a> {
+pub(crate) struct CodeRecord<'a, L> {
     pub id: u32,
-    pub name: std::borrow::Cow<'a, str>,
-    pub qualname: std::borrow::Cow<'a, str>,
-    pub filename: std::borrow::Cow<'a, str>,
+    pub name: Cow<'a, str>,
+    pub qualname: Cow<'a, str>,
+    pub filename: Cow<'a, str>,
     pub first_line: u32,
     pub flags: u32,
-    pub bytecode: std::borrow::Cow<'a, [u8]>,
-    pub linetable: std::borrow::Cow<'a, [u8]>,
+    pub bytecode: Cow<'a, [u8]>,
+    pub lines: L,
 }
 
-/// How format 1.x stored a [`CodeObject`] (FORMAT.md 9): the same fields with decoded positions in place of
-/// the location table. Kept as its own type so that each version's layout is spelled out once.
-#[derive(Deserialize)]
-pub(crate) struct CodeObjectV1 {
-    pub id: u32,
-    pub name: String,
-    pub qualname: String,
-    pub filename: String,
-    pub first_line: u32,
-    pub flags: u32,
-    pub bytecode: Vec<u8>,
-    pub positions: Vec<Position>,
+impl<L> CodeRecord<'_, L> {
+    /// The code object without its positions, and the positions as stored.
+    pub fn split(self) -> (CodeObject, L) {
+        let code = CodeObject {
+            id: self.id,
+            name: self.name.into_owned(),
+            qualname: self.qualname.into_owned(),
+            filename: self.filename.into_owned(),
+            first_line: self.first_line,
+            flags: self.flags,
+            bytecode: self.bytecode.into_owned(),
+            linetable: Vec::new(),
+            positions: Vec::new(),
+        };
+        (code, self.lines)
+    }
 }
 
 /// Source position of one code unit; -1 where `co_positions()` gives `None`.

@@ -3,9 +3,7 @@
 use crate::chunk::{codec, hex, kind, ChunkHeader, Preamble, CHUNK_HEADER_LEN, MAGIC, MAJOR, SYNC};
 use crate::error::{Error, Result};
 use crate::event::RawEvent;
-use crate::meta::{
-    Calibration, CodeObject, CodeObjectV1, CodeObjectV2, CodeSnapshot, Header, Lost, ThreadInfo, Trailer,
-};
+use crate::meta::{Calibration, CodeObject, CodeRecord, CodeSnapshot, Header, Lost, Position, ThreadInfo, Trailer};
 use serde::de::DeserializeOwned;
 use std::collections::HashMap;
 use std::fs::File;
@@ -594,38 +592,24 @@ impl<R: Read + Seek> Reader<R> {
     /// CODE records: 2.0 stores `co_linetable`, decoded here into positions; 1.x stored the positions.
     fn decode_code(&mut self, info: &ChunkInfo) -> Result<Vec<CodeObject>> {
         if self.version.0 < 2 {
-            let v1: Vec<CodeObjectV1> = self.decode_framed(info)?;
+            let v1: Vec<CodeRecord<Vec<Position>>> = self.decode_framed(info)?;
             return Ok(v1
                 .into_iter()
-                .map(|c| CodeObject {
-                    id: c.id,
-                    name: c.name,
-                    qualname: c.qualname,
-                    filename: c.filename,
-                    first_line: c.first_line,
-                    flags: c.flags,
-                    bytecode: c.bytecode,
-                    linetable: Vec::new(),
-                    positions: c.positions,
+                .map(|c| {
+                    let (mut code, positions) = c.split();
+                    code.positions = positions;
+                    code
                 })
                 .collect());
         }
-        let v2: Vec<CodeObjectV2> = self.decode_framed(info)?;
+        let v2: Vec<CodeRecord<Vec<u8>>> = self.decode_framed(info)?;
         let out: Vec<CodeObject> = v2
             .into_iter()
             .map(|c| {
-                let positions = crate::linetable::decode(&c.linetable, c.first_line, c.bytecode.len() / 2);
-                CodeObject {
-                    id: c.id,
-                    name: c.name.into_owned(),
-                    qualname: c.qualname.into_owned(),
-                    filename: c.filename.into_owned(),
-                    first_line: c.first_line,
-                    flags: c.flags,
-                    bytecode: c.bytecode.into_owned(),
-                    linetable: c.linetable.into_owned(),
-                    positions,
-                }
+                let (mut code, linetable) = c.split();
+                code.positions = crate::linetable::decode(&linetable, code.first_line, code.bytecode.len() / 2);
+                code.linetable = linetable;
+                code
             })
             .collect();
         for c in &out {

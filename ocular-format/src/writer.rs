@@ -3,7 +3,7 @@
 use crate::chunk::{codec, kind, ChunkHeader, Preamble, MAGIC, MAJOR, MAX_CHUNK_EVENTS, MINOR, SYNC};
 use crate::error::{Error, Result};
 use crate::event::RawEvent;
-use crate::meta::{Calibration, CodeObject, CodeObjectV2, CodeSnapshot, Header, Lost, ThreadInfo, Trailer};
+use crate::meta::{Calibration, CodeObject, CodeRecord, CodeSnapshot, Header, Lost, ThreadInfo, Trailer};
 use serde::Serialize;
 use std::borrow::Cow;
 use std::collections::HashMap;
@@ -120,20 +120,20 @@ impl<W: Write> Writer<W> {
 
     /// Writes code objects as one CODE chunk, with their `linetable` (encoded from `positions` when empty).
     pub fn code_objects(&mut self, objects: &[CodeObject]) -> Result<()> {
-        let wire: Vec<CodeObjectV2> = objects
+        let wire: Vec<CodeRecord<Cow<[u8]>>> = objects
             .iter()
-            .map(|c| CodeObjectV2 {
+            .map(|c| CodeRecord {
                 id: c.id,
                 name: Cow::Borrowed(&c.name),
                 qualname: Cow::Borrowed(&c.qualname),
                 filename: Cow::Borrowed(&c.filename),
                 first_line: c.first_line,
                 flags: c.flags,
-                bytecode: Cow::Borrowed(&c.bytecode),
-                linetable: if c.linetable.is_empty() && !c.positions.is_empty() {
+                bytecode: Cow::Borrowed(c.bytecode.as_slice()),
+                lines: if c.linetable.is_empty() && !c.positions.is_empty() {
                     Cow::Owned(crate::linetable::encode(&c.positions, c.first_line))
                 } else {
-                    Cow::Borrowed(&c.linetable)
+                    Cow::Borrowed(c.linetable.as_slice())
                 },
             })
             .collect();

@@ -108,8 +108,6 @@ struct TrackEvent {
     r#type: Option<i32>,
     #[prost(uint64, optional, tag = "10")]
     name_iid: Option<u64>,
-    #[prost(uint64, optional, tag = "11")]
-    track_uuid: Option<u64>,
     #[prost(message, repeated, tag = "4")]
     debug_annotations: Vec<DebugAnnotation>,
 }
@@ -201,7 +199,7 @@ impl Sequences {
         o: &mut Out<'_>,
         tid: u64,
         ns: u64,
-        mut te: TrackEvent,
+        te: TrackEvent,
         name: Option<(u32, &dyn Fn() -> String)>,
     ) -> std::io::Result<()> {
         let next = DESCRIPTORS + 1 + self.by_tid.len() as u32;
@@ -246,7 +244,6 @@ impl Sequences {
             }),
             _ => None,
         };
-        te.track_uuid = None;
         let p = TracePacket { timestamp: Some(delta), track_event: Some(te), interned_data, ..Default::default() };
         o.packet(seq.id, Some(SEQ_NEEDS_INCREMENTAL_STATE), p)
     }
@@ -322,7 +319,7 @@ fn thread_track(pid: i32, tid: u64, parent: u64, name: Option<&str>) -> TracePac
 }
 
 fn track_event(kind: i32, name_iid: Option<u64>) -> TrackEvent {
-    TrackEvent { r#type: Some(kind), name_iid, track_uuid: None, debug_annotations: vec![] }
+    TrackEvent { r#type: Some(kind), name_iid, debug_annotations: vec![] }
 }
 
 fn annotation(name_iid: u64, v: u64) -> DebugAnnotation {
