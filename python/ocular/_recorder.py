@@ -263,12 +263,13 @@ class Recording:
             warnings.warn(note, RuntimeWarning, stacklevel=3)
         self.tool_id = tool
         try:
-            # The tick rate is measured across the calibration (tens of ms) instead of a sleep of its own.
+            # The tick rate is measured across the calibration (about 2 ms; clock points good to tens of ns)
+            # instead of a sleep of its own, which would add 10 ms to every run.
             before = nat.clock_point()
             cost, per_kind = calibration(self.mode, tool, self.deinstrument_threshold, self.buffer_events)
             after = nat.clock_point()
             span_ns = after[1] - before[1]
-            hz = (after[0] - before[0]) * 1e9 / span_ns if span_ns >= 5_000_000 else nat.ticks_per_second(10)
+            hz = (after[0] - before[0]) * 1e9 / span_ns if span_ns >= 1_000_000 else nat.ticks_per_second(2)
             self.event_cost_ns = cost * 1e9 / hz
             self.call_event_cost_ns = per_kind[0][1] * 1e9 / hz
             header = {

@@ -2,6 +2,7 @@
 per code object and kind, and the order of events per thread."""
 
 import sys
+import time
 
 import pytest
 from conftest import Reference, counts, read_ocl
@@ -161,6 +162,19 @@ def test_header_describes_the_interpreter(ocl):
     assert h["opnames"][dis._all_opmap["FOR_ITER_RANGE"]] == "FOR_ITER_RANGE"
     assert h["event_cost_ticks"] > 0
     assert h["ticks_per_second"] > 1e8
+
+
+def test_tick_rate_measured_at_start_holds_over_the_recording(ocl):
+    # The rate comes from the ~2 ms calibration; over a 0.3 s recording, ticks converted with it must land
+    # on the monotonic clock the trailer read at stop.
+    with ocular.record(ocl, mode="calls"):
+        time.sleep(0.3)
+    f = read_ocl(ocl)
+    h, t = f["header"], f["trailer"]
+    elapsed_ns = t["end_monotonic_ns"] - h["start_monotonic_ns"]
+    assert elapsed_ns > 0.3e9
+    rate = (t["end_ticks"] - h["start_ticks"]) * 1e9 / elapsed_ns
+    assert abs(rate / h["ticks_per_second"] - 1) < 1e-3, (rate, h["ticks_per_second"])
 
 
 def test_opcode_tables_match_the_interpreter():

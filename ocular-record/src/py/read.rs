@@ -9,7 +9,7 @@ use pyo3::types::{PyDict, PyList};
 /// Returns `{"header": {...}, "events": [(thread, ticks, kind, code, offset, arg)], "code": {id: (qualname,
 /// filename, first_line, name)}, "positions": {id: [(line, end_line, col, end_col)]}, "bytecode": {id:
 /// bytes}, "threads": {id: name}, "lost": [(thread, count, first, last)], "snapshots": {id: bytes},
-/// "clean": bool, "warnings": [...]}`. Kinds are `sys.monitoring` names.
+/// "trailer": {end_ticks, end_monotonic_ns, events, lost} (if present), "clean": bool, "warnings": [...]}`. Kinds are `sys.monitoring` names.
 #[pyfunction]
 #[pyo3(signature = (path, salvage=false))]
 pub(super) fn read<'py>(py: Python<'py>, path: std::path::PathBuf, salvage: bool) -> PyResult<Bound<'py, PyDict>> {
@@ -29,6 +29,8 @@ pub(super) fn read<'py>(py: Python<'py>, path: std::path::PathBuf, salvage: bool
     header.set_item("max_buffers", h.options.max_buffers)?;
     header.set_item("ticks_per_second", h.ticks_per_second)?;
     header.set_item("event_cost_ticks", h.event_cost_ticks)?;
+    header.set_item("start_ticks", h.start_ticks)?;
+    header.set_item("start_monotonic_ns", h.start_monotonic_ns)?;
     header.set_item("opnames", h.opcodes.names.clone())?;
     header.set_item("clock", format!("{:?}", h.clock))?;
     out.set_item("header", header)?;
@@ -76,7 +78,15 @@ pub(super) fn read<'py>(py: Python<'py>, path: std::path::PathBuf, salvage: bool
                 }
                 out.set_item("calibration", d)?;
             }
-            Body::Trailer(_) | Body::Skipped(_) => {}
+            Body::Trailer(t) => {
+                let d = PyDict::new(py);
+                d.set_item("end_ticks", t.end_ticks)?;
+                d.set_item("end_monotonic_ns", t.end_monotonic_ns)?;
+                d.set_item("events", t.events)?;
+                d.set_item("lost", t.lost)?;
+                out.set_item("trailer", d)?;
+            }
+            Body::Skipped(_) => {}
         }
     }
     out.set_item("events", events)?;
