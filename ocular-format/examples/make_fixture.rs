@@ -1,12 +1,12 @@
-//! Writes the frozen format fixture of the current format version (`testdata/v2.0/synthetic.ocl`): every chunk kind, two threads, a lost
+//! Writes the frozen format fixture of the current format version (`testdata/v2.1/synthetic.ocl`): every chunk kind, two threads, a lost
 //! record, a snapshot and a trailer. Frozen files are never rewritten: this refuses to overwrite one.
 //!
-//!     cargo run -p ocular-format --example make_fixture -- testdata/v2.0/synthetic.ocl
+//!     cargo run -p ocular-format --example make_fixture -- testdata/v2.1/synthetic.ocl
 
 use ocular_format::*;
 
 fn main() -> Result<()> {
-    let path = std::env::args().nth(1).unwrap_or_else(|| "testdata/v2.0/synthetic.ocl".into());
+    let path = std::env::args().nth(1).unwrap_or_else(|| "testdata/v2.1/synthetic.ocl".into());
     if std::path::Path::new(&path).exists() {
         eprintln!("{path} exists: frozen fixtures are never rewritten; make a new version's directory instead");
         std::process::exit(1);
@@ -45,7 +45,8 @@ fn main() -> Result<()> {
     }
     w.thread(&ThreadInfo { thread_id: 1002, name: "worker-1".into(), is_main: false })?;
     w.lost(&Lost { thread_id: 1002, count: 3, first_ticks: 15_000, last_ticks: 15_200 })?;
-    w.snapshots(&[CodeSnapshot { id: 1, bytecode: vec![151, 0, 194, 2, 0, 0, 1, 0, 140, 4, 83, 0] }])?;
+    // FOR_ITER specialized, its inline cache unit filled in by the interpreter: since 2.1 it is not stored.
+    w.snapshots(&[CodeSnapshot { id: 1, bytecode: vec![151, 0, 194, 2, 0x37, 0x12, 1, 0, 140, 4, 83, 0] }])?;
     w.finish(Trailer {
         end_unix_ns: 1_795_000_000_500_000_000,
         end_monotonic_ns: 623_456_789,

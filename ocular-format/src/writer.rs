@@ -62,6 +62,8 @@ pub struct Writer<W: Write> {
     bytes: u64,
     /// Base bytecode by code id: snapshots are stored XORed with it (FORMAT.md 6.4).
     bases: HashMap<u32, Vec<u8>>,
+    /// Inline cache units after each base opcode (the header's table): snapshots store them as zeros.
+    cache_entries: Vec<u8>,
 }
 
 impl<W: Write> std::fmt::Debug for Writer<W> {
@@ -89,6 +91,7 @@ impl<W: Write> Writer<W> {
             frame: Vec::new(),
             bytes: 0,
             bases: HashMap::new(),
+            cache_entries: header.opcodes.cache_entries.clone(),
         };
         let pre = Preamble { magic: MAGIC, major: U16::new(MAJOR), minor: U16::new(MINOR), flags: U32::new(0) };
         w.out.write_all(pre.as_bytes()).map_err(|e| io_err(path, e))?;
@@ -144,12 +147,20 @@ impl<W: Write> Writer<W> {
         Ok(())
     }
 
-    /// Writes specialized-bytecode snapshots as one SNAPSHOT chunk, each XORed with its code object's base
-    /// bytecode (FORMAT.md 6.4): most of it equal, the XOR is mostly zeros and compresses to little.
+    /// Writes specialized-bytecode snapshots as one SNAPSHOT chunk (FORMAT.md 6.4): the inline cache
+    /// units cleared, then XORed with the code object's base bytecode, so only specialized opcodes (and
+    /// changed arguments) are left, and they compress to little.
     pub fn snapshots(&mut self, snapshots: &[CodeSnapshot]) -> Result<()> {
         let wire: Vec<CodeSnapshot> = snapshots
             .iter()
-            .map(|s| CodeSnapshot { id: s.id, bytecode: xor(&s.bytecode, self.bases.get(&s.id)) })
+            .map(|s| {
+                let base = self.bases.get(&s.id);
+                let mut bytecode = xor(&s.bytecode, base);
+                if let Some(base) = base {
+                    clear_caches(&mut bytecode, base, &self.cache_entries);
+                }
+                CodeSnapshot { id: s.id, bytecode }
+            })
             .collect();
         self.framed(kind::SNAPSHOT, &wire, "code snapshot")
     }
@@ -283,6 +294,21 @@ enum Zstd {
 
 /// `bytes` XOR `base`, byte by byte; bytes beyond the base's length (or all, without a base) as they are.
 /// Its own inverse.
+/// Zeroes, in a snapshot XORed with `base`, the inline cache units that follow each instruction of `base`
+/// (so the reader restores them as the base's zeros). The walk follows the base bytecode, which is never
+/// instrumented, so an INSTRUMENTED_* opcode left in the snapshot cannot shift it.
+fn clear_caches(xored: &mut [u8], base: &[u8], cache_entries: &[u8]) {
+    let mut i = 0;
+    while i + 1 < base.len() {
+        let caches = cache_entries.get(base[i] as usize).copied().unwrap_or(0) as usize;
+        let end = (i + 2 + 2 * caches).min(base.len()).min(xored.len());
+        if let Some(units) = xored.get_mut((i + 2).min(end)..end) {
+            units.fill(0);
+        }
+        i += 2 + 2 * caches;
+    }
+}
+
 pub(crate) fn xor(bytes: &[u8], base: Option<&Vec<u8>>) -> Vec<u8> {
     let base = base.map_or(&[][..], |b| b.as_slice());
     bytes.iter().enumerate().map(|(i, &b)| b ^ base.get(i).copied().unwrap_or(0)).collect()

@@ -137,6 +137,20 @@ def test_specialized_bytecode_is_snapshotted_at_stop(ocl):
     ops = {names[b] for b in f["snapshots"][cid][::2]}
     assert "FOR_ITER_RANGE" in ops, sorted(ops)
     assert any(n.startswith("BINARY_OP_ADD_INT") for n in ops), sorted(ops)
+    # Instructions as the interpreter has them now; inline cache units (counters, version tags) as zeros.
+    from ocular._interp import opcode_tables
+
+    cache = opcode_tables()["opcache"]
+    base, now, snap = workloads.loop.__code__.co_code, workloads.loop.__code__._co_code_adaptive, f["snapshots"][cid]
+    assert len(snap) == len(now)
+    i, cache_units = 0, 0
+    while i < len(base):
+        assert snap[i : i + 2] == now[i : i + 2], (i, snap[i : i + 2], now[i : i + 2])
+        n = cache[base[i]]
+        assert snap[i + 2 : i + 2 + 2 * n] == bytes(2 * n), i
+        cache_units += n
+        i += 2 + 2 * n
+    assert cache_units > 0
 
 
 def test_calls_mode_records_every_call_whatever_the_threshold(ocl):

@@ -38,7 +38,12 @@ fn v2_0_synthetic_dump() {
     check("v2.0/synthetic.ocl", "expected/v2.0-synthetic.dump");
 }
 
-/// The two synthetic fixtures hold the same recording in two layouts: apart from the version and the
+#[test]
+fn v2_1_synthetic_dump() {
+    check("v2.1/synthetic.ocl", "expected/v2.1-synthetic.dump");
+}
+
+/// The synthetic fixtures hold the same recording in three layouts: apart from the version and the
 /// chunk lines (sizes and offsets), their dumps are the same, record for record.
 #[test]
 fn both_format_versions_dump_the_same_records() {
@@ -55,6 +60,7 @@ fn both_format_versions_dump_the_same_records() {
     let (v1, v2) = (records("v1.0/synthetic.ocl"), records("v2.0/synthetic.ocl"));
     assert!(v1.len() > 100, "{} lines", v1.len());
     assert_eq!(v1, v2);
+    assert_eq!(v1, records("v2.1/synthetic.ocl"));
 }
 
 #[test]

@@ -8,7 +8,7 @@ fn fixture(rel: &str) -> Vec<u8> {
     std::fs::read(format!("{path}{rel}")).unwrap_or_else(|e| panic!("{path}{rel}: {e}"))
 }
 
-/// The content both synthetic fixtures hold (`make_fixture` wrote each in its version's layout).
+/// The content every synthetic fixture holds (`make_fixture` wrote each in its version's layout).
 fn check_synthetic(bytes: &[u8], version: (u16, u16)) {
     let r = ocular_format::Reader::new(std::io::Cursor::new(bytes), "fixture", Default::default()).unwrap();
     let h = r.header();
@@ -50,4 +50,12 @@ fn v2_0_synthetic_reads_forever() {
     let bytes = fixture("v2.0/synthetic.ocl");
     assert_eq!(bytes.len(), 1889);
     check_synthetic(&bytes, (2, 0));
+}
+
+#[test]
+fn v2_1_synthetic_reads_forever() {
+    // Its snapshot was given a filled inline cache unit (offset 4), which 2.1 stores as zeros.
+    let bytes = fixture("v2.1/synthetic.ocl");
+    assert_eq!(bytes.len(), 1889);
+    check_synthetic(&bytes, (2, 1));
 }

@@ -59,7 +59,8 @@ pub fn sample_file(compress: bool) -> (Vec<u8>, Vec<(u64, Vec<RawEvent>)>) {
     }
     w.thread(&ThreadInfo { thread_id: 200, name: "worker-1".into(), is_main: false }).unwrap();
     w.lost(&Lost { thread_id: 200, count: 17, first_ticks: 50_000, last_ticks: 51_000 }).unwrap();
-    w.snapshots(&[CodeSnapshot { id: 1, bytecode: vec![151, 0, 194, 2, 140, 4, 83, 0] }]).unwrap();
+    // FOR_ITER specialized to FOR_ITER_RANGE, with something in its inline cache unit (offset 4).
+    w.snapshots(&[CodeSnapshot { id: 1, bytecode: vec![151, 0, 194, 2, 0x37, 0x12, 83, 0] }]).unwrap();
     (w.finish(trailer()).unwrap(), sent)
 }
 
