@@ -262,8 +262,27 @@ struct Events {
 }
 
 impl Events {
-    fn take(&mut self, d: &mut Dictionaries) -> Batch {
-        let e = std::mem::take(self);
+    /// Columns with room for `rows`: a batch fills them without regrowing (and copying) each one.
+    fn with_capacity(rows: usize) -> Self {
+        Events {
+            thread_id: Vec::with_capacity(rows),
+            ts_ns: Vec::with_capacity(rows),
+            tsc: Vec::with_capacity(rows),
+            event: Vec::with_capacity(rows),
+            code_id: Vec::with_capacity(rows),
+            function: Vec::with_capacity(rows),
+            file: Vec::with_capacity(rows),
+            line: Vec::with_capacity(rows),
+            offset: Vec::with_capacity(rows),
+            arg: Vec::with_capacity(rows),
+            opcode: Vec::with_capacity(rows),
+            specialized: Vec::with_capacity(rows),
+        }
+    }
+
+    /// The batch so far, leaving columns with room for `next` rows.
+    fn take(&mut self, d: &mut Dictionaries, next: usize) -> Batch {
+        let e = std::mem::replace(self, Events::with_capacity(next));
         Batch {
             rows: e.tsc.len(),
             columns: vec![
@@ -393,7 +412,7 @@ pub fn build(
     if !want_events && !want_calls {
         return Ok(summary);
     }
-    let mut events = Events::default();
+    let mut events = Events::with_capacity(if want_events { batch_rows } else { 0 });
     let mut calls = Calls::default();
     let mut failed: Option<anyhow::Error> = None;
     let timeline = Timeline::open(path, opts)?;
@@ -418,7 +437,7 @@ pub fn build(
                     events.opcode.push(co.opcode.get(unit).copied());
                     events.specialized.push(co.specialized.get(unit).copied().flatten());
                     if events.tsc.len() >= batch_rows {
-                        let b = events.take(&mut d);
+                        let b = events.take(&mut d, batch_rows);
                         count(&mut summary, Table::Events, &b);
                         sink.batch(Table::Events, b)?;
                     }
@@ -459,7 +478,7 @@ pub fn build(
         if !want {
             continue;
         }
-        let b = if t == Table::Events { events.take(&mut d) } else { calls.take(&mut d) };
+        let b = if t == Table::Events { events.take(&mut d, 0) } else { calls.take(&mut d) };
         // A last, possibly empty, batch: every table gets at least one.
         if b.rows > 0 || !summary.rows.contains_key(t.name()) {
             count(&mut summary, t, &b);

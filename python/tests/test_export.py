@@ -186,3 +186,16 @@ def test_parquet_read_by_pandas_and_strings_are_dictionary_encoded(parquet_dir):
         name = meta.schema.column(i).name
         if name in ("event", "function", "file", "opcode", "specialized"):
             assert "RLE_DICTIONARY" in meta.row_group(0).column(i).encodings, name
+        if name in ("ts_ns", "tsc"):
+            assert "DELTA_BINARY_PACKED" in meta.row_group(0).column(i).encodings, name
+    calls_meta = pq.ParquetFile(parquet_dir / "calls.parquet").metadata
+    encodings = {calls_meta.schema.column(i).name: calls_meta.row_group(0).column(i).encodings
+                 for i in range(calls_meta.num_columns)}
+    assert "DELTA_BINARY_PACKED" in encodings["start_ns"] and "DELTA_BINARY_PACKED" in encodings["end_ns"]
+    # Two decoders of the delta-encoded timestamps (pyarrow's and polars') read the same values.
+    import polars as pl
+
+    pl_ev = pl.read_parquet(parquet_dir / "events.parquet")
+    assert (ev["tsc"].to_numpy() == pl_ev["tsc"].to_numpy()).all()
+    assert (ev["ts_ns"].to_numpy() == pl_ev["ts_ns"].to_numpy()).all()
+    assert ev["ts_ns"].is_monotonic_increasing

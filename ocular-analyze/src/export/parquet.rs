@@ -2,17 +2,23 @@
 //! the tables of [`crate::table`], written batch by batch with polars (one row group per batch, so memory
 //! does not grow with the trace). Text columns are polars `Enum`s built from the tables' dictionary codes,
 //! so they are written as Parquet dictionary pages without hashing a string per row; polars reads them back
-//! as `Enum`, pandas (pyarrow) as `category`.
+//! as `Enum`, pandas (pyarrow) as `category`. Timestamp columns are written `DELTA_BINARY_PACKED`: they
+//! rise by small steps, so they take a byte or two per row before compression instead of eight (polars'
+//! own writer would try a dictionary, then write them plain and leave zstd to squeeze 8 bytes a row).
 
 use crate::table::{self, Batch, Column, Sink, Summary, Table};
 use anyhow::Context;
 use ocular_format::ReadOptions;
-use polars::polars_utils::compression::ZstdLevel;
 use polars::prelude::{
-    BatchedWriter, BinaryChunked, Categorical16Chunked, Categorical32Chunked, Categorical8Chunked, CategoricalPhysical,
-    ChunkedArray, DataFrame, DataType, FrozenCategories, Int32Type, Int64Type, IntoColumn, IntoSeries,
-    ParquetCompression, ParquetWriter, PlSmallStr, PolarsNumericType, Series, UInt16Type, UInt32Type, UInt64Type,
-    UInt8Type,
+    BinaryChunked, Categorical16Chunked, Categorical32Chunked, Categorical8Chunked, CategoricalPhysical, ChunkedArray,
+    CompatLevel, DataFrame, DataType, FrozenCategories, Int32Type, Int64Type, IntoColumn, IntoSeries, PlSmallStr,
+    PolarsError, PolarsNumericType, SchemaExt, Series, UInt16Type, UInt32Type, UInt64Type, UInt8Type,
+};
+use polars_parquet::read::ParquetError;
+use polars_parquet::write::{
+    array_to_columns, get_dtype_encoding, to_parquet_schema, CompressionOptions, Compressor, DynIter,
+    DynStreamingIterator, Encoding, FallibleStreamingIterator, FileWriter, ParquetType, StatisticsOptions, Version,
+    WriteOptions, ZstdLevel,
 };
 use rustc_hash::FxHashMap as HashMap;
 use std::fs::File;
@@ -79,10 +85,68 @@ pub fn dataframe(batch: Batch) -> anyhow::Result<DataFrame> {
     Ok(DataFrame::new(batch.rows, cols)?)
 }
 
+/// Columns whose values rise by small steps: written `DELTA_BINARY_PACKED`.
+const DELTA_COLUMNS: [&str; 4] = ["ts_ns", "tsc", "start_ns", "end_ns"];
+
+/// One Parquet file, written with polars' Parquet layer (what polars' `BatchedWriter` does, but with the
+/// encoding chosen per column).
+struct TableWriter {
+    file: FileWriter<BufWriter<File>>,
+    fields: Vec<ParquetType>,
+    encodings: Vec<Vec<Encoding>>,
+    options: WriteOptions,
+}
+
+impl TableWriter {
+    fn create(path: &Path, df: &DataFrame) -> anyhow::Result<Self> {
+        let f = File::create(path).with_context(|| format!("cannot create {}", path.display()))?;
+        // The Arrow schema as polars makes it (with its Enum metadata, so polars reads Enums back).
+        let schema = df.schema().to_arrow(CompatLevel::newest());
+        let encodings = schema
+            .iter_values()
+            .map(|f| {
+                if DELTA_COLUMNS.contains(&f.name.as_str()) {
+                    vec![Encoding::DeltaBinaryPacked]
+                } else {
+                    get_dtype_encoding(&f.dtype)
+                }
+            })
+            .collect();
+        let fields = to_parquet_schema(&schema)?.fields().to_vec();
+        // zstd level 1: less of the writer thread's time than level 3 (polars' default), for files the same
+        // size within 0.1% on the bench trace; LZ4 made them 2.8x larger.
+        let options = WriteOptions {
+            statistics: StatisticsOptions::default(),
+            compression: CompressionOptions::Zstd(Some(ZstdLevel::try_new(1)?)),
+            version: Version::V1,
+            data_page_size: None,
+        };
+        let file = FileWriter::try_new(BufWriter::with_capacity(1 << 20, f), schema, options)?;
+        Ok(TableWriter { file, fields, encodings, options })
+    }
+
+    /// Writes a DataFrame as one row group per chunk.
+    fn write(&mut self, df: &DataFrame) -> anyhow::Result<()> {
+        for batch in df.iter_chunks(CompatLevel::newest(), false) {
+            let rows = batch.len() as u64;
+            let mut columns = Vec::with_capacity(self.fields.len());
+            for ((array, field), encoding) in batch.columns().iter().zip(&self.fields).zip(&self.encodings) {
+                for pages in array_to_columns(array, field.clone(), self.options, encoding)? {
+                    let pages = pages.map(|p| p.map_err(|e| ParquetError::FeatureNotSupported(e.to_string())));
+                    let compressed = Compressor::new_from_vec(pages, self.options.compression, Vec::new());
+                    columns.push(Ok(DynStreamingIterator::new(compressed.map_err(PolarsError::from))));
+                }
+            }
+            self.file.write(rows, DynIter::new(columns.into_iter()))?;
+        }
+        Ok(())
+    }
+}
+
 /// Writes one Parquet file per table into a directory.
 struct ParquetWriters {
     dir: PathBuf,
-    writers: HashMap<Table, BatchedWriter<BufWriter<File>>>,
+    writers: HashMap<Table, TableWriter>,
 }
 
 impl ParquetWriters {
@@ -90,18 +154,10 @@ impl ParquetWriters {
         let w = match self.writers.entry(table) {
             std::collections::hash_map::Entry::Occupied(o) => o.into_mut(),
             std::collections::hash_map::Entry::Vacant(v) => {
-                let path = self.dir.join(format!("{}.parquet", table.name()));
-                let f = File::create(&path).with_context(|| format!("cannot create {}", path.display()))?;
-                // zstd level 1: less of the writer thread's time than level 3 (polars' default), its largest
-                // cost, for files the same size within 0.1% on the bench trace; LZ4 made them 2.8x larger.
-                let w = ParquetWriter::new(BufWriter::with_capacity(1 << 20, f))
-                    .with_compression(ParquetCompression::Zstd(Some(ZstdLevel::try_new(1)?)))
-                    .batched(df.schema())?;
-                v.insert(w)
+                v.insert(TableWriter::create(&self.dir.join(format!("{}.parquet", table.name())), &df)?)
             }
         };
-        w.write_batch(&df)?;
-        Ok(())
+        w.write(&df)
     }
 }
 
@@ -127,8 +183,8 @@ pub fn export(path: &Path, opts: ReadOptions, dir: &Path) -> anyhow::Result<Summ
         for (table, df) in rx {
             w.batch(table, df)?;
         }
-        for (t, w) in w.writers {
-            w.finish().with_context(|| format!("cannot finish {}.parquet", t.name()))?;
+        for (t, mut w) in w.writers {
+            w.file.end(None).with_context(|| format!("cannot finish {}.parquet", t.name()))?;
         }
         Ok(())
     })?;
