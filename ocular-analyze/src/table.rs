@@ -26,8 +26,10 @@ use rustc_hash::FxHashMap as HashMap;
 use std::path::Path;
 use std::sync::Arc;
 
-/// Rows per batch unless told otherwise: about 50 MB of columns for events.
-pub const DEFAULT_BATCH_ROWS: usize = 1 << 20;
+/// Rows per batch unless told otherwise: polars' own row group size (512²), about 24 MB of event columns.
+/// Four times as many made the export 14% slower (measured, paired): each batch's columns were fresh
+/// memory faulted in page by page, where batches this size reuse what the last one freed.
+pub const DEFAULT_BATCH_ROWS: usize = 1 << 18;
 
 /// Which table a batch belongs to.
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
