@@ -162,21 +162,29 @@ impl<'a> Cursor<'a> {
 
 /// Reassembles the values of a column into `dst` (before any un-delta).
 fn gather(w: u8, planes: &[u8], dst: &mut Vec<u64>, n: usize) {
+    gather_range(w, planes, n, 0..n, dst);
+}
+
+/// Reassembles values `range` of a column of `n` values into `dst`.
+fn gather_range(w: u8, planes: &[u8], n: usize, range: std::ops::Range<usize>, dst: &mut Vec<u64>) {
     dst.clear();
     match w {
-        0 => dst.resize(n, 0),
-        1 => dst.extend(planes.iter().map(|&b| b as u64)),
+        0 => dst.resize(range.len(), 0),
         _ => {
-            dst.extend(planes[..n].iter().map(|&b| b as u64));
+            dst.extend(planes[range.clone()].iter().map(|&b| b as u64));
             for k in 1..w as usize {
                 let shift = 8 * k;
-                for (d, &b) in dst.iter_mut().zip(&planes[k * n..(k + 1) * n]) {
+                for (d, &b) in dst.iter_mut().zip(&planes[k * n + range.start..k * n + range.end]) {
                     *d |= (b as u64) << shift;
                 }
             }
         }
     }
 }
+
+/// Events decoded per block: the block's locations and residuals stay in the L1/L2 cache between being
+/// gathered and being used, instead of a chunk's worth (1 MiB) going out to memory and back.
+const BLOCK: usize = 4096;
 
 /// Reusable state of the decoder.
 #[derive(Debug, Default)]
@@ -229,23 +237,28 @@ impl Decoder {
             }
         }
 
-        gather(locs.0, locs.1, &mut self.a, n);
-        gather(ticks.0, ticks.1, &mut self.b, n);
-        if let Some(bad) = self.a.iter().position(|&l| l >= m as u64) {
-            return Err(format!("event {bad} refers to location {} of {m}", self.a[bad]));
-        }
         self.last.clear();
         self.last.resize(m, 0);
         out.reserve(n);
         let mut t = first_ts;
-        for (&loc, &z) in self.a.iter().zip(&self.b) {
-            let loc = loc as usize;
-            let delta = self.last[loc].wrapping_add(unzz64(z));
-            self.last[loc] = delta;
-            t = t.wrapping_add(delta);
-            let mut e = self.dict[loc];
-            e.ticks = U64::new(t);
-            out.push(e);
+        for start in (0..n).step_by(BLOCK) {
+            let range = start..(start + BLOCK).min(n);
+            gather_range(locs.0, locs.1, n, range.clone(), &mut self.a);
+            gather_range(ticks.0, ticks.1, n, range, &mut self.b);
+            if let Some(bad) = self.a.iter().position(|&l| l >= m as u64) {
+                let loc = self.a[bad];
+                out.clear();
+                return Err(format!("event {} refers to location {loc} of {m}", start + bad));
+            }
+            for (&loc, &z) in self.a.iter().zip(&self.b) {
+                let loc = loc as usize;
+                let delta = self.last[loc].wrapping_add(unzz64(z));
+                self.last[loc] = delta;
+                t = t.wrapping_add(delta);
+                let mut e = self.dict[loc];
+                e.ticks = U64::new(t);
+                out.push(e);
+            }
         }
         Ok(())
     }
