@@ -24,7 +24,7 @@ TYPE_CHECKING = False
 if TYPE_CHECKING:
     from typing import Iterable
 
-from ._analysis import Trace, load
+    from ._analysis import Trace, load
 from ._recorder import MODES, VERSION, Recording, active, record
 from .errors import AlreadyRecording, MissingDependency, OcularError, ToolIdInUse, UnsupportedPython
 
@@ -43,6 +43,17 @@ __all__ = [
     "AlreadyRecording",
     "MissingDependency",
 ]
+
+
+def __getattr__(name: str) -> object:
+    # The analysis side (Trace, load) is imported when first used: `python -m ocular run` and a program
+    # that only records do not pay for it.
+    if name in ("Trace", "load"):
+        from . import _analysis
+
+        return getattr(_analysis, name)
+    raise AttributeError(f"module 'ocular' has no attribute {name!r}")
+
 
 _legacy: Recording | None = None
 _legacy_perfetto = False
@@ -87,6 +98,8 @@ def stop_tracing(report: bool = True, top: int = 5) -> Recording | None:
         return None
     rec.stop()
     if report:
+        from ._analysis import load
+
         trace = load(rec.path)
         print("[Ocular] Trace Disassembly with Hardware CPU Cycles (Base -> Specialized):")
         print(trace.hot_text(top), end="", flush=True)

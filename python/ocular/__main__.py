@@ -7,7 +7,6 @@
 
 from __future__ import annotations
 
-import argparse
 import os
 import runpy
 import sys
@@ -16,77 +15,32 @@ TYPE_CHECKING = False
 if TYPE_CHECKING:
     from typing import Callable
 
-from ._analysis import load
-from ._recorder import MODES, Recording
+from ._recorder import Recording
 from .errors import OcularError
-
-EXAMPLES = """examples:
-  python -m ocular run script.py --its-own-flag        record script.py into ocular.ocl
-  python -m ocular run -o run.ocl --mode calls -m http.server 8000
-  python -m ocular run --exclude threading --threshold 0 job.py   gapless, without threading.py
-then:  python -m ocular hot run.ocl           (or ocular-analyze hot run.ocl)
-"""
 
 # The analyzer's commands, run by the analyzer compiled into the extension (the same clap parser).
 ANALYZE_COMMANDS = ("info", "hot", "stats", "export", "flamegraph", "dump")
 
 
-
-def _parser() -> argparse.ArgumentParser:
-    p = argparse.ArgumentParser(
-        prog="python -m ocular",
-        description="Record what a Python program executes (sys.monitoring, PEP 669) into an .ocl file.",
-        epilog=EXAMPLES,
-        formatter_class=argparse.RawDescriptionHelpFormatter,
-    )
-    sub = p.add_subparsers(dest="command", metavar="COMMAND")
-    for name, what in (("info", "summarize a trace"), ("hot", "the hottest loops, disassembled"),
-                       ("stats", "per-function statistics"),
-                       ("export", "export to Perfetto (--perfetto) or Parquet (--parquet)"),
-                       ("flamegraph", "SVG flame graph"), ("dump", "every record as text")):
-        sub.add_parser(name, help=f"{what} (python -m ocular {name} --help)", add_help=False)
-    run = sub.add_parser(
-        "run",
-        help="run a script or module under the recorder",
-        description="Run a script (or -m module) under the recorder; its exit code, sys.argv and __main__ are kept.",
-        epilog=EXAMPLES,
-        formatter_class=argparse.RawDescriptionHelpFormatter,
-    )
-    run.add_argument("-o", "--output", default="ocular.ocl", help="trace file to write (default: ocular.ocl)")
-    run.add_argument("--mode", choices=MODES, default="adaptive",
-                     help="calls: function boundaries; adaptive (default): plus jumps and branches; "
-                          "precise: plus every instruction")
-    run.add_argument("--threshold", type=int, default=500, metavar="N",
-                     help="stop recording a jump, branch or instruction after N hits, and a function after N calls "
-                          "(default 500; 0 = gapless; calls mode records every call)")
-    run.add_argument("--include", action="append", default=[], metavar="P",
-                     help="record only code whose file or qualified name contains P (repeatable)")
-    run.add_argument("--exclude", action="append", default=[], metavar="P",
-                     help="do not record code whose file or qualified name contains P (repeatable)")
-    run.add_argument("-q", "--quiet", action="store_true", help="do not print the summary line")
-    run.add_argument("-m", dest="module", metavar="MODULE", help="run a library module as a script, like python -m")
-    run.add_argument("target", nargs=argparse.REMAINDER, help="script.py [args...] (or the module's args with -m)")
-    return p
-
-
-def _run(ns: argparse.Namespace) -> int:
-    if ns.module is None and not ns.target:
+def _run(opts: dict) -> int:
+    """Runs the program `opts` describes (from the extension's parser, see ``_native().parse_run``)."""
+    module = opts["module"]
+    if module is None and not opts["argv"]:
         print("python -m ocular run: give a script to run, or -m MODULE", file=sys.stderr)
         return 2
-    if ns.module is None:
-        script = ns.target[0]
+    if module is None:
+        script = opts["argv"][0]
         if not os.path.exists(script):
             print(f"python -m ocular run: {script}: no such file", file=sys.stderr)
             return 2
-        sys.argv = list(ns.target)
         sys.path[0] = os.path.dirname(os.path.abspath(script))
     else:
-        sys.argv = [ns.module, *ns.target]
         sys.path[0] = os.getcwd()
+    sys.argv = list(opts["argv"])
     # Everything but the program itself is done before recording starts, so the trace (and the cost of
     # recording) is the program's: reading and compiling the script, and runpy's imports (pkgutil brings
     # typing, some 200 code objects).
-    if ns.module is None:
+    if module is None:
         try:
             target = _script(sys.argv[0])
         except SyntaxError as e:
@@ -99,9 +53,9 @@ def _run(ns: argparse.Namespace) -> int:
         import pkgutil  # noqa: F401 - imported here so that runpy's use of it is not recorded
 
         def target() -> None:
-            runpy.run_module(ns.module, run_name="__main__", alter_sys=True)
+            runpy.run_module(module, run_name="__main__", alter_sys=True)
 
-    rec = Recording(ns.output, ns.mode, ns.threshold, ns.include, ns.exclude)
+    rec = Recording(opts["output"], opts["mode"], opts["threshold"], opts["include"], opts["exclude"])
     code = 0
     try:
         with rec:
@@ -110,7 +64,7 @@ def _run(ns: argparse.Namespace) -> int:
             except SystemExit as e:
                 code = _exit_code(e.code)
     finally:
-        if not ns.quiet and not rec.running and rec.tool_id >= 0:
+        if not opts["quiet"] and not rec.running and rec.tool_id >= 0:
             print(f"ocular: wrote {rec.summary()}", file=sys.stderr)
     return code
 
@@ -172,6 +126,10 @@ def _analyze(argv: list[str]) -> int:
 
 
 def _export_parquet(args: list[str]) -> int:
+    import argparse
+
+    from ._analysis import load
+
     p = argparse.ArgumentParser(prog="python -m ocular export --parquet")
     p.add_argument("--parquet", action="store_true", required=True)
     p.add_argument("-o", "--output")
@@ -199,18 +157,18 @@ def main(argv: list[str] | None = None) -> int:
         except OcularError as e:
             print(f"python -m ocular: error: {e}", file=sys.stderr)
             return 2
-    p = _parser()
-    ns = p.parse_args(argv)
-    if ns.command is None:
-        p.print_help()
-        return 2
+    from ._recorder import _native
+
+    opts = _native().parse_run(argv)
+    if isinstance(opts, int):  # help was printed, or a usage error
+        return opts
     try:
-        return _run(ns)
+        return _run(opts)
     except OcularError as e:
         print(f"python -m ocular: error: {e}", file=sys.stderr)
         return 2
     except OSError as e:
-        if ns.command == "run" and e.filename is None and ns.output in str(e):
+        if e.filename is None and opts["output"] in str(e):
             print(f"python -m ocular: error: cannot write the trace: {e}", file=sys.stderr)
             return 2
         raise

@@ -2,13 +2,11 @@
 
 from __future__ import annotations
 
+import _signal  # signal's C module: signal.py would import enum (2 ms) for names Ocular does not use
 import atexit
-import functools
 import os
-import signal
 import sys
 import threading
-import warnings
 # typing costs ~10 ms of import, paid by every `python -m ocular run`: only for type checkers.
 TYPE_CHECKING = False
 if TYPE_CHECKING:
@@ -259,6 +257,8 @@ class Recording:
         mon = sys.monitoring
         tool, note = claim_tool_id()
         if note:
+            import warnings
+
             self.notes.append(note)
             warnings.warn(note, RuntimeWarning, stacklevel=3)
         self.tool_id = tool
@@ -304,10 +304,10 @@ class Recording:
         if threading.current_thread() is threading.main_thread():
             # SIGTERM's default action kills the process without unwinding: turn it into SystemExit so the
             # file gets its trailer. Only when nobody else handles SIGTERM.
-            if signal.getsignal(signal.SIGTERM) is signal.SIG_DFL:
-                self._old_sigterm = signal.signal(signal.SIGTERM, _sigterm)
+            if _signal.getsignal(_signal.SIGTERM) == _signal.SIG_DFL:
+                self._old_sigterm = _signal.signal(_signal.SIGTERM, _sigterm)
         atexit.register(self._stop_at_exit)
-        # Last: everything above runs Python (signal, enum, threading) that is not the user's program.
+        # Last: everything above runs Python (threading, atexit) that is not the user's program.
         mon.set_events(tool, _mask(self._events))
         return self
 
@@ -322,8 +322,8 @@ class Recording:
         _active = None
         atexit.unregister(self._stop_at_exit)
         if self._old_sigterm is not None and threading.current_thread() is threading.main_thread():
-            if signal.getsignal(signal.SIGTERM) is _sigterm:
-                signal.signal(signal.SIGTERM, self._old_sigterm)
+            if _signal.getsignal(_signal.SIGTERM) is _sigterm:
+                _signal.signal(_signal.SIGTERM, self._old_sigterm)
             self._old_sigterm = None
         self.events = out["events"]
         self.lost = out["lost"]
@@ -331,18 +331,25 @@ class Recording:
         self.threads = out["threads"]
         self.code_objects = out["code_objects"]
         self.error = out["error"]
-        for e in out["errors"]:
-            warnings.warn(f"Ocular: {e}", RuntimeWarning, stacklevel=2)
+        if out["errors"] or self.error or self.lost:
+            self._warn(out["errors"])
+        return self
+
+    def _warn(self, errors: list[str]) -> None:
+        """The stop's warnings, at the caller of stop() (warnings is imported only when there is one)."""
+        import warnings
+
+        for e in errors:
+            warnings.warn(f"Ocular: {e}", RuntimeWarning, stacklevel=3)
         if self.error:
-            warnings.warn(f"Ocular could not write {self.path}: {self.error}", RuntimeWarning, stacklevel=2)
+            warnings.warn(f"Ocular could not write {self.path}: {self.error}", RuntimeWarning, stacklevel=3)
         if self.lost:
             warnings.warn(
                 f"Ocular dropped {self.lost} events (all {self.max_buffers} buffers were waiting for the disk); "
                 f"the file records how many and when. Raise max_buffers or use a higher deinstrument_threshold.",
                 RuntimeWarning,
-                stacklevel=2,
+                stacklevel=3,
             )
-        return self
 
     def _stop_at_exit(self) -> None:
         try:
@@ -363,6 +370,8 @@ class Recording:
         self.stop()
 
     def __call__(self, func: F) -> F:
+        import functools
+
         @functools.wraps(func)
         def wrapper(*args: Any, **kwargs: Any) -> Any:
             with self:

@@ -175,12 +175,36 @@ def test_run_reports_a_syntax_error_as_python_does_and_records_nothing(tmp_path)
 
 
 def test_run_module_mode(tmp_path):
-    (tmp_path / "mymod.py").write_text("import sys\nprint('mod', sys.argv)\n")
+    # Everything after -m MODULE is the module's, options included, as with `python -m MODULE`.
+    (tmp_path / "mymod.py").write_text("import sys\nprint('mod', sys.argv, __name__)\n")
     out = tmp_path / "m.ocl"
-    r = run_ocular("run", "-q", "-o", str(out), "-m", "mymod", "a", "b", cwd=tmp_path)
+    args = ["a", "--sort-keys", "-q", "-o", "x"]
+    r = run_ocular("run", "-q", "-o", str(out), "-m", "mymod", *args, cwd=tmp_path)
+    plain = subprocess.run([sys.executable, "-m", "mymod", *args], capture_output=True, text=True, cwd=tmp_path)
     assert r.returncode == 0, r.stderr
-    assert "mod ['mymod', 'a', 'b']" in r.stdout or "a', 'b']" in r.stdout
+    assert r.stdout == plain.stdout
+    assert r.stdout.startswith("mod [") and r.stdout.endswith(", 'a', '--sort-keys', '-q', '-o', 'x'] __main__\n")
     assert r.stderr == ""
+    assert out.exists()
+
+
+def test_run_command_line_help_and_usage_errors():
+    r = run_ocular()  # no command: the help, as a usage error
+    assert r.returncode == 2 and "Usage: python -m ocular <COMMAND>" in r.stderr
+    assert all(f"\n  {c} " in r.stderr for c in ("run", "info", "hot", "stats", "export", "flamegraph", "dump"))
+    r = run_ocular("run", "--help")
+    assert r.returncode == 0
+    assert "Usage: python -m ocular run [OPTIONS] [SCRIPT [ARGS]]..." in r.stdout
+    assert "python -m ocular run -o run.ocl --mode calls -m http.server 8000" in r.stdout
+    r = run_ocular("run", "--mode", "fast", "x.py")
+    assert r.returncode == 2
+    assert "invalid value 'fast' for '--mode <MODE>'" in r.stderr and "calls, adaptive, precise" in r.stderr
+    r = run_ocular("run", "--threshold", "-3", "x.py")
+    assert r.returncode == 2 and "invalid value '-3' for '--threshold <N>'" in r.stderr
+    r = run_ocular("record", "x.py")
+    assert r.returncode == 2 and "unrecognized subcommand 'record'" in r.stderr
+    r = run_ocular("run")
+    assert r.returncode == 2 and r.stderr == "python -m ocular run: give a script to run, or -m MODULE\n"
 
 
 def test_run_reports_a_missing_script():

@@ -8,6 +8,7 @@
 
 mod analyze;
 mod callbacks;
+mod cli;
 mod read;
 
 use crate::clock::{self, ClockPoint};
@@ -579,6 +580,7 @@ fn _ocular(m: &Bound<'_, PyModule>) -> PyResult<()> {
     m.add_function(wrap_pyfunction!(analyze::stats, m)?)?;
     m.add_function(wrap_pyfunction!(analyze::export_chrome, m)?)?;
     m.add_function(wrap_pyfunction!(analyze::cli, m)?)?;
+    m.add_function(wrap_pyfunction!(cli::parse_run, m)?)?;
     m.add_function(wrap_pyfunction!(analyze::table, m)?)?;
     m.add_class::<analyze::ArrowTable>()?;
     m.add("callbacks", callbacks::callbacks(m.py())?)?;

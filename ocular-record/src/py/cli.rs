@@ -1,0 +1,117 @@
+//! `python -m ocular`'s own command line (`run`), parsed with clap in the extension. argparse, with the
+//! `re`, `gettext`, `locale` and `shutil` it imports, cost about 10 ms at every `python -m ocular run`,
+//! a third of Ocular's start-up; the analyzer's commands (`info`, `hot`, ...) go to the analyzer's parser.
+
+use clap::{Args, CommandFactory, Parser, Subcommand};
+use pyo3::prelude::*;
+use pyo3::types::PyDict;
+
+const EXAMPLES: &str = "\
+Examples:
+  python -m ocular run script.py --its-own-flag        record script.py into ocular.ocl
+  python -m ocular run -o run.ocl --mode calls -m http.server 8000
+  python -m ocular run --exclude threading --threshold 0 job.py   gapless, without threading.py
+then:  python -m ocular hot run.ocl           (or ocular-analyze hot run.ocl)";
+
+/// Record what a Python program executes (sys.monitoring, PEP 669) into an .ocl file, and analyze it.
+#[derive(Parser, Debug)]
+#[command(name = "python -m ocular", after_help = EXAMPLES, disable_help_subcommand = true, arg_required_else_help = true)]
+struct Cli {
+    #[command(subcommand)]
+    command: Command,
+}
+
+// The analyzer's commands are dispatched before this parser (to the analyzer's own); they are listed here
+// so that `python -m ocular --help` names them.
+#[derive(Subcommand, Debug)]
+enum Command {
+    /// Run a script or module under the recorder (python -m ocular run --help)
+    #[command(long_about = "Run a script (or -m module) under the recorder; its exit code, sys.argv and \
+                            __main__ are kept. The trace holds the program's code only: the script is \
+                            compiled before recording starts.")]
+    Run(RunArgs),
+    /// Summarize a trace (python -m ocular info --help)
+    Info,
+    /// The hottest loops, disassembled (python -m ocular hot --help)
+    Hot,
+    /// Per-function statistics (python -m ocular stats --help)
+    Stats,
+    /// Export to Perfetto (--perfetto) or Parquet (--parquet) (python -m ocular export --help)
+    Export,
+    /// SVG flame graph (python -m ocular flamegraph --help)
+    Flamegraph,
+    /// Every record as text (python -m ocular dump --help)
+    Dump,
+}
+
+/// The options of `run`.
+#[derive(Args, Debug)]
+#[command(after_help = EXAMPLES)]
+struct RunArgs {
+    /// Trace file to write
+    #[arg(short, long, default_value = "ocular.ocl")]
+    output: String,
+    /// calls: function boundaries; adaptive: plus jumps and branches; precise: plus every instruction
+    #[arg(long, default_value = "adaptive", value_parser = ["calls", "adaptive", "precise"])]
+    mode: String,
+    /// Stop recording a jump, branch or instruction after N hits, and a function after N calls (0 =
+    /// gapless; calls mode records every call)
+    #[arg(long, value_name = "N", default_value_t = 500)]
+    threshold: u32,
+    /// Record only code whose file or qualified name contains P (repeatable)
+    #[arg(long, value_name = "P")]
+    include: Vec<String>,
+    /// Do not record code whose file or qualified name contains P (repeatable)
+    #[arg(long, value_name = "P")]
+    exclude: Vec<String>,
+    /// Do not print the summary line
+    #[arg(short, long)]
+    quiet: bool,
+    /// Run a library module as a script, like python -m; what follows is the module's arguments
+    #[arg(short = 'm', value_name = "MODULE", num_args = 1.., allow_hyphen_values = true, conflicts_with = "target")]
+    module: Option<Vec<String>>,
+    /// The script and its arguments (options after the script are the script's)
+    #[arg(value_name = "SCRIPT [ARGS]", trailing_var_arg = true, allow_hyphen_values = true)]
+    target: Vec<String>,
+}
+
+/// `parse_run(argv) -> dict | int`: `python -m ocular`'s arguments (without the program name) as the
+/// options of a `run` (`output`, `mode`, `threshold`, `include`, `exclude`, `quiet`, `module` (None or
+/// the module's name), `argv` (what the program sees as sys.argv)), or the exit code after clap printed
+/// help, or a usage error.
+#[pyfunction]
+pub(super) fn parse_run<'py>(py: Python<'py>, argv: Vec<String>) -> PyResult<Bound<'py, PyAny>> {
+    let parsed = Cli::try_parse_from(std::iter::once("python -m ocular".to_string()).chain(argv));
+    let run = match parsed {
+        Ok(Cli { command: Command::Run(run) }) => run,
+        Ok(_) => {
+            // An analyzer command would have gone to the analyzer; reached only without its arguments.
+            let _ = Cli::command().print_help();
+            return Ok(2i32.into_pyobject(py)?.into_any());
+        }
+        Err(e) => {
+            // --help prints to stdout and exits 0; usage errors go to stderr with clap's exit code.
+            let _ = e.print();
+            return Ok(e.exit_code().into_pyobject(py)?.into_any());
+        }
+    };
+    let d = PyDict::new(py);
+    d.set_item("output", run.output)?;
+    d.set_item("mode", run.mode)?;
+    d.set_item("threshold", run.threshold)?;
+    d.set_item("include", run.include)?;
+    d.set_item("exclude", run.exclude)?;
+    d.set_item("quiet", run.quiet)?;
+    match run.module {
+        Some(mut m) => {
+            let name = m.remove(0);
+            d.set_item("module", &name)?;
+            d.set_item("argv", std::iter::once(name).chain(m).collect::<Vec<_>>())?;
+        }
+        None => {
+            d.set_item("module", py.None())?;
+            d.set_item("argv", run.target)?;
+        }
+    }
+    Ok(d.into_any())
+}
