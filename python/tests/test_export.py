@@ -186,7 +186,7 @@ def test_parquet_read_by_pandas_and_strings_are_dictionary_encoded(parquet_dir):
         name = meta.schema.column(i).name
         if name in ("event", "function", "file", "opcode", "specialized"):
             assert "RLE_DICTIONARY" in meta.row_group(0).column(i).encodings, name
-        if name in ("ts_ns", "tsc"):
+        if name in ("thread_id", "ts_ns", "tsc", "code_id", "line", "offset", "arg"):
             assert "DELTA_BINARY_PACKED" in meta.row_group(0).column(i).encodings, name
     calls_meta = pq.ParquetFile(parquet_dir / "calls.parquet").metadata
     encodings = {calls_meta.schema.column(i).name: calls_meta.row_group(0).column(i).encodings

@@ -2,17 +2,18 @@
 //! the tables of [`crate::table`], written batch by batch with polars (one row group per batch, so memory
 //! does not grow with the trace). Text columns are polars `Enum`s built from the tables' dictionary codes,
 //! so they are written as Parquet dictionary pages without hashing a string per row; polars reads them back
-//! as `Enum`, pandas (pyarrow) as `category`. Timestamp columns are written `DELTA_BINARY_PACKED`: they
-//! rise by small steps, so they take a byte or two per row before compression instead of eight (polars'
-//! own writer would try a dictionary, then write them plain and leave zstd to squeeze 8 bytes a row).
+//! as `Enum`, pandas (pyarrow) as `category`. Integer columns are written `DELTA_BINARY_PACKED`:
+//! timestamps rise by small steps, and ids, offsets and lines change little from row to row, so they take
+//! a byte or two per row before compression. (polars' own writer would try a dictionary for each, then
+//! write timestamps plain and leave zstd to squeeze 8 bytes a row: 3x the file, and its slowest part.)
 
 use crate::table::{self, Batch, Column, Sink, Summary, Table};
 use anyhow::Context;
 use ocular_format::ReadOptions;
 use polars::prelude::{
-    BinaryChunked, Categorical16Chunked, Categorical32Chunked, Categorical8Chunked, CategoricalPhysical, ChunkedArray,
-    CompatLevel, DataFrame, DataType, FrozenCategories, Int32Type, Int64Type, IntoColumn, IntoSeries, PlSmallStr,
-    PolarsError, PolarsNumericType, SchemaExt, Series, UInt16Type, UInt32Type, UInt64Type, UInt8Type,
+    ArrowDataType, BinaryChunked, Categorical16Chunked, Categorical32Chunked, Categorical8Chunked, CategoricalPhysical,
+    ChunkedArray, CompatLevel, DataFrame, DataType, FrozenCategories, Int32Type, Int64Type, IntoColumn, IntoSeries,
+    PlSmallStr, PolarsError, PolarsNumericType, SchemaExt, Series, UInt16Type, UInt32Type, UInt64Type, UInt8Type,
 };
 use polars_parquet::read::ParquetError;
 use polars_parquet::write::{
@@ -85,8 +86,18 @@ pub fn dataframe(batch: Batch) -> anyhow::Result<DataFrame> {
     Ok(DataFrame::new(batch.rows, cols)?)
 }
 
-/// Columns whose values rise by small steps: written `DELTA_BINARY_PACKED`.
-const DELTA_COLUMNS: [&str; 4] = ["ts_ns", "tsc", "start_ns", "end_ns"];
+/// How a column is encoded: integers `DELTA_BINARY_PACKED` (timestamps rise by small steps, and ids,
+/// offsets and lines move by small steps between neighbouring rows), text (polars `Enum`s) as dictionary
+/// pages, anything else as polars would.
+fn encoding(dtype: &ArrowDataType) -> Vec<Encoding> {
+    use ArrowDataType as D;
+    match dtype {
+        D::Int8 | D::Int16 | D::Int32 | D::Int64 | D::UInt8 | D::UInt16 | D::UInt32 | D::UInt64 => {
+            vec![Encoding::DeltaBinaryPacked]
+        }
+        _ => get_dtype_encoding(dtype),
+    }
+}
 
 /// One Parquet file, written with polars' Parquet layer (what polars' `BatchedWriter` does, but with the
 /// encoding chosen per column).
@@ -102,16 +113,7 @@ impl TableWriter {
         let f = File::create(path).with_context(|| format!("cannot create {}", path.display()))?;
         // The Arrow schema as polars makes it (with its Enum metadata, so polars reads Enums back).
         let schema = df.schema().to_arrow(CompatLevel::newest());
-        let encodings = schema
-            .iter_values()
-            .map(|f| {
-                if DELTA_COLUMNS.contains(&f.name.as_str()) {
-                    vec![Encoding::DeltaBinaryPacked]
-                } else {
-                    get_dtype_encoding(&f.dtype)
-                }
-            })
-            .collect();
+        let encodings = schema.iter_values().map(|f| encoding(&f.dtype)).collect();
         let fields = to_parquet_schema(&schema)?.fields().to_vec();
         // zstd level 1: less of the writer thread's time than level 3 (polars' default), for files the same
         // size within 0.1% on the bench trace; LZ4 made them 2.8x larger.
