@@ -28,29 +28,52 @@ use std::path::{Path, PathBuf};
 
 /// A text column as a polars `Enum` whose categories are the dictionary, in order, so codes carry over.
 fn enum_series(name: PlSmallStr, codes: &[Option<u32>], dict: &[String]) -> anyhow::Result<Series> {
-    if let Some(bad) = codes.iter().flatten().find(|&&c| c as usize >= dict.len()) {
-        anyhow::bail!("column {name}: code {bad} outside its dictionary of {}", dict.len());
-    }
     let fc = FrozenCategories::new(dict.iter().map(String::as_str))?;
     let dtype = DataType::from_frozen_categories(fc.clone());
+    let n = dict.len();
     Ok(match fc.physical() {
         CategoricalPhysical::U8 => {
-            let ca = physical::<UInt8Type, u32>(name, codes, |c| c as u8);
-            // SAFETY: every code was checked above to be an index into the dictionary, whose strings are
-            // the categories, in order; the physical type is the one the categories asked for.
+            let ca = checked_codes::<UInt8Type>(name, codes, n, |c| c as u8)?;
+            // SAFETY: every code was checked to be an index into the dictionary, whose strings are the
+            // categories, in order; the physical type is the one the categories asked for.
             unsafe { Categorical8Chunked::from_cats_and_dtype_unchecked(ca, dtype) }.into_series()
         }
         CategoricalPhysical::U16 => {
-            let ca = physical::<UInt16Type, u32>(name, codes, |c| c as u16);
+            let ca = checked_codes::<UInt16Type>(name, codes, n, |c| c as u16)?;
             // SAFETY: as above.
             unsafe { Categorical16Chunked::from_cats_and_dtype_unchecked(ca, dtype) }.into_series()
         }
         CategoricalPhysical::U32 => {
-            let ca = physical::<UInt32Type, u32>(name, codes, |c| c);
+            let ca = checked_codes::<UInt32Type>(name, codes, n, |c| c)?;
             // SAFETY: as above.
             unsafe { Categorical32Chunked::from_cats_and_dtype_unchecked(ca, dtype) }.into_series()
         }
     })
+}
+
+/// Dictionary codes, each checked to be below `n`, as a polars array of their physical type: one pass
+/// into a plain vector while there is no null (most columns of most batches), else with their validity.
+fn checked_codes<T: PolarsNumericType>(
+    name: PlSmallStr,
+    codes: &[Option<u32>],
+    n: usize,
+    to: impl Fn(u32) -> T::Native,
+) -> anyhow::Result<ChunkedArray<T>> {
+    let bad = |c: u32| anyhow::anyhow!("column {name}: code {c} outside its dictionary of {n}");
+    let mut out = Vec::with_capacity(codes.len());
+    for c in codes {
+        match *c {
+            Some(c) if (c as usize) < n => out.push(to(c)),
+            Some(c) => return Err(bad(c)),
+            None => {
+                if let Some(&c) = codes.iter().flatten().find(|&&c| c as usize >= n) {
+                    return Err(bad(c));
+                }
+                return Ok(physical::<T, u32>(name, codes, to));
+            }
+        }
+    }
+    Ok(ChunkedArray::<T>::from_vec(name, out))
 }
 
 /// Optional values (converted by `to`) as a polars array: taken as a plain vector when there is no null
