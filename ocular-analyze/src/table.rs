@@ -414,7 +414,9 @@ pub fn build(
     if !want_events && !want_calls {
         return Ok(summary);
     }
-    let mut events = Events::with_capacity(if want_events { batch_rows } else { 0 });
+    // Reserved a batch ahead (up to the default size: a caller may ask for one batch of everything).
+    let reserve = batch_rows.min(DEFAULT_BATCH_ROWS);
+    let mut events = Events::with_capacity(if want_events { reserve } else { 0 });
     let mut calls = Calls::default();
     let mut failed: Option<anyhow::Error> = None;
     let timeline = Timeline::open(path, opts)?;
@@ -439,7 +441,7 @@ pub fn build(
                     events.opcode.push(co.opcode.get(unit).copied());
                     events.specialized.push(co.specialized.get(unit).copied().flatten());
                     if events.tsc.len() >= batch_rows {
-                        let b = events.take(&mut d, batch_rows);
+                        let b = events.take(&mut d, reserve);
                         count(&mut summary, Table::Events, &b);
                         sink.batch(Table::Events, b)?;
                     }

@@ -292,8 +292,6 @@ enum Zstd {
     Meta,
 }
 
-/// `bytes` XOR `base`, byte by byte; bytes beyond the base's length (or all, without a base) as they are.
-/// Its own inverse.
 /// Zeroes, in a snapshot XORed with `base`, the inline cache units that follow each instruction of `base`
 /// (so the reader restores them as the base's zeros). The walk follows the base bytecode, which is never
 /// instrumented, so an INSTRUMENTED_* opcode left in the snapshot cannot shift it.
@@ -309,6 +307,8 @@ fn clear_caches(xored: &mut [u8], base: &[u8], cache_entries: &[u8]) {
     }
 }
 
+/// `bytes` XOR `base`, byte by byte; bytes beyond the base's length (or all, without a base) as they are.
+/// Its own inverse.
 pub(crate) fn xor(bytes: &[u8], base: Option<&Vec<u8>>) -> Vec<u8> {
     let base = base.map_or(&[][..], |b| b.as_slice());
     bytes.iter().enumerate().map(|(i, &b)| b ^ base.get(i).copied().unwrap_or(0)).collect()

@@ -18,6 +18,7 @@
 //! # Ok::<(), ocular_format::Error>(())
 //! ```
 
+pub mod argv;
 pub mod clock;
 pub mod filter;
 pub mod session;

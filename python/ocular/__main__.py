@@ -157,18 +157,22 @@ def main(argv: list[str] | None = None) -> int:
         except OcularError as e:
             print(f"python -m ocular: error: {e}", file=sys.stderr)
             return 2
+    from ._interp import check_supported
     from ._recorder import _native
 
-    opts = _native().parse_run(argv)
-    if isinstance(opts, int):  # help was printed, or a usage error
-        return opts
     try:
+        check_supported()  # before the extension is imported: a clear error on an unsupported Python
+        sys.stdout.flush()  # clap writes to the file descriptors directly
+        sys.stderr.flush()
+        opts = _native().parse_run(argv)
+        if isinstance(opts, int):  # help was printed, or a usage error
+            return opts
         return _run(opts)
     except OcularError as e:
         print(f"python -m ocular: error: {e}", file=sys.stderr)
         return 2
     except OSError as e:
-        if e.filename is None and opts["output"] in str(e):
+        if e.filename is None and str(opts["output"]) in str(e):
             print(f"python -m ocular: error: cannot write the trace: {e}", file=sys.stderr)
             return 2
         raise

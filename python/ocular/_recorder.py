@@ -260,7 +260,7 @@ class Recording:
             import warnings
 
             self.notes.append(note)
-            warnings.warn(note, RuntimeWarning, stacklevel=3)
+            warnings.warn(note, RuntimeWarning, skip_file_prefixes=(_OWN_CODE,))
         self.tool_id = tool
         try:
             # The tick rate is measured across the calibration (about 2 ms; clock points good to tens of ns)
@@ -336,19 +336,21 @@ class Recording:
         return self
 
     def _warn(self, errors: list[str]) -> None:
-        """The stop's warnings, at the caller of stop() (warnings is imported only when there is one)."""
+        """The stop's warnings, shown at the user's code that stopped the recording (whether through stop(),
+        a with block or stop_tracing()); warnings is imported only when there is one."""
         import warnings
 
         for e in errors:
-            warnings.warn(f"Ocular: {e}", RuntimeWarning, stacklevel=3)
+            warnings.warn(f"Ocular: {e}", RuntimeWarning, skip_file_prefixes=(_OWN_CODE,))
         if self.error:
-            warnings.warn(f"Ocular could not write {self.path}: {self.error}", RuntimeWarning, stacklevel=3)
+            warnings.warn(f"Ocular could not write {self.path}: {self.error}", RuntimeWarning,
+                          skip_file_prefixes=(_OWN_CODE,))
         if self.lost:
             warnings.warn(
                 f"Ocular dropped {self.lost} events (all {self.max_buffers} buffers were waiting for the disk); "
                 f"the file records how many and when. Raise max_buffers or use a higher deinstrument_threshold.",
                 RuntimeWarning,
-                stacklevel=3,
+                skip_file_prefixes=(_OWN_CODE,),
             )
 
     def _stop_at_exit(self) -> None:

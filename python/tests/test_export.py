@@ -199,3 +199,25 @@ def test_parquet_read_by_pandas_and_strings_are_dictionary_encoded(parquet_dir):
     assert (ev["tsc"].to_numpy() == pl_ev["tsc"].to_numpy()).all()
     assert (ev["ts_ns"].to_numpy() == pl_ev["ts_ns"].to_numpy()).all()
     assert ev["ts_ns"].is_monotonic_increasing
+
+
+def test_parquet_of_a_recording_without_calls_is_read_back_empty(tmp_path):
+    # A table with no rows is a Parquet file with its schema and no row group.
+    import polars as pl
+    import pyarrow.parquet as pq
+
+    import ocular
+
+    ocl = str(tmp_path / "empty.ocl")
+    with ocular.record(ocl, mode="calls"):
+        pass
+    out = tmp_path / "empty.parquet"
+    r = subprocess.run([ANALYZE, "export", "--parquet", "-o", str(out), ocl], capture_output=True, text=True)
+    assert r.returncode == 0, r.stderr
+    info = _info(ocl)
+    calls = pl.read_parquet(out / "calls.parquet")
+    assert calls.height == 0 and calls.columns == CALL_COLUMNS
+    assert pq.ParquetFile(out / "calls.parquet").metadata.num_row_groups == 0
+    events = pl.read_parquet(out / "events.parquet")
+    assert events.height == info["events"] and events.columns == EVENT_COLUMNS
+    assert pq.read_table(out / "events.parquet").num_rows == info["events"]

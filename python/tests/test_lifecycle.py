@@ -63,12 +63,14 @@ def test_profiler_id_taken_by_cprofile_falls_back_with_a_warning(ocl):
     prof = cProfile.Profile()
     prof.enable()
     try:
-        with pytest.warns(RuntimeWarning, match=r"PROFILER_ID \(2\) is in use by 'cProfile'; Ocular records with tool id 3"):
+        with pytest.warns(RuntimeWarning, match=r"PROFILER_ID \(2\) is in use by 'cProfile'; Ocular records with tool id 3") as w:
             with ocular.record(ocl, mode="calls") as rec:
                 workloads.fib(4)
     finally:
         prof.disable()
     assert rec.tool_id == 3
+    # The warning points at the user's `with` line, not into Ocular.
+    assert w[0].filename == __file__, w[0].filename
     assert counts(read_ocl(ocl)["workload"])[("fib", "PY_START")] == 9
 
 
@@ -107,7 +109,7 @@ def test_an_unwritable_path_fails_at_start_and_leaves_the_tool_id_free(tmp_path)
 
 def test_nothing_is_lost_silently_when_buffers_run_out(ocl):
     # Tiny buffers and only two of them: the writer cannot keep up, events are dropped and counted.
-    with pytest.warns(RuntimeWarning, match="Ocular dropped"):
+    with pytest.warns(RuntimeWarning, match="Ocular dropped") as w:
         with ocular.record(ocl, deinstrument_threshold=0, buffer_events=16, max_buffers=2) as rec:
             with Reference(event_names("adaptive")) as ref:
                 for _ in range(30):
@@ -120,6 +122,7 @@ def test_nothing_is_lost_silently_when_buffers_run_out(ocl):
     # Every event is either in the file or counted as lost (lost ones may include non-workload events).
     assert recorded <= total_ref <= recorded + lost
     assert f["clean"]
+    assert [x.filename for x in w if "Ocular dropped" in str(x.message)] == [__file__]
 
 
 def test_run_keeps_argv_main_and_exit_code(tmp_path):
@@ -188,6 +191,17 @@ def test_run_module_mode(tmp_path):
     assert out.exists()
 
 
+def test_run_module_attached_and_arguments_that_are_not_utf8(tmp_path):
+    (tmp_path / "mymod.py").write_text("import sys\nprint(ascii(sys.argv[1:]))\n")
+    # -mMODULE as python takes it; an argument with bytes that do not decode passes through as python's.
+    args = [b"\xff", "--x"]
+    cmd = [sys.executable, "-m", "ocular", "run", "-q", "-o", str(tmp_path / "m.ocl"), "-mmymod", *args]
+    r = subprocess.run(cmd, capture_output=True, cwd=tmp_path)
+    plain = subprocess.run([sys.executable, "-mmymod", *args], capture_output=True, cwd=tmp_path)
+    assert r.returncode == 0, r.stderr
+    assert r.stdout == plain.stdout == b"['\\udcff', '--x']\n"
+
+
 def test_run_command_line_help_and_usage_errors():
     r = run_ocular()  # no command: the help, as a usage error
     assert r.returncode == 2 and "Usage: python -m ocular <COMMAND>" in r.stderr
@@ -201,6 +215,8 @@ def test_run_command_line_help_and_usage_errors():
     assert "invalid value 'fast' for '--mode <MODE>'" in r.stderr and "calls, adaptive, precise" in r.stderr
     r = run_ocular("run", "--threshold", "-3", "x.py")
     assert r.returncode == 2 and "invalid value '-3' for '--threshold <N>'" in r.stderr
+    r = run_ocular("run", "--treshold", "0", "x.py")  # a mistyped option is not taken for the script
+    assert r.returncode == 2 and "unexpected argument '--treshold'" in r.stderr and "--threshold" in r.stderr
     r = run_ocular("record", "x.py")
     assert r.returncode == 2 and "unrecognized subcommand 'record'" in r.stderr
     r = run_ocular("run")

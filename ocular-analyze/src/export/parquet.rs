@@ -153,6 +153,11 @@ impl TableWriter {
     /// Writes a DataFrame as one row group per chunk.
     fn write(&mut self, df: &DataFrame) -> anyhow::Result<()> {
         for batch in df.iter_chunks(CompatLevel::newest(), false) {
+            // An empty table is a file with its schema and no row group (as polars writes it): a row group
+            // of no rows would have column chunks without data pages.
+            if batch.is_empty() {
+                continue;
+            }
             let rows = batch.len() as u64;
             let mut columns = Vec::with_capacity(self.fields.len());
             for ((array, field), encoding) in batch.columns().iter().zip(&self.fields).zip(&self.encodings) {

@@ -5,6 +5,7 @@
 use clap::{Args, CommandFactory, Parser, Subcommand};
 use pyo3::prelude::*;
 use pyo3::types::PyDict;
+use std::ffi::OsString;
 
 const EXAMPLES: &str = "\
 Examples:
@@ -50,13 +51,13 @@ enum Command {
 struct RunArgs {
     /// Trace file to write
     #[arg(short, long, default_value = "ocular.ocl")]
-    output: String,
+    output: OsString,
     /// calls: function boundaries; adaptive: plus jumps and branches; precise: plus every instruction
     #[arg(long, default_value = "adaptive", value_parser = ["calls", "adaptive", "precise"])]
     mode: String,
     /// Stop recording a jump, branch or instruction after N hits, and a function after N calls (0 =
     /// gapless; calls mode records every call)
-    #[arg(long, value_name = "N", default_value_t = 500)]
+    #[arg(long, value_name = "N", default_value_t = 500, allow_negative_numbers = true)]
     threshold: u32,
     /// Record only code whose file or qualified name contains P (repeatable)
     #[arg(long, value_name = "P")]
@@ -69,20 +70,20 @@ struct RunArgs {
     quiet: bool,
     /// Run a library module as a script, like python -m; what follows is the module's arguments
     #[arg(short = 'm', value_name = "MODULE", num_args = 1.., allow_hyphen_values = true, conflicts_with = "target")]
-    module: Option<Vec<String>>,
+    module: Option<Vec<OsString>>,
     /// The script and its arguments (options after the script are the script's)
-    #[arg(value_name = "SCRIPT [ARGS]", trailing_var_arg = true, allow_hyphen_values = true)]
-    target: Vec<String>,
+    #[arg(value_name = "SCRIPT [ARGS]", trailing_var_arg = true)]
+    target: Vec<OsString>,
 }
 
 /// `parse_run(argv) -> dict | int`: `python -m ocular`'s arguments (without the program name) as the
 /// options of a `run` (`output`, `mode`, `threshold`, `include`, `exclude`, `quiet`, `module` (None or
 /// the module's name), `argv` (what the program sees as sys.argv)), or the exit code after clap printed
-/// help, or a usage error.
+/// help, or a usage error. Arguments are OS strings, as Python holds them (undecodable bytes included).
 #[pyfunction]
-pub(super) fn parse_run<'py>(py: Python<'py>, argv: Vec<String>) -> PyResult<Bound<'py, PyAny>> {
-    let parsed = Cli::try_parse_from(std::iter::once("python -m ocular".to_string()).chain(argv));
-    let run = match parsed {
+pub(super) fn parse_run<'py>(py: Python<'py>, argv: Vec<OsString>) -> PyResult<Bound<'py, PyAny>> {
+    let argv = std::iter::once(OsString::from("python -m ocular")).chain(crate::argv::split_attached_module(argv));
+    let run = match Cli::try_parse_from(argv) {
         Ok(Cli { command: Command::Run(run) }) => run,
         Ok(_) => {
             // An analyzer command would have gone to the analyzer; reached only without its arguments.
