@@ -10,6 +10,7 @@ use std::collections::HashMap;
 use std::io::Write;
 use zerocopy::little_endian::{U16, U32, U64};
 use zerocopy::IntoBytes;
+use zstd::stream::raw::{Encoder as StreamEncoder, InBuffer, Operation, OutBuffer};
 
 /// How the writer stores payloads.
 #[derive(Clone, Copy, Debug)]
@@ -64,6 +65,18 @@ pub struct Writer<W: Write> {
     bases: HashMap<u32, Vec<u8>>,
     /// Inline cache units after each base opcode (the header's table): snapshots store them as zeros.
     cache_entries: Vec<u8>,
+    /// The CODE chunk being built: see [`Writer::add_code_objects`].
+    code: PendingCode,
+}
+
+/// Code objects added but not yet written: their framed records, and those records compressed as they
+/// came (one zstd frame, finished when the chunk is written).
+#[derive(Default)]
+struct PendingCode {
+    raw: Vec<u8>,
+    stored: Vec<u8>,
+    count: u32,
+    zstd: Option<StreamEncoder<'static>>,
 }
 
 impl<W: Write> std::fmt::Debug for Writer<W> {
@@ -92,6 +105,7 @@ impl<W: Write> Writer<W> {
             bytes: 0,
             bases: HashMap::new(),
             cache_entries: header.opcodes.cache_entries.clone(),
+            code: PendingCode::default(),
         };
         let pre = Preamble { magic: MAGIC, major: U16::new(MAJOR), minor: U16::new(MINOR), flags: U32::new(0) };
         w.out.write_all(pre.as_bytes()).map_err(|e| io_err(path, e))?;
@@ -112,6 +126,7 @@ impl<W: Write> Writer<W> {
 
     /// Writes one thread's events, in order, as one or more EVENTS chunks.
     pub fn events(&mut self, thread_id: u64, events: &[RawEvent]) -> Result<()> {
+        self.flush_code()?;
         for part in events.chunks(MAX_CHUNK_EVENTS as usize) {
             self.encoder.encode(part, &mut self.raw);
             let (first, last) = (part[0].ticks.get(), part[part.len() - 1].ticks.get());
@@ -123,9 +138,18 @@ impl<W: Write> Writer<W> {
 
     /// Writes code objects as one CODE chunk, with their `linetable` (encoded from `positions` when empty).
     pub fn code_objects(&mut self, objects: &[CodeObject]) -> Result<()> {
-        let wire: Vec<CodeRecord<Cow<[u8]>>> = objects
-            .iter()
-            .map(|c| CodeRecord {
+        self.add_code_objects(objects)?;
+        self.flush_code()
+    }
+
+    /// Adds code objects to the CODE chunk being built, compressing them as they come: a recorder that
+    /// hands over code objects while the program runs pays little for them when it stops. The chunk is
+    /// written before the next chunk of any other kind (so it precedes the events that use its ids), by
+    /// [`Writer::flush_code`], or when it holds the most records a chunk may.
+    pub fn add_code_objects(&mut self, objects: &[CodeObject]) -> Result<()> {
+        let mut one = Vec::new();
+        for c in objects {
+            let record = CodeRecord {
                 id: c.id,
                 name: Cow::Borrowed(&c.name),
                 qualname: Cow::Borrowed(&c.qualname),
@@ -138,13 +162,65 @@ impl<W: Write> Writer<W> {
                 } else {
                     Cow::Borrowed(c.linetable.as_slice())
                 },
-            })
-            .collect();
-        self.framed(kind::CODE, &wire, "code object")?;
-        for c in objects {
+            };
+            one.clear();
+            postcard::to_io(&record, &mut one).map_err(|source| Error::Encode { what: "code object", source })?;
+            let start = self.code.raw.len();
+            // A framed record is postcard's encoding of a byte string: varint length, then the bytes.
+            postcard::to_io(one.as_slice(), &mut self.code.raw)
+                .map_err(|source| Error::Encode { what: "code object", source })?;
+            if self.opts.compress {
+                let level = self.opts.meta_level;
+                let code = &mut self.code;
+                let z = match &mut code.zstd {
+                    Some(z) => z,
+                    None => code.zstd.insert(StreamEncoder::new(level).map_err(|e| io_err(&self.path, e))?),
+                };
+                let mut input = InBuffer::around(&code.raw[start..]);
+                while input.pos() < input.src.len() {
+                    code.stored.reserve(zstd::zstd_safe::CCtx::out_size());
+                    let at = code.stored.len();
+                    let mut out = OutBuffer::around_pos(&mut code.stored, at);
+                    z.run(&mut input, &mut out).map_err(|e| io_err(&self.path, e))?;
+                }
+            }
+            self.code.count += 1;
             self.bases.insert(c.id, c.bytecode.clone());
+            if self.code.count >= crate::chunk::MAX_CHUNK_RECORDS {
+                self.flush_code()?;
+            }
         }
         Ok(())
+    }
+
+    /// Writes the CODE chunk being built, if it has any code object.
+    pub fn flush_code(&mut self) -> Result<()> {
+        if self.code.count == 0 {
+            return Ok(());
+        }
+        let mut compressed = false;
+        if let Some(z) = self.code.zstd.as_mut() {
+            loop {
+                self.code.stored.reserve(zstd::zstd_safe::CCtx::out_size());
+                let at = self.code.stored.len();
+                let mut out = OutBuffer::around_pos(&mut self.code.stored, at);
+                if z.finish(&mut out, true).map_err(|e| io_err(&self.path, e))? == 0 {
+                    break;
+                }
+            }
+            z.reinit().map_err(|e| io_err(&self.path, e))?;
+            // A small payload can grow by zstd's frame header: then it is stored as it is.
+            compressed = self.code.stored.len() < self.code.raw.len();
+        }
+        std::mem::swap(&mut self.raw, &mut self.code.raw);
+        std::mem::swap(&mut self.stored, &mut self.code.stored);
+        let count = std::mem::take(&mut self.code.count);
+        let written = self.write_chunk(kind::CODE, codec::NONE, 0, (0, 0), count, compressed);
+        std::mem::swap(&mut self.raw, &mut self.code.raw);
+        std::mem::swap(&mut self.stored, &mut self.code.stored);
+        self.code.raw.clear();
+        self.code.stored.clear();
+        written
     }
 
     /// Writes specialized-bytecode snapshots as one SNAPSHOT chunk (FORMAT.md 6.4): the inline cache
@@ -177,6 +253,7 @@ impl<W: Write> Writer<W> {
 
     /// Counts dropped events.
     pub fn lost(&mut self, lost: &Lost) -> Result<()> {
+        self.flush_code()?;
         self.raw.clear();
         postcard::to_io(lost, &mut self.raw).map_err(|source| Error::Encode { what: "lost", source })?;
         self.emit(kind::LOST, codec::NONE, lost.thread_id, (lost.first_ticks, lost.last_ticks), 1, Zstd::No)?;
@@ -205,12 +282,14 @@ impl<W: Write> Writer<W> {
     }
 
     fn record<T: Serialize>(&mut self, kind: u16, thread_id: u64, value: &T, what: &'static str) -> Result<()> {
+        self.flush_code()?;
         self.raw.clear();
         postcard::to_io(value, &mut self.raw).map_err(|source| Error::Encode { what, source })?;
         self.emit(kind, codec::NONE, thread_id, (0, 0), 1, Zstd::No)
     }
 
     fn framed<T: Serialize>(&mut self, kind: u16, items: &[T], what: &'static str) -> Result<()> {
+        self.flush_code()?;
         for part in items.chunks(crate::chunk::MAX_CHUNK_RECORDS as usize) {
             self.raw.clear();
             let mut one = Vec::new();
@@ -253,6 +332,19 @@ impl<W: Write> Writer<W> {
             // A small payload can grow by zstd's frame header: then it is stored as it is.
             compress = self.stored.len() < self.raw.len();
         }
+        self.write_chunk(kind, transform, thread_id, (first_ts, last_ts), count, compress)
+    }
+
+    /// Writes header + payload as one chunk: `self.stored` (zstd) if `compressed`, else `self.raw`.
+    fn write_chunk(
+        &mut self,
+        kind: u16,
+        transform: u8,
+        thread_id: u64,
+        (first_ts, last_ts): (u64, u64),
+        count: u32,
+        compress: bool,
+    ) -> Result<()> {
         let payload: &[u8] = if compress { &self.stored } else { &self.raw };
         let codec = transform | if compress { codec::ZSTD } else { codec::NONE };
         let mut h = ChunkHeader {

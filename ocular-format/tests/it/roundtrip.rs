@@ -155,3 +155,53 @@ fn calibration_round_trips_and_fills_a_table() {
     let r = Reader::new(std::io::Cursor::new(&bytes), "m", ReadOptions::default()).unwrap();
     assert_eq!(r.version(), (2, 1));
 }
+
+/// Code objects added a few at a time (as the recorder hands them over) make one CODE chunk, written
+/// just before the next chunk of another kind, compressed or not; later ones make the next CODE chunk.
+#[test]
+fn code_objects_added_in_parts_are_one_chunk_before_the_events() {
+    use crate::util::{code, loop_events, trailer};
+    let codec_zstd = 0x01; // FORMAT.md 3.3
+    for compress in [true, false] {
+        let opts = WriterOptions { compress, ..Default::default() };
+        let mut w = Writer::new(Vec::new(), "<memory>", &ocular_format::testing::header(), opts).unwrap();
+        // Enough code objects for zstd to have compressed some before the chunk is finished.
+        let first: Vec<CodeObject> = (1..=300).map(|i| code(i, &format!("f{i}"))).collect();
+        for part in first.chunks(64) {
+            w.add_code_objects(part).unwrap();
+        }
+        w.events(7, &loop_events(300, 1_000, 20)).unwrap();
+        w.add_code_objects(&[code(301, "late")]).unwrap();
+        let bytes = w.finish(trailer()).unwrap();
+
+        let mut r = Reader::new(std::io::Cursor::new(&bytes), "m", ReadOptions::default()).unwrap();
+        let mut kinds = Vec::new();
+        let mut ids = Vec::new();
+        while let Some(c) = r.next_chunk().unwrap() {
+            match c.body {
+                Body::Code(objs) => {
+                    kinds.push(format!("CODE({}, zstd={})", objs.len(), c.info.codec & codec_zstd != 0));
+                    ids.extend(objs.iter().map(|o| o.id));
+                    let want = code(objs[0].id, &objs[0].qualname);
+                    assert_eq!(
+                        (objs[0].bytecode.as_slice(), objs[0].first_line),
+                        (want.bytecode.as_slice(), want.first_line)
+                    );
+                }
+                Body::Events(e) => kinds.push(format!("EVENTS({})", e.len())),
+                Body::Trailer(_) => kinds.push("TRAILER".into()),
+                other => panic!("unexpected {other:?}"),
+            }
+        }
+        assert_eq!(
+            kinds,
+            [
+                format!("CODE(300, zstd={compress})"),
+                "EVENTS(22)".into(),
+                "CODE(1, zstd=false)".into(),
+                "TRAILER".into()
+            ]
+        );
+        assert_eq!(ids, (1..=301).collect::<Vec<u32>>());
+    }
+}
