@@ -130,7 +130,16 @@ impl<W: Write> Writer<W> {
         for part in events.chunks(MAX_CHUNK_EVENTS as usize) {
             self.encoder.encode(part, &mut self.raw);
             let (first, last) = (part[0].ticks.get(), part[part.len() - 1].ticks.get());
-            self.emit(kind::EVENTS, codec::COLUMNAR, thread_id, (first, last), part.len() as u32, Zstd::Events)?;
+            self.emit(
+                Place {
+                    kind: kind::EVENTS,
+                    transform: codec::COLUMNAR,
+                    thread_id,
+                    ts: (first, last),
+                    count: part.len() as u32,
+                },
+                Zstd::Events,
+            )?;
             self.events += part.len() as u64;
         }
         Ok(())
@@ -215,7 +224,7 @@ impl<W: Write> Writer<W> {
         std::mem::swap(&mut self.raw, &mut self.code.raw);
         std::mem::swap(&mut self.stored, &mut self.code.stored);
         let count = std::mem::take(&mut self.code.count);
-        let written = self.write_chunk(kind::CODE, codec::NONE, 0, (0, 0), count, compressed);
+        let written = self.write_chunk(Place::meta(kind::CODE, 0, count), compressed);
         std::mem::swap(&mut self.raw, &mut self.code.raw);
         std::mem::swap(&mut self.stored, &mut self.code.stored);
         self.code.raw.clear();
@@ -256,7 +265,8 @@ impl<W: Write> Writer<W> {
         self.flush_code()?;
         self.raw.clear();
         postcard::to_io(lost, &mut self.raw).map_err(|source| Error::Encode { what: "lost", source })?;
-        self.emit(kind::LOST, codec::NONE, lost.thread_id, (lost.first_ticks, lost.last_ticks), 1, Zstd::No)?;
+        let ts = (lost.first_ticks, lost.last_ticks);
+        self.emit(Place { ts, ..Place::meta(kind::LOST, lost.thread_id, 1) }, Zstd::No)?;
         self.lost += lost.count;
         Ok(())
     }
@@ -285,7 +295,7 @@ impl<W: Write> Writer<W> {
         self.flush_code()?;
         self.raw.clear();
         postcard::to_io(value, &mut self.raw).map_err(|source| Error::Encode { what, source })?;
-        self.emit(kind, codec::NONE, thread_id, (0, 0), 1, Zstd::No)
+        self.emit(Place::meta(kind, thread_id, 1), Zstd::No)
     }
 
     fn framed<T: Serialize>(&mut self, kind: u16, items: &[T], what: &'static str) -> Result<()> {
@@ -299,21 +309,13 @@ impl<W: Write> Writer<W> {
                 // A framed record is postcard's encoding of a byte string: varint length, then the bytes.
                 postcard::to_io(one.as_slice(), &mut self.raw).map_err(|source| Error::Encode { what, source })?;
             }
-            self.emit(kind, codec::NONE, 0, (0, 0), part.len() as u32, Zstd::Meta)?;
+            self.emit(Place::meta(kind, 0, part.len() as u32), Zstd::Meta)?;
         }
         Ok(())
     }
 
     /// Compresses `self.raw` if asked and allowed, and writes header + payload as one chunk.
-    fn emit(
-        &mut self,
-        kind: u16,
-        transform: u8,
-        thread_id: u64,
-        (first_ts, last_ts): (u64, u64),
-        count: u32,
-        how: Zstd,
-    ) -> Result<()> {
+    fn emit(&mut self, place: Place, how: Zstd) -> Result<()> {
         let mut compress = self.opts.compress && how != Zstd::No;
         if compress {
             self.stored.clear();
@@ -332,19 +334,12 @@ impl<W: Write> Writer<W> {
             // A small payload can grow by zstd's frame header: then it is stored as it is.
             compress = self.stored.len() < self.raw.len();
         }
-        self.write_chunk(kind, transform, thread_id, (first_ts, last_ts), count, compress)
+        self.write_chunk(place, compress)
     }
 
     /// Writes header + payload as one chunk: `self.stored` (zstd) if `compressed`, else `self.raw`.
-    fn write_chunk(
-        &mut self,
-        kind: u16,
-        transform: u8,
-        thread_id: u64,
-        (first_ts, last_ts): (u64, u64),
-        count: u32,
-        compress: bool,
-    ) -> Result<()> {
+    fn write_chunk(&mut self, place: Place, compress: bool) -> Result<()> {
+        let Place { kind, transform, thread_id, ts: (first_ts, last_ts), count } = place;
         let payload: &[u8] = if compress { &self.stored } else { &self.raw };
         let codec = transform | if compress { codec::ZSTD } else { codec::NONE };
         let mut h = ChunkHeader {
@@ -373,6 +368,23 @@ impl<W: Write> Writer<W> {
         self.seq += 1;
         self.bytes += total as u64;
         Ok(())
+    }
+}
+
+/// What a chunk's header says besides its payload (FORMAT.md 3.1).
+#[derive(Clone, Copy)]
+struct Place {
+    kind: u16,
+    transform: u8,
+    thread_id: u64,
+    ts: (u64, u64),
+    count: u32,
+}
+
+impl Place {
+    /// A metadata chunk: no transform, no time range.
+    fn meta(kind: u16, thread_id: u64, count: u32) -> Self {
+        Place { kind, transform: codec::NONE, thread_id, ts: (0, 0), count }
     }
 }
 
