@@ -110,7 +110,7 @@ impl<W: Write> Writer<W> {
         let pre = Preamble { magic: MAGIC, major: U16::new(MAJOR), minor: U16::new(MINOR), flags: U32::new(0) };
         w.out.write_all(pre.as_bytes()).map_err(|e| io_err(path, e))?;
         w.bytes += 16;
-        w.record(kind::HEADER, 0, header, "header")?;
+        w.record(Place::meta(kind::HEADER, 0, 1), header, "header")?;
         Ok(w)
     }
 
@@ -172,12 +172,8 @@ impl<W: Write> Writer<W> {
                     Cow::Borrowed(c.linetable.as_slice())
                 },
             };
-            one.clear();
-            postcard::to_io(&record, &mut one).map_err(|source| Error::Encode { what: "code object", source })?;
             let start = self.code.raw.len();
-            // A framed record is postcard's encoding of a byte string: varint length, then the bytes.
-            postcard::to_io(one.as_slice(), &mut self.code.raw)
-                .map_err(|source| Error::Encode { what: "code object", source })?;
+            push_framed(&record, &mut one, &mut self.code.raw, "code object")?;
             if self.opts.compress {
                 let level = self.opts.meta_level;
                 let code = &mut self.code;
@@ -186,12 +182,11 @@ impl<W: Write> Writer<W> {
                     None => code.zstd.insert(StreamEncoder::new(level).map_err(|e| io_err(&self.path, e))?),
                 };
                 let mut input = InBuffer::around(&code.raw[start..]);
-                while input.pos() < input.src.len() {
-                    code.stored.reserve(zstd::zstd_safe::CCtx::out_size());
-                    let at = code.stored.len();
-                    let mut out = OutBuffer::around_pos(&mut code.stored, at);
-                    z.run(&mut input, &mut out).map_err(|e| io_err(&self.path, e))?;
-                }
+                stream_into(&mut code.stored, |out| {
+                    z.run(&mut input, out)?;
+                    Ok(input.pos() == input.src.len())
+                })
+                .map_err(|e| io_err(&self.path, e))?;
             }
             self.code.count += 1;
             self.bases.insert(c.id, c.bytecode.clone());
@@ -209,14 +204,8 @@ impl<W: Write> Writer<W> {
         }
         let mut compressed = false;
         if let Some(z) = self.code.zstd.as_mut() {
-            loop {
-                self.code.stored.reserve(zstd::zstd_safe::CCtx::out_size());
-                let at = self.code.stored.len();
-                let mut out = OutBuffer::around_pos(&mut self.code.stored, at);
-                if z.finish(&mut out, true).map_err(|e| io_err(&self.path, e))? == 0 {
-                    break;
-                }
-            }
+            stream_into(&mut self.code.stored, |out| Ok(z.finish(out, true)? == 0))
+                .map_err(|e| io_err(&self.path, e))?;
             z.reinit().map_err(|e| io_err(&self.path, e))?;
             // A small payload can grow by zstd's frame header: then it is stored as it is.
             compressed = self.code.stored.len() < self.code.raw.len();
@@ -252,21 +241,18 @@ impl<W: Write> Writer<W> {
 
     /// Writes the recorder's cost per event kind (before the first events).
     pub fn calibration(&mut self, c: &Calibration) -> Result<()> {
-        self.record(kind::CALIBRATION, 0, c, "calibration")
+        self.record(Place::meta(kind::CALIBRATION, 0, 1), c, "calibration")
     }
 
     /// Names a thread.
     pub fn thread(&mut self, info: &ThreadInfo) -> Result<()> {
-        self.record(kind::THREAD, info.thread_id, info, "thread")
+        self.record(Place::meta(kind::THREAD, info.thread_id, 1), info, "thread")
     }
 
     /// Counts dropped events.
     pub fn lost(&mut self, lost: &Lost) -> Result<()> {
-        self.flush_code()?;
-        self.raw.clear();
-        postcard::to_io(lost, &mut self.raw).map_err(|source| Error::Encode { what: "lost", source })?;
         let ts = (lost.first_ticks, lost.last_ticks);
-        self.emit(Place { ts, ..Place::meta(kind::LOST, lost.thread_id, 1) }, Zstd::No)?;
+        self.record(Place { ts, ..Place::meta(kind::LOST, lost.thread_id, 1) }, lost, "lost")?;
         self.lost += lost.count;
         Ok(())
     }
@@ -277,7 +263,7 @@ impl<W: Write> Writer<W> {
         trailer.events = self.events;
         trailer.lost = self.lost;
         trailer.chunks = self.seq;
-        self.record(kind::TRAILER, 0, &trailer, "trailer")?;
+        self.record(Place::meta(kind::TRAILER, 0, 1), &trailer, "trailer")?;
         Ok(self.out)
     }
 
@@ -291,11 +277,12 @@ impl<W: Write> Writer<W> {
         &self.out
     }
 
-    fn record<T: Serialize>(&mut self, kind: u16, thread_id: u64, value: &T, what: &'static str) -> Result<()> {
+    /// Writes one postcard record as an uncompressed chunk.
+    fn record<T: Serialize>(&mut self, place: Place, value: &T, what: &'static str) -> Result<()> {
         self.flush_code()?;
         self.raw.clear();
         postcard::to_io(value, &mut self.raw).map_err(|source| Error::Encode { what, source })?;
-        self.emit(Place::meta(kind, thread_id, 1), Zstd::No)
+        self.emit(place, Zstd::No)
     }
 
     fn framed<T: Serialize>(&mut self, kind: u16, items: &[T], what: &'static str) -> Result<()> {
@@ -304,10 +291,7 @@ impl<W: Write> Writer<W> {
             self.raw.clear();
             let mut one = Vec::new();
             for item in part {
-                one.clear();
-                postcard::to_io(item, &mut one).map_err(|source| Error::Encode { what, source })?;
-                // A framed record is postcard's encoding of a byte string: varint length, then the bytes.
-                postcard::to_io(one.as_slice(), &mut self.raw).map_err(|source| Error::Encode { what, source })?;
+                push_framed(item, &mut one, &mut self.raw, what)?;
             }
             self.emit(Place::meta(kind, 0, part.len() as u32), Zstd::Meta)?;
         }
@@ -394,6 +378,30 @@ enum Zstd {
     No,
     Events,
     Meta,
+}
+
+/// Appends `item` as a framed record: postcard's encoding of a byte string (varint length, then the
+/// record's postcard bytes, built in `one`).
+fn push_framed<T: Serialize>(item: &T, one: &mut Vec<u8>, out: &mut Vec<u8>, what: &'static str) -> Result<()> {
+    one.clear();
+    postcard::to_io(item, &mut *one).map_err(|source| Error::Encode { what, source })?;
+    postcard::to_io(one.as_slice(), out).map_err(|source| Error::Encode { what, source })?;
+    Ok(())
+}
+
+/// Runs a zstd streaming step into the end of `out`, with room for one output block each time, until
+/// `step` says it is done.
+fn stream_into(
+    out: &mut Vec<u8>,
+    mut step: impl FnMut(&mut OutBuffer<'_, Vec<u8>>) -> std::io::Result<bool>,
+) -> std::io::Result<()> {
+    loop {
+        out.reserve(zstd::zstd_safe::CCtx::out_size());
+        let at = out.len();
+        if step(&mut OutBuffer::around_pos(out, at))? {
+            return Ok(());
+        }
+    }
 }
 
 /// Zeroes, in a snapshot XORed with `base`, the inline cache units that follow each instruction of `base`

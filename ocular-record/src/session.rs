@@ -421,8 +421,8 @@ impl Session {
         &self.pool
     }
 
-    /// Queues code objects: they reach the writer with the next message, so before any events that use
-    /// them.
+    /// Queues code objects: they reach the writer with the next message (so before any events that use
+    /// them), or on their own once [`CODE_BATCH`] have gathered.
     pub fn code(&self, objects: Vec<CodeObject>) {
         let mut queued = self.code.lock().unwrap_or_else(|e| e.into_inner());
         queued.extend(objects);
