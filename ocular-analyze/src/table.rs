@@ -9,7 +9,9 @@
 //!
 //! Columns (types are Arrow's; `?` marks a nullable column; text columns are dictionary-encoded):
 //! - events: `thread_id` u64, `ts_ns` i64 (ns since the recording started), `tsc` u64 (raw ticks),
-//!   `event` text (as `sys.monitoring.events` names it), `code_id` u32, `function` text (qualname), `file`
+//!   `event` text (as `sys.monitoring.events` names it; its dictionary holds every kind the format defines,
+//!   in kind-number order, the same in every export; null for a kind this analyzer does not know),
+//!   `code_id` u32, `function` text (qualname), `file`
 //!   text, `line` i32?, `offset` u32 (bytecode offset), `arg` u32 (jump destination; 0 for other events),
 //!   `opcode` text (base opcode at `offset`), `specialized` text? (the opcode there when the recording
 //!   stopped, e.g. `BINARY_OP_ADD_INT`; null when unknown or still instrumented at stop).
@@ -21,7 +23,7 @@
 //!   `instructions` u32, `bytecode` binary (base), `specialized_bytecode` binary? (at stop).
 
 use crate::export::timeline::{Item, Timeline};
-use ocular_format::{kind_name, Body, CodeObject, Header, ReadOptions, Reader};
+use ocular_format::{Body, CodeObject, EventKind, Header, RawEvent, ReadOptions, Reader};
 use rustc_hash::FxHashMap as HashMap;
 use std::path::Path;
 use std::sync::Arc;
@@ -30,6 +32,9 @@ use std::sync::Arc;
 /// Four times as many made the export 14% slower (measured, paired): each batch's columns were fresh
 /// memory faulted in page by page, where batches this size reuse what the last one freed.
 pub const DEFAULT_BATCH_ROWS: usize = 1 << 18;
+
+/// The code of a null in a [`Column::Dict`] (a dictionary never has this many values).
+pub const NULL_CODE: u32 = u32::MAX;
 
 /// Which table a batch belongs to.
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
@@ -66,9 +71,9 @@ pub enum Column {
     U32(Vec<u32>),
     /// Signed 32-bit, nullable.
     OptI32(Vec<Option<i32>>),
-    /// Text as codes into a dictionary of distinct values (null where `None`). The dictionary is the same
-    /// or longer in later batches of the same column: codes never change meaning.
-    Dict(Vec<Option<u32>>, Arc<Vec<String>>),
+    /// Text as codes into a dictionary of distinct values, [`NULL_CODE`] where null. Every batch of a
+    /// column has the same dictionary.
+    Dict(Vec<u32>, Arc<Vec<String>>),
     /// Bytes, nullable.
     Binary(Vec<Option<Vec<u8>>>),
 }
@@ -146,15 +151,56 @@ impl Dictionary {
     }
 }
 
+/// A code unit's line and opcodes, as dictionary codes: what an event at its offset shows.
+#[derive(Clone, Copy)]
+struct Unit {
+    line: Option<i32>,
+    opcode: u32,
+    /// [`NULL_CODE`] when unknown.
+    specialized: u32,
+}
+
+impl Unit {
+    /// An offset past the code object's bytecode (damaged input).
+    const UNKNOWN: Unit = Unit { line: None, opcode: NULL_CODE, specialized: NULL_CODE };
+}
+
 /// A code object's strings and per-code-unit facts, as dictionary codes.
 struct Resolved {
     function: u32,
     file: u32,
     first_line: u32,
     /// Per code unit (offset / 2).
-    line: Vec<Option<i32>>,
-    opcode: Vec<u32>,
-    specialized: Vec<Option<u32>>,
+    units: Vec<Unit>,
+}
+
+/// Resolved code objects by id: a vector indexed by id when ids are dense (as the recorder assigns
+/// them, from 1), so that an event's look-up is one index; a hash map for a file whose ids are not.
+enum ById {
+    Dense(Vec<Option<Resolved>>),
+    Sparse(HashMap<u32, Resolved>),
+}
+
+impl ById {
+    fn new(all: Vec<(u32, Resolved)>) -> Self {
+        let max = all.iter().map(|(id, _)| *id as usize).max().unwrap_or(0);
+        if max > 4 * all.len() + 1024 {
+            return ById::Sparse(all.into_iter().collect());
+        }
+        let mut v: Vec<Option<Resolved>> = (0..=max).map(|_| None).collect();
+        for (id, r) in all {
+            v[id as usize] = Some(r);
+        }
+        ById::Dense(v)
+    }
+
+    #[inline]
+    fn get(&self, id: u32) -> Option<&Resolved> {
+        match self {
+            ById::Dense(v) => v.get(id as usize).and_then(Option::as_ref),
+            ById::Sparse(m) => m.get(&id),
+        }
+    }
 }
 
 #[derive(Default)]
@@ -163,22 +209,20 @@ struct Dictionaries {
     function: Dictionary,
     file: Dictionary,
     opcode: Dictionary,
-    /// Event kind number to its code in `event`.
-    kinds: Vec<Option<u32>>,
+    /// Event kind number to its code in `event` ([`NULL_CODE`] for a kind this analyzer does not know).
+    kinds: Vec<u32>,
 }
 
 impl Dictionaries {
-    fn kind(&mut self, k: u8) -> u32 {
-        if self.kinds.is_empty() {
-            self.kinds = vec![None; 256];
-        }
-        match self.kinds[k as usize] {
-            Some(c) => c,
-            None => {
-                let c = self.event.code(&kind_name(k));
-                self.kinds[k as usize] = Some(c);
-                c
-            }
+    /// The `event` dictionary: every kind the format defines, in kind-number order, whether or not the file
+    /// has it. So the first pass need not decode the events to find the kinds present, and every export
+    /// has the same `event` type.
+    fn event_kinds(&mut self) {
+        self.kinds = vec![NULL_CODE; 256];
+        let mut all = EventKind::ALL.to_vec();
+        all.sort_by_key(|k| *k as u8);
+        for k in all {
+            self.kinds[k as usize] = self.event.code(k.name());
         }
     }
 
@@ -189,44 +233,38 @@ impl Dictionaries {
             function: self.function.code(&co.qualname),
             file: self.file.code(&co.filename),
             first_line: co.first_line,
-            line: Vec::with_capacity(units),
-            opcode: Vec::with_capacity(units),
-            specialized: Vec::with_capacity(units),
+            units: Vec::with_capacity(units),
         };
         for u in 0..units {
             let op = co.bytecode[2 * u];
             let base = names.base.get(op as usize).copied().unwrap_or(op);
-            r.line.push(co.positions.get(u).map(|p| p.line).filter(|&l| l >= 0));
-            r.opcode.push(self.opcode.code(&names.name(base)));
             let at_stop = snapshot.and_then(|b| b.get(2 * u).copied());
             let spec = at_stop.and_then(|sop| crate::analysis::specialization(header, base, sop).ok());
-            r.specialized.push(spec.map(|sop| self.opcode.code(&names.name(sop))));
+            r.units.push(Unit {
+                line: co.positions.get(u).map(|p| p.line).filter(|&l| l >= 0),
+                opcode: self.opcode.code(&names.name(base)),
+                specialized: spec.map_or(NULL_CODE, |sop| self.opcode.code(&names.name(sop))),
+            });
         }
         r
     }
 }
 
-/// Code objects, snapshots and the event kinds present: the first pass.
+/// Code objects and snapshots: the first pass, which skips the events.
 struct Metadata {
     header: Header,
     code: HashMap<u32, CodeObject>,
     snapshots: HashMap<u32, Vec<u8>>,
-    kinds: [bool; 256],
 }
 
 fn metadata(path: &Path, opts: ReadOptions) -> ocular_format::Result<Metadata> {
-    let mut r = Reader::open_with(path, opts)?;
+    let mut r = Reader::open_with(path, ReadOptions { skip_events: true, ..opts })?;
     let header = r.header().clone();
-    let mut m = Metadata { header, code: HashMap::default(), snapshots: HashMap::default(), kinds: [false; 256] };
+    let mut m = Metadata { header, code: HashMap::default(), snapshots: HashMap::default() };
     while let Some(c) = r.next_chunk()? {
         match c.body {
             Body::Code(objs) => m.code.extend(objs.into_iter().map(|o| (o.id, o))),
             Body::Snapshot(s) => m.snapshots.extend(s.into_iter().map(|x| (x.id, x.bytecode))),
-            Body::Events(evs) => {
-                for e in evs {
-                    m.kinds[e.kind as usize] = true;
-                }
-            }
             _ => {}
         }
     }
@@ -235,15 +273,11 @@ fn metadata(path: &Path, opts: ReadOptions) -> ocular_format::Result<Metadata> {
 
 /// Every dictionary filled from the first pass, so that it never grows during the second: all batches
 /// of a column share one dictionary (and one Arrow/polars type).
-fn freeze(m: &Metadata, d: &mut Dictionaries) -> HashMap<u32, Resolved> {
-    for k in 0..=255u8 {
-        if m.kinds[k as usize] {
-            d.kind(k);
-        }
-    }
+fn freeze(m: &Metadata, d: &mut Dictionaries) -> ById {
+    d.event_kinds();
     let mut ids: Vec<u32> = m.code.keys().copied().collect();
     ids.sort_unstable();
-    ids.into_iter().map(|id| (id, d.resolve(&m.code[&id], &m.header, m.snapshots.get(&id)))).collect()
+    ById::new(ids.into_iter().map(|id| (id, d.resolve(&m.code[&id], &m.header, m.snapshots.get(&id)))).collect())
 }
 
 /// Column builders of the events table.
@@ -252,15 +286,15 @@ struct Events {
     thread_id: Vec<u64>,
     ts_ns: Vec<i64>,
     tsc: Vec<u64>,
-    event: Vec<Option<u32>>,
+    event: Vec<u32>,
     code_id: Vec<u32>,
-    function: Vec<Option<u32>>,
-    file: Vec<Option<u32>>,
+    function: Vec<u32>,
+    file: Vec<u32>,
     line: Vec<Option<i32>>,
     offset: Vec<u32>,
     arg: Vec<u32>,
-    opcode: Vec<Option<u32>>,
-    specialized: Vec<Option<u32>>,
+    opcode: Vec<u32>,
+    specialized: Vec<u32>,
 }
 
 impl Events {
@@ -279,6 +313,44 @@ impl Events {
             arg: Vec::with_capacity(rows),
             opcode: Vec::with_capacity(rows),
             specialized: Vec::with_capacity(rows),
+        }
+    }
+
+    /// Appends `evs`, a column at a time (loops the compiler can vectorize), then what each event's code
+    /// object says at its offset (one look-up per run of events of the same code object).
+    fn extend(
+        &mut self,
+        tid: u64,
+        evs: &[RawEvent],
+        kinds: &[u32],
+        resolved: &ById,
+        unknown: &Resolved,
+        ns: &impl Fn(u64) -> i64,
+    ) {
+        self.thread_id.resize(self.thread_id.len() + evs.len(), tid);
+        self.tsc.extend(evs.iter().map(|e| e.ticks.get()));
+        self.ts_ns.extend(evs.iter().map(|e| ns(e.ticks.get())));
+        self.event.extend(evs.iter().map(|e| kinds[e.kind as usize]));
+        self.code_id.extend(evs.iter().map(|e| e.code.get()));
+        self.offset.extend(evs.iter().map(|e| e.offset.get()));
+        self.arg.extend(evs.iter().map(|e| e.arg.get()));
+        let mut last: Option<(u32, &Resolved)> = None;
+        for e in evs {
+            let id = e.code.get();
+            let co = match last {
+                Some((l, co)) if l == id => co,
+                _ => {
+                    let co = resolved.get(id).unwrap_or(unknown);
+                    last = Some((id, co));
+                    co
+                }
+            };
+            let u = co.units.get(e.offset.get() as usize / 2).copied().unwrap_or(Unit::UNKNOWN);
+            self.function.push(co.function);
+            self.file.push(co.file);
+            self.line.push(u.line);
+            self.opcode.push(u.opcode);
+            self.specialized.push(u.specialized);
         }
     }
 
@@ -313,8 +385,8 @@ struct Calls {
     parent: Vec<Option<u64>>,
     depth: Vec<u32>,
     code_id: Vec<u32>,
-    function: Vec<Option<u32>>,
-    file: Vec<Option<u32>>,
+    function: Vec<u32>,
+    file: Vec<u32>,
     line: Vec<u32>,
     start_ns: Vec<i64>,
     end_ns: Vec<i64>,
@@ -352,9 +424,9 @@ fn code_table(m: &Metadata, d: &mut Dictionaries) -> Batch {
     let mut names = Dictionary::default();
     for id in &ids {
         let co = &m.code[id];
-        function.push(Some(d.function.code(&co.qualname)));
-        name.push(Some(names.code(&co.name)));
-        file.push(Some(d.file.code(&co.filename)));
+        function.push(d.function.code(&co.qualname));
+        name.push(names.code(&co.name));
+        file.push(d.file.code(&co.filename));
         first.push(co.first_line);
         last.push(co.positions.iter().map(|p| p.end_line.max(p.line)).max().filter(|&l| l >= 0));
         count.push(crate::analysis::instructions(co, &m.header, 0, u32::MAX).len() as u32);
@@ -388,19 +460,13 @@ pub fn build(
     let batch_rows = batch_rows.max(1);
     let meta = metadata(path, opts)?;
     let h = &meta.header;
-    let ns = |ticks: u64| (ticks.wrapping_sub(h.start_ticks) as i64 as f64 * 1e9 / h.ticks_per_second) as i64;
+    let ns_per_tick = 1e9 / h.ticks_per_second;
+    let ns = |ticks: u64| (ticks.wrapping_sub(h.start_ticks) as i64 as f64 * ns_per_tick) as i64;
     let mut d = Dictionaries::default();
     // Code objects resolved to dictionary codes.
     let resolved = freeze(&meta, &mut d);
     // Events of a code object the file does not describe (damaged input).
-    let unknown = Resolved {
-        function: d.function.code("?"),
-        file: d.file.code("?"),
-        first_line: 0,
-        line: vec![],
-        opcode: vec![],
-        specialized: vec![],
-    };
+    let unknown = Resolved { function: d.function.code("?"), file: d.file.code("?"), first_line: 0, units: vec![] };
     let mut summary = Summary::default();
     let count =
         |summary: &mut Summary, t: Table, b: &Batch| *summary.rows.entry(t.name()).or_default() += b.rows as u64;
@@ -419,42 +485,31 @@ pub fn build(
     let mut events = Events::with_capacity(if want_events { reserve } else { 0 });
     let mut calls = Calls::default();
     let mut failed: Option<anyhow::Error> = None;
-    let timeline = Timeline::open(path, opts)?;
+    let timeline = Timeline::open(path, opts)?.without_loops();
     let result = timeline.run(|_, item| {
         let r = (|| -> anyhow::Result<()> {
             match item {
-                Item::Event { tid, event: e } if want_events => {
-                    let id = e.code.get();
-                    let co = resolved.get(&id).unwrap_or(&unknown);
-                    let unit = e.offset.get() as usize / 2;
-                    let ticks = e.ticks.get();
-                    events.thread_id.push(tid);
-                    events.ts_ns.push(ns(ticks));
-                    events.tsc.push(ticks);
-                    events.event.push(d.kinds.get(e.kind as usize).copied().flatten());
-                    events.code_id.push(id);
-                    events.function.push(Some(co.function));
-                    events.file.push(Some(co.file));
-                    events.line.push(co.line.get(unit).copied().flatten());
-                    events.offset.push(e.offset.get());
-                    events.arg.push(e.arg.get());
-                    events.opcode.push(co.opcode.get(unit).copied());
-                    events.specialized.push(co.specialized.get(unit).copied().flatten());
-                    if events.tsc.len() >= batch_rows {
-                        let b = events.take(&mut d, reserve);
-                        count(&mut summary, Table::Events, &b);
-                        sink.batch(Table::Events, b)?;
+                Item::Events { tid, events: mut evs } if want_events => {
+                    while !evs.is_empty() {
+                        let (now, later) = evs.split_at(evs.len().min(batch_rows - events.tsc.len()));
+                        events.extend(tid, now, &d.kinds, &resolved, &unknown, &ns);
+                        evs = later;
+                        if events.tsc.len() >= batch_rows {
+                            let b = events.take(&mut d, reserve);
+                            count(&mut summary, Table::Events, &b);
+                            sink.batch(Table::Events, b)?;
+                        }
                     }
                 }
                 Item::End { tid, ticks, code: id, call } if want_calls => {
-                    let co = resolved.get(&id).unwrap_or(&unknown);
+                    let co = resolved.get(id).unwrap_or(&unknown);
                     calls.thread_id.push(tid);
                     calls.call_id.push(call.id);
                     calls.parent.push(call.parent);
                     calls.depth.push(call.depth);
                     calls.code_id.push(id);
-                    calls.function.push(Some(co.function));
-                    calls.file.push(Some(co.file));
+                    calls.function.push(co.function);
+                    calls.file.push(co.file);
                     calls.line.push(co.first_line);
                     calls.start_ns.push(ns(call.start));
                     calls.end_ns.push(ns(ticks));

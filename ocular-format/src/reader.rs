@@ -16,6 +16,10 @@ use zerocopy::FromBytes;
 pub struct ReadOptions {
     /// Skip corrupt chunks (reporting the byte ranges) instead of failing on the first one.
     pub salvage: bool,
+    /// Check `EVENTS` chunks (header and CRC) but neither decompress nor decode them: they come back as
+    /// empty [`Body::Events`] (their `count` is in the [`ChunkInfo`]). For a pass that only wants the
+    /// metadata, such as the code objects and snapshots.
+    pub skip_events: bool,
 }
 
 /// Where a chunk sits in the file and what its header says.
@@ -405,6 +409,10 @@ impl<R: Read + Seek> Reader<R> {
                 format!("unknown chunk kind 0x{:04x}", info.kind)
             };
             return Ok(Chunk { info, body: Body::Skipped(why) });
+        }
+        if info.kind == kind::EVENTS && self.opts.skip_events {
+            self.report.events += info.count as u64;
+            return Ok(Chunk { info, body: Body::Events(&[]) });
         }
         let result = self.unpack(&h, offset).and_then(|()| self.body_of(&info));
         match result {

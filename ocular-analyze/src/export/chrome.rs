@@ -50,7 +50,7 @@ pub fn export(path: &Path, opts: ReadOptions, out: &mut dyn Write) -> anyhow::Re
                 .clone()
         };
         match item {
-            Item::Thread { .. } | Item::Event { .. } => Ok(()),
+            Item::Thread { .. } | Item::Events { .. } => Ok(()),
             Item::Begin { tid, ticks, code: id } | Item::End { tid, ticks, code: id, .. } => {
                 let ph = if matches!(item, Item::Begin { .. }) { "B" } else { "E" };
                 let (n, ts) = (name(id), us(ticks));

@@ -277,7 +277,7 @@ pub fn export(path: &Path, opts: ReadOptions, out: &mut dyn Write) -> anyhow::Re
     )?;
     let mut seqs = Sequences { by_tid: Default::default() };
     let (read, warnings) = timeline.run(|code, item| match item {
-        Item::Event { .. } => Ok(()),
+        Item::Events { .. } => Ok(()),
         Item::Thread { tid, name } => o.packet(DESCRIPTORS, None, thread_track(pid, tid, process_uuid, name)),
         Item::Begin { tid, ticks, code: id } => {
             let qualname = || code.get(&id).map_or_else(|| "?".into(), |c| c.qualname.clone());

@@ -26,12 +26,12 @@ pub enum Item<'a> {
         /// Name, if the file named the thread before its first events.
         name: Option<&'a str>,
     },
-    /// A recorded event, before the item it causes (if any).
-    Event {
+    /// A chunk's recorded events, in order, before the items they cause.
+    Events {
         /// Native thread id.
         tid: u64,
-        /// The raw record.
-        event: &'a RawEvent,
+        /// The raw records.
+        events: &'a [RawEvent],
     },
     /// A function activation starts.
     Begin {
@@ -108,6 +108,7 @@ pub struct Timeline {
     reader: Reader<BufReader<File>>,
     path: String,
     size: u64,
+    loops: bool,
 }
 
 impl Timeline {
@@ -117,7 +118,15 @@ impl Timeline {
             reader: Reader::open_with(path, opts)?,
             path: path.display().to_string(),
             size: std::fs::metadata(path).map(|m| m.len()).unwrap_or(0),
+            loops: true,
         })
+    }
+
+    /// No [`Item::Loop`]: for a consumer that ignores them (the tables), which then does not pay for
+    /// tracking loop heads at every backward jump.
+    pub fn without_loops(mut self) -> Self {
+        self.loops = false;
+        self
     }
 
     /// The file header.
@@ -157,10 +166,10 @@ impl Timeline {
                     }
                     let th = threads.entry(tid).or_default();
                     read += evs.len() as u64;
+                    f(&code, Item::Events { tid, events: evs })?;
                     for e in evs {
                         let (id, ticks) = (e.code.get(), e.ticks.get());
                         th.last = ticks;
-                        f(&code, Item::Event { tid, event: e })?;
                         match e.event_kind() {
                             Some(EventKind::PY_START | EventKind::PY_RESUME | EventKind::PY_THROW) => {
                                 let call = Call {
@@ -180,7 +189,7 @@ impl Timeline {
                                     f(&code, Item::End { tid, ticks, code: fr.code, call: fr.call })?;
                                 }
                             }
-                            Some(EventKind::JUMP) if e.arg.get() < e.offset.get() => {
+                            Some(EventKind::JUMP) if self.loops && e.arg.get() < e.offset.get() => {
                                 let Some(top) = th.stack.last_mut().filter(|fr| fr.code == id) else { continue };
                                 let head = e.arg.get();
                                 let cycles = match top.loops.iter_mut().find(|l| l.0 == head) {

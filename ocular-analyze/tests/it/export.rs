@@ -142,7 +142,9 @@ impl ocular_analyze::table::Sink for Collect {
 fn texts(b: &ocular_analyze::table::Batch, name: &str) -> Vec<Option<String>> {
     use ocular_analyze::table::Column;
     match &b.columns.iter().find(|c| c.0 == name).expect("column").1 {
-        Column::Dict(codes, dict) => codes.iter().map(|c| c.map(|c| dict[c as usize].clone())).collect(),
+        Column::Dict(codes, dict) => {
+            codes.iter().map(|&c| (c != ocular_analyze::table::NULL_CODE).then(|| dict[c as usize].clone())).collect()
+        }
         other => panic!("{name} is not text: {other:?}"),
     }
 }
@@ -201,4 +203,52 @@ fn tempfile_dir() -> std::path::PathBuf {
     let d = std::env::temp_dir().join(format!("ocular-table-{}", std::process::id()));
     std::fs::create_dir_all(&d).unwrap();
     d
+}
+
+#[test]
+fn event_column_names_every_kind_in_kind_order_and_leaves_the_unknown_null() {
+    use ocular_analyze::table::{build, Column, Table};
+    use ocular_format::{testing, CodeObject, EventKind, Position, RawEvent, Trailer, Writer};
+    // RESUME, POP_TOP, RETURN_VALUE; one event of a kind no version defines, one at an offset past the end.
+    let bytecode = vec![151, 0, 1, 0, 83, 0];
+    let code = CodeObject {
+        id: 1,
+        name: "f".into(),
+        qualname: "f".into(),
+        filename: "synthetic.py".into(),
+        first_line: 1,
+        flags: 0,
+        linetable: Vec::new(),
+        positions: vec![Position { line: 2, end_line: 2, column: 0, end_column: 1 }; 3],
+        bytecode,
+    };
+    let evs = [
+        RawEvent::new(100, 1, 0, 0, EventKind::PY_START as u8),
+        RawEvent::new(200, 1, 2, 0, 200),
+        RawEvent::new(300, 1, 40, 0, EventKind::INSTRUCTION as u8),
+        RawEvent::new(400, 1, 4, 0, EventKind::PY_RETURN as u8),
+    ];
+    let path = tempfile_dir().join("kinds.ocl");
+    let mut w = Writer::new(std::fs::File::create(&path).unwrap(), "kinds.ocl", &testing::header(), Default::default())
+        .unwrap();
+    w.code_objects(&[code]).unwrap();
+    w.events(7, &evs).unwrap();
+    let trailer = Trailer { end_unix_ns: 0, end_monotonic_ns: 0, end_ticks: 500, events: 4, lost: 0, chunks: 2 };
+    w.finish(trailer).unwrap();
+
+    let mut sink = Collect::default();
+    build(&path, Default::default(), &[Table::Events], 1 << 20, &mut sink).unwrap();
+    let b = &sink.0[0].1;
+    let Column::Dict(_, dict) = &b.columns.iter().find(|c| c.0 == "event").unwrap().1 else { panic!("event") };
+    let mut kinds = EventKind::ALL.to_vec();
+    kinds.sort_by_key(|k| *k as u8);
+    assert_eq!(**dict, kinds.iter().map(|k| k.name().to_string()).collect::<Vec<_>>());
+    let s = |v: &[&str]| v.iter().map(|x| Some(x.to_string())).collect::<Vec<_>>();
+    let mut want = s(&["PY_START", "", "INSTRUCTION", "PY_RETURN"]);
+    want[1] = None;
+    assert_eq!(texts(b, "event"), want);
+    let mut want = s(&["RESUME", "POP_TOP", "", "RETURN_VALUE"]);
+    want[2] = None;
+    assert_eq!(texts(b, "opcode"), want);
+    assert_eq!(texts(b, "function"), s(&["f"; 4]));
 }

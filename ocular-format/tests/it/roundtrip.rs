@@ -205,3 +205,41 @@ fn code_objects_added_in_parts_are_one_chunk_before_the_events() {
         assert_eq!(ids, (1..=301).collect::<Vec<u32>>());
     }
 }
+
+#[test]
+fn skip_events_reads_the_metadata_and_counts_but_still_checks_events_chunks() {
+    use std::io::Cursor;
+    let (bytes, sent) = sample_file(true);
+    let full = read_all(&bytes, false).unwrap();
+    let skip = ReadOptions { skip_events: true, ..Default::default() };
+    let mut r = Reader::new(Cursor::new(&bytes), "mem.ocl", skip).unwrap();
+    let (mut counts, mut code, mut snapshots) = (Vec::new(), 0, 0);
+    while let Some(c) = r.next_chunk().unwrap() {
+        match c.body {
+            Body::Events(e) => {
+                assert!(e.is_empty());
+                counts.push((c.info.thread_id, c.info.count as usize));
+            }
+            Body::Code(c) => code += c.len(),
+            Body::Snapshot(s) => snapshots += s.len(),
+            _ => {}
+        }
+    }
+    assert_eq!(counts, sent.iter().map(|(t, e)| (*t, e.len())).collect::<Vec<_>>());
+    assert_eq!((code, snapshots), (full.code.len(), full.snapshots.len()));
+    assert_eq!(r.report().events, full.report.events);
+    assert!(r.report().clean());
+    // A damaged EVENTS payload is still found: its CRC is checked, only decoding is skipped.
+    let (start, _) = chunk_bounds(&bytes).into_iter().find(|&(s, _)| bytes[s + 4] == 2).expect("an EVENTS chunk");
+    let mut bad = bytes.clone();
+    bad[start + 60] ^= 0x40;
+    let mut r = Reader::new(Cursor::new(&bad), "mem.ocl", skip).unwrap();
+    let err = loop {
+        match r.next_chunk() {
+            Ok(Some(_)) => continue,
+            Ok(None) => panic!("the damage went unnoticed"),
+            Err(e) => break e.to_string(),
+        }
+    };
+    assert!(err.contains(&format!("offset {start}")) && err.contains("CRC"), "{err}");
+}

@@ -9,7 +9,7 @@ use arrow_array::{
     UInt32Array, UInt64Array,
 };
 use arrow_schema::{ArrowError, DataType, Field, Schema};
-use ocular_analyze::table::{build as build_tables, Batch, Column, Sink, Table, DEFAULT_BATCH_ROWS};
+use ocular_analyze::table::{build as build_tables, Batch, Column, Sink, Table, DEFAULT_BATCH_ROWS, NULL_CODE};
 use ocular_format::ReadOptions;
 use pyo3::exceptions::{PyOSError, PyValueError};
 use pyo3::prelude::*;
@@ -59,7 +59,9 @@ fn json<T: serde::Serialize>(py: Python<'_>, v: &T) -> PyResult<Py<PyAny>> {
 #[pyfunction]
 #[pyo3(signature = (path, salvage=false))]
 pub(super) fn info(py: Python<'_>, path: PathBuf, salvage: bool) -> PyResult<Py<PyAny>> {
-    let i = py.detach(|| ocular_analyze::info::summarize(&path, ReadOptions { salvage })).map_err(os_err)?;
+    let i = py
+        .detach(|| ocular_analyze::info::summarize(&path, ReadOptions { salvage, ..Default::default() }))
+        .map_err(os_err)?;
     json(py, &i)
 }
 
@@ -75,7 +77,7 @@ pub(super) fn hot(
 ) -> PyResult<(Py<PyAny>, String, Vec<String>)> {
     let (report, warnings) = py
         .detach(|| {
-            let a = ocular_analyze::analysis::analyze(&path, ReadOptions { salvage })?;
+            let a = ocular_analyze::analysis::analyze(&path, ReadOptions { salvage, ..Default::default() })?;
             Ok::<_, ocular_format::Error>((ocular_analyze::hot::report(&a, top), a.warnings))
         })
         .map_err(os_err)?;
@@ -88,7 +90,7 @@ pub(super) fn hot(
 pub(super) fn stats(py: Python<'_>, path: PathBuf, per_thread: bool, salvage: bool) -> PyResult<Py<PyAny>> {
     let rows = py
         .detach(|| {
-            let a = ocular_analyze::analysis::analyze(&path, ReadOptions { salvage })?;
+            let a = ocular_analyze::analysis::analyze(&path, ReadOptions { salvage, ..Default::default() })?;
             Ok::<_, ocular_format::Error>(ocular_analyze::stats::rows(
                 &a,
                 per_thread,
@@ -138,7 +140,7 @@ fn arrow_column(col: Column) -> (DataType, bool, ArrayRef) {
         Column::OptI32(v) => (DataType::Int32, true, Arc::new(Int32Array::from(v))),
         Column::Dict(codes, dict) => {
             let values = Arc::new(StringArray::from_iter_values(dict.iter()));
-            let keys = UInt32Array::from(codes);
+            let keys: UInt32Array = codes.into_iter().map(|c| (c != NULL_CODE).then_some(c)).collect();
             let a = DictionaryArray::<UInt32Type>::try_new(keys, values).expect("codes index the dictionary");
             (DataType::Dictionary(Box::new(DataType::UInt32), Box::new(DataType::Utf8)), true, Arc::new(a))
         }
@@ -206,7 +208,13 @@ pub(super) fn table(py: Python<'_>, path: PathBuf, name: &str, salvage: bool) ->
     let (sink, summary) = py
         .detach(|| {
             let mut sink = ArrowSink::default();
-            let s = build_tables(&path, ReadOptions { salvage }, &[which], DEFAULT_BATCH_ROWS, &mut sink)?;
+            let s = build_tables(
+                &path,
+                ReadOptions { salvage, ..Default::default() },
+                &[which],
+                DEFAULT_BATCH_ROWS,
+                &mut sink,
+            )?;
             Ok::<_, anyhow::Error>((sink, s))
         })
         .map_err(|e| os_err(format!("{e:#}")))?;
