@@ -208,20 +208,8 @@ fn tempfile_dir() -> std::path::PathBuf {
 #[test]
 fn event_column_names_every_kind_in_kind_order_and_leaves_the_unknown_null() {
     use ocular_analyze::table::{build, Column, Table};
-    use ocular_format::{testing, CodeObject, EventKind, Position, RawEvent, Trailer, Writer};
+    use ocular_format::{testing, EventKind, RawEvent};
     // RESUME, POP_TOP, RETURN_VALUE; one event of a kind no version defines, one at an offset past the end.
-    let bytecode = vec![151, 0, 1, 0, 83, 0];
-    let code = CodeObject {
-        id: 1,
-        name: "f".into(),
-        qualname: "f".into(),
-        filename: "synthetic.py".into(),
-        first_line: 1,
-        flags: 0,
-        linetable: Vec::new(),
-        positions: vec![Position { line: 2, end_line: 2, column: 0, end_column: 1 }; 3],
-        bytecode,
-    };
     let evs = [
         RawEvent::new(100, 1, 0, 0, EventKind::PY_START as u8),
         RawEvent::new(200, 1, 2, 0, 200),
@@ -229,12 +217,7 @@ fn event_column_names_every_kind_in_kind_order_and_leaves_the_unknown_null() {
         RawEvent::new(400, 1, 4, 0, EventKind::PY_RETURN as u8),
     ];
     let path = tempfile_dir().join("kinds.ocl");
-    let mut w = Writer::new(std::fs::File::create(&path).unwrap(), "kinds.ocl", &testing::header(), Default::default())
-        .unwrap();
-    w.code_objects(&[code]).unwrap();
-    w.events(7, &evs).unwrap();
-    let trailer = Trailer { end_unix_ns: 0, end_monotonic_ns: 0, end_ticks: 500, events: 4, lost: 0, chunks: 2 };
-    w.finish(trailer).unwrap();
+    crate::synthetic_trace(&path, &testing::header(), vec![151, 0, 1, 0, 83, 0], 2, &evs);
 
     let mut sink = Collect::default();
     build(&path, Default::default(), &[Table::Events], 1 << 20, &mut sink).unwrap();

@@ -88,7 +88,7 @@ fn hot_json_has_the_promised_fields() {
 /// iterations carry a BRANCH each and take `slow` ticks, the later ones only their backward jump and take
 /// `fast` ticks, as when the threshold has switched the loop's branch off and kept its backward jump.
 fn quiet_trace(slow_iterations: u64, fast_iterations: u64) -> std::path::PathBuf {
-    use ocular_format::{testing, CodeObject, EventKind, Position, RawEvent, Trailer, Writer};
+    use ocular_format::{testing, EventKind, RawEvent};
     let mut header = testing::header();
     header.event_cost_ticks = 0.0;
     let (slow, fast) = (900u64, 300u64);
@@ -106,34 +106,11 @@ fn quiet_trace(slow_iterations: u64, fast_iterations: u64) -> std::path::PathBuf
     evs.push(RawEvent::new(t + 50, 1, 12, 0, EventKind::PY_RETURN as u8));
     // RESUME, FOR_ITER (+1 cache), POP_TOP, JUMP_BACKWARD, POP_TOP, RETURN_VALUE
     let bytecode = vec![151, 0, 93, 4, 0, 0, 1, 0, 140, 3, 1, 0, 83, 0];
-    let pos = Position { line: 3, end_line: 3, column: 0, end_column: 1 };
-    let code = CodeObject {
-        id: 1,
-        name: "f".into(),
-        qualname: "f".into(),
-        filename: "synthetic.py".into(),
-        first_line: 1,
-        flags: 0,
-        linetable: Vec::new(),
-        positions: vec![pos; bytecode.len() / 2],
-        bytecode,
-    };
     let dir =
         std::env::temp_dir().join(format!("ocular-quiet-{}-{slow_iterations}-{fast_iterations}", std::process::id()));
     std::fs::create_dir_all(&dir).unwrap();
     let path = dir.join("quiet.ocl");
-    let mut w = Writer::new(std::fs::File::create(&path).unwrap(), "quiet.ocl", &header, Default::default()).unwrap();
-    w.code_objects(&[code]).unwrap();
-    w.events(7, &evs).unwrap();
-    let trailer = Trailer {
-        end_unix_ns: 0,
-        end_monotonic_ns: 0,
-        end_ticks: t + 100,
-        events: evs.len() as u64,
-        lost: 0,
-        chunks: 2,
-    };
-    w.finish(trailer).unwrap();
+    crate::synthetic_trace(&path, &header, bytecode, 3, &evs);
     path
 }
 
