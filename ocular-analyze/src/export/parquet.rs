@@ -10,12 +10,11 @@
 use crate::table::{self, Batch, Column, Sink, Summary, Table, NULL_CODE};
 use anyhow::Context;
 use ocular_format::ReadOptions;
-use polars::prelude::PolarsResult;
 use polars::prelude::{
     ArrayRef, ArrowDataType, ArrowSchema, BinaryChunked, Categorical16Chunked, Categorical32Chunked,
     Categorical8Chunked, CategoricalPhysical, ChunkedArray, CompatLevel, DataFrame, DataType, FrozenCategories,
-    Int32Type, Int64Type, IntoColumn, IntoSeries, PlSmallStr, PolarsNumericType, SchemaExt, Series, UInt16Type,
-    UInt32Type, UInt64Type, UInt8Type,
+    Int32Type, Int64Type, IntoColumn, IntoSeries, PlSmallStr, PolarsNumericType, PolarsResult, SchemaExt, Series,
+    UInt16Type, UInt32Type, UInt64Type, UInt8Type,
 };
 use polars_arrow::bitmap::Bitmap;
 use polars_parquet::read::ParquetError;
@@ -100,17 +99,19 @@ fn checked_codes<T: PolarsNumericType>(
     })
 }
 
-/// Optional values (converted by `to`) as a polars array: taken as a plain vector when there is no null
-/// (most columns of most batches), else collected with their validity.
+/// Optional values (converted by `to`) as a polars array: a plain vector, with a validity bitmap (built a
+/// word at a time) only if there is a null.
 fn physical<T: PolarsNumericType, V: Copy + Default>(
     name: PlSmallStr,
     values: &[Option<V>],
     to: impl Fn(V) -> T::Native,
 ) -> ChunkedArray<T> {
+    let plain = values.iter().map(|v| to(v.unwrap_or_default())).collect();
     if values.iter().all(Option::is_some) {
-        ChunkedArray::<T>::from_vec(name, values.iter().map(|v| to(v.unwrap_or_default())).collect())
+        ChunkedArray::<T>::from_vec(name, plain)
     } else {
-        values.iter().map(|v| v.map(&to)).collect::<ChunkedArray<T>>().with_name(name)
+        let valid = Bitmap::from_trusted_len_iter(values.iter().map(Option::is_some));
+        ChunkedArray::<T>::from_vec_validity(name, plain, Some(valid))
     }
 }
 
@@ -385,5 +386,14 @@ mod tests {
         assert_eq!(err.to_string(), "column x: code 2 outside its dictionary of 2");
         let all_null = enum_series("x".into(), &[NULL_CODE; 3], &dict, &mut enums).unwrap();
         assert_eq!(all_null.null_count(), 3);
+    }
+
+    #[test]
+    fn optional_integers_keep_their_nulls() {
+        let ca = physical::<Int32Type, i32>("line".into(), &[Some(3), None, Some(-1), None, Some(7)], |x| x);
+        let got: Vec<Option<i32>> = (0..ca.len()).map(|i| ca.get(i)).collect();
+        assert_eq!(got, [Some(3), None, Some(-1), None, Some(7)]);
+        let ca = physical::<Int32Type, i32>("line".into(), &[Some(1), Some(2)], |x| x);
+        assert_eq!((ca.null_count(), ca.get(0), ca.get(1)), (0, Some(1), Some(2)));
     }
 }
