@@ -145,25 +145,25 @@ enum Command {
 fn run(cli: Cli) -> anyhow::Result<()> {
     match cli.command {
         Command::Info { file, json, salvage } => {
-            let info = crate::info::summarize(&file, ReadOptions { salvage, ..Default::default() })?;
+            let info = crate::info::summarize(&file, ReadOptions::with_salvage(salvage))?;
             warn(&info.warnings);
             print_report(json, &info, |out| writeln!(out, "{info}"))?;
         }
         Command::Hot { file, top, json, salvage } => {
-            let a = crate::analysis::analyze(&file, ReadOptions { salvage, ..Default::default() })?;
+            let a = crate::analysis::analyze(&file, ReadOptions::with_salvage(salvage))?;
             warn(&a.warnings);
             let report = crate::hot::report(&a, top);
             print_report(json, &report, |out| write!(out, "{report}"))?;
         }
         Command::Stats { file, sort, top, per_thread, json, salvage } => {
-            let a = crate::analysis::analyze(&file, ReadOptions { salvage, ..Default::default() })?;
+            let a = crate::analysis::analyze(&file, ReadOptions::with_salvage(salvage))?;
             warn(&a.warnings);
             let rows = crate::stats::rows(&a, per_thread, sort);
             print_report(json, &rows, |out| crate::stats::render(&a, &rows, top, out))?;
         }
         Command::Export { file, parquet: true, output, salvage, .. } => {
             let dir = output.unwrap_or_else(|| file.with_extension("parquet"));
-            export_parquet(&file, ReadOptions { salvage, ..Default::default() }, &dir)?;
+            export_parquet(&file, ReadOptions::with_salvage(salvage), &dir)?;
         }
         Command::Export { file, output, format, salvage, .. } => {
             let fmt = match (format.as_str(), output.as_ref().and_then(|o| o.extension()).and_then(|e| e.to_str())) {
@@ -173,7 +173,7 @@ fn run(cli: Cli) -> anyhow::Result<()> {
             };
             let out_path = output.unwrap_or_else(|| file.with_extension(fmt));
             let mut w = create(&out_path)?;
-            let opts = ReadOptions { salvage, ..Default::default() };
+            let opts = ReadOptions::with_salvage(salvage);
             let (written, read, warnings) = if fmt == "pftrace" {
                 let ((p, r), w) = crate::export::pftrace::export(&file, opts, &mut w)
                     .with_context(|| format!("cannot export {}", file.display()))?;
@@ -192,7 +192,7 @@ fn run(cli: Cli) -> anyhow::Result<()> {
             );
         }
         Command::Flamegraph { file, output, folded, salvage } => {
-            let opts = ReadOptions { salvage, ..Default::default() };
+            let opts = ReadOptions::with_salvage(salvage);
             if folded {
                 let (lines, warnings) = crate::export::flame::folded(&file, opts)?;
                 let mut out = std::io::BufWriter::new(std::io::stdout().lock());
@@ -213,7 +213,7 @@ fn run(cli: Cli) -> anyhow::Result<()> {
         }
         Command::Dump { file, salvage } => {
             let mut out = std::io::BufWriter::new(std::io::stdout().lock());
-            let warnings = crate::dump::dump(&file, ReadOptions { salvage, ..Default::default() }, &mut out)
+            let warnings = crate::dump::dump(&file, ReadOptions::with_salvage(salvage), &mut out)
                 .with_context(|| format!("cannot dump {}", file.display()))?;
             out.flush()?;
             warn(&warnings);

@@ -50,7 +50,7 @@ pub use writer::{Writer, WriterOptions};
 /// and the damage tests call this: it must return (not panic, not allocate without bound) on any input.
 pub fn read_all_for_fuzzing(data: &[u8]) {
     for salvage in [true, false] {
-        let opts = ReadOptions { salvage, ..Default::default() };
+        let opts = ReadOptions::with_salvage(salvage);
         if let Ok(mut r) = Reader::new(std::io::Cursor::new(data), "<fuzz>", opts) {
             while let Ok(Some(_)) = r.next_chunk() {}
             let _ = r.report().warnings("<fuzz>");

@@ -22,6 +22,13 @@ pub struct ReadOptions {
     pub skip_events: bool,
 }
 
+impl ReadOptions {
+    /// The defaults, salvaging damaged chunks if `salvage` (the `--salvage` of the analyzer's commands).
+    pub fn with_salvage(salvage: bool) -> Self {
+        ReadOptions { salvage, ..Default::default() }
+    }
+}
+
 /// Where a chunk sits in the file and what its header says.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub struct ChunkInfo {

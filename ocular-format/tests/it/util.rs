@@ -84,7 +84,7 @@ impl Everything {
 }
 
 pub fn read_all(bytes: &[u8], salvage: bool) -> Result<Everything> {
-    let mut r = Reader::new(Cursor::new(bytes), "mem.ocl", ReadOptions { salvage, ..Default::default() })?;
+    let mut r = Reader::new(Cursor::new(bytes), "mem.ocl", ReadOptions::with_salvage(salvage))?;
     let mut all = Everything::default();
     while let Some(c) = r.next_chunk()? {
         match c.body {

@@ -59,9 +59,7 @@ fn json<T: serde::Serialize>(py: Python<'_>, v: &T) -> PyResult<Py<PyAny>> {
 #[pyfunction]
 #[pyo3(signature = (path, salvage=false))]
 pub(super) fn info(py: Python<'_>, path: PathBuf, salvage: bool) -> PyResult<Py<PyAny>> {
-    let i = py
-        .detach(|| ocular_analyze::info::summarize(&path, ReadOptions { salvage, ..Default::default() }))
-        .map_err(os_err)?;
+    let i = py.detach(|| ocular_analyze::info::summarize(&path, ReadOptions::with_salvage(salvage))).map_err(os_err)?;
     json(py, &i)
 }
 
@@ -77,7 +75,7 @@ pub(super) fn hot(
 ) -> PyResult<(Py<PyAny>, String, Vec<String>)> {
     let (report, warnings) = py
         .detach(|| {
-            let a = ocular_analyze::analysis::analyze(&path, ReadOptions { salvage, ..Default::default() })?;
+            let a = ocular_analyze::analysis::analyze(&path, ReadOptions::with_salvage(salvage))?;
             Ok::<_, ocular_format::Error>((ocular_analyze::hot::report(&a, top), a.warnings))
         })
         .map_err(os_err)?;
@@ -90,7 +88,7 @@ pub(super) fn hot(
 pub(super) fn stats(py: Python<'_>, path: PathBuf, per_thread: bool, salvage: bool) -> PyResult<Py<PyAny>> {
     let rows = py
         .detach(|| {
-            let a = ocular_analyze::analysis::analyze(&path, ReadOptions { salvage, ..Default::default() })?;
+            let a = ocular_analyze::analysis::analyze(&path, ReadOptions::with_salvage(salvage))?;
             Ok::<_, ocular_format::Error>(ocular_analyze::stats::rows(
                 &a,
                 per_thread,
@@ -208,13 +206,7 @@ pub(super) fn table(py: Python<'_>, path: PathBuf, name: &str, salvage: bool) ->
     let (sink, summary) = py
         .detach(|| {
             let mut sink = ArrowSink::default();
-            let s = build_tables(
-                &path,
-                ReadOptions { salvage, ..Default::default() },
-                &[which],
-                DEFAULT_BATCH_ROWS,
-                &mut sink,
-            )?;
+            let s = build_tables(&path, ReadOptions::with_salvage(salvage), &[which], DEFAULT_BATCH_ROWS, &mut sink)?;
             Ok::<_, anyhow::Error>((sink, s))
         })
         .map_err(|e| os_err(format!("{e:#}")))?;

@@ -14,7 +14,7 @@ use pyo3::types::{PyDict, PyList};
 #[pyo3(signature = (path, salvage=false))]
 pub(super) fn read<'py>(py: Python<'py>, path: std::path::PathBuf, salvage: bool) -> PyResult<Bound<'py, PyDict>> {
     let err = |e: ocular_format::Error| PyOSError::new_err(e.to_string());
-    let mut r = Reader::open_with(&path, ReadOptions { salvage, ..Default::default() }).map_err(err)?;
+    let mut r = Reader::open_with(&path, ReadOptions::with_salvage(salvage)).map_err(err)?;
     let out = PyDict::new(py);
     let h = r.header();
     let header = PyDict::new(py);
