@@ -172,18 +172,17 @@ fn run(cli: Cli) -> anyhow::Result<()> {
                 (other, _) => anyhow::bail!("unknown --format {other:?}: use json or pftrace"),
             };
             let out_path = output.unwrap_or_else(|| file.with_extension(fmt));
-            let mut w = create(&out_path)?;
             let opts = ReadOptions::with_salvage(salvage);
-            let (written, read, warnings) = if fmt == "pftrace" {
-                let ((p, r), w) = crate::export::pftrace::export(&file, opts, &mut w)
-                    .with_context(|| format!("cannot export {}", file.display()))?;
-                (p, r, w)
-            } else {
-                let (c, w) = crate::export::chrome::export(&file, opts, &mut w)
-                    .with_context(|| format!("cannot export {}", file.display()))?;
-                (c.events, c.read, w)
-            };
-            w.flush()?;
+            let (written, read, warnings) = write_output(&out_path, |w| {
+                Ok(if fmt == "pftrace" {
+                    let ((p, r), w) = crate::export::pftrace::export(&file, opts, w)?;
+                    (p, r, w)
+                } else {
+                    let (c, w) = crate::export::chrome::export(&file, opts, w)?;
+                    (c.events, c.read, w)
+                })
+            })
+            .with_context(|| format!("cannot export {}", file.display()))?;
             warn(&warnings);
             eprintln!(
                 "wrote {}: {written} {} from {read} recorded events",
@@ -204,10 +203,8 @@ fn run(cli: Cli) -> anyhow::Result<()> {
                 return Ok(());
             }
             let out_path = output.unwrap_or_else(|| file.with_extension("svg"));
-            let mut w = create(&out_path)?;
             let title = format!("{} (exclusive time)", file.display());
-            let warnings = crate::export::flame::svg(&file, opts, &title, &mut w)?;
-            w.flush()?;
+            let warnings = write_output(&out_path, |w| crate::export::flame::svg(&file, opts, &title, w))?;
             warn(&warnings);
             eprintln!("wrote {}", out_path.display());
         }
@@ -246,9 +243,23 @@ fn print_report<T: serde::Serialize>(
 }
 
 /// An output file, buffered, with its path in the error.
-fn create(path: &std::path::Path) -> anyhow::Result<std::io::BufWriter<std::fs::File>> {
+/// Writes the output file `path` with `write`; if that fails, removes the file, so that a failed export
+/// leaves nothing that looks whole.
+fn write_output<T>(
+    path: &std::path::Path,
+    write: impl FnOnce(&mut std::io::BufWriter<std::fs::File>) -> anyhow::Result<T>,
+) -> anyhow::Result<T> {
     let f = std::fs::File::create(path).with_context(|| format!("cannot create {}", path.display()))?;
-    Ok(std::io::BufWriter::with_capacity(1 << 20, f))
+    let mut w = std::io::BufWriter::with_capacity(1 << 20, f);
+    let result = write(&mut w).and_then(|v| {
+        w.flush().with_context(|| format!("cannot write {}", path.display()))?;
+        Ok(v)
+    });
+    if result.is_err() {
+        drop(w);
+        let _ = std::fs::remove_file(path);
+    }
+    result
 }
 
 #[cfg(feature = "parquet")]

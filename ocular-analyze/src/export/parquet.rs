@@ -27,7 +27,7 @@ use rustc_hash::FxHashMap as HashMap;
 use std::fs::File;
 use std::io::BufWriter;
 use std::path::{Path, PathBuf};
-use std::sync::atomic::{AtomicUsize, Ordering};
+use std::sync::atomic::{AtomicBool, AtomicUsize, Ordering};
 use std::sync::{Arc, Condvar, Mutex, PoisonError};
 
 /// Polars `Enum` types of the dictionaries seen, by dictionary: every batch of a column shares its
@@ -253,15 +253,34 @@ impl Job {
 struct ParquetWriters {
     dir: PathBuf,
     files: HashMap<Table, FileWriter<BufWriter<File>>>,
+    /// Every file created, to remove them all if the export fails.
+    created: Vec<PathBuf>,
 }
 
 impl ParquetWriters {
+    /// Writes every file's footer.
+    fn finish(&mut self) -> anyhow::Result<()> {
+        for (t, mut f) in std::mem::take(&mut self.files) {
+            f.end(None).with_context(|| format!("cannot finish {}.parquet", t.name()))?;
+        }
+        Ok(())
+    }
+
+    /// Closes and removes every file created: a failed export leaves no table that looks whole.
+    fn discard(&mut self) {
+        self.files.clear();
+        for path in self.created.drain(..) {
+            let _ = std::fs::remove_file(path);
+        }
+    }
+
     fn write(&mut self, job: &Job) -> anyhow::Result<()> {
         let file = match self.files.entry(job.table) {
             std::collections::hash_map::Entry::Occupied(o) => o.into_mut(),
             std::collections::hash_map::Entry::Vacant(v) => {
                 let path = self.dir.join(format!("{}.parquet", job.table.name()));
                 let f = File::create(&path).with_context(|| format!("cannot create {}", path.display()))?;
+                self.created.push(path);
                 let w = FileWriter::try_new(
                     BufWriter::with_capacity(1 << 20, f),
                     job.layout.schema.clone(),
@@ -336,26 +355,37 @@ impl Pipe {
     }
 }
 
-/// Exports `path` into `dir` (created if missing) as events.parquet, calls.parquet and code.parquet.
+/// Exports `path` into `dir` (created if missing) as events.parquet, calls.parquet and code.parquet. On an
+/// error, the files it created are removed (and `dir`, if it created that too).
 pub fn export(path: &Path, opts: ReadOptions, dir: &Path) -> anyhow::Result<Summary> {
+    let new_dir = !dir.exists();
     std::fs::create_dir_all(dir).with_context(|| format!("cannot create directory {}", dir.display()))?;
     let (tx, rx) = std::sync::mpsc::sync_channel::<Arc<Job>>(1);
-    let mut w = ParquetWriters { dir: dir.to_owned(), files: HashMap::default() };
+    let mut w = ParquetWriters { dir: dir.to_owned(), files: HashMap::default(), created: Vec::new() };
+    // Set by the reading side when the tables could not be built, before it closes the channel.
+    let failed = Arc::new(AtomicBool::new(false));
+    let build_failed = failed.clone();
     let writer = std::thread::Builder::new().name("parquet-writer".into()).spawn(move || -> anyhow::Result<()> {
-        for job in rx {
-            w.write(&job)?;
+        let mut written = rx.iter().try_for_each(|job| w.write(&job));
+        if written.is_ok() && !build_failed.load(Ordering::Acquire) {
+            written = w.finish();
         }
-        for (t, mut f) in w.files {
-            f.end(None).with_context(|| format!("cannot finish {}.parquet", t.name()))?;
+        if written.is_err() || build_failed.load(Ordering::Acquire) {
+            w.discard();
         }
-        Ok(())
+        written
     })?;
     let mut pipe = Pipe { tx, layouts: HashMap::default(), last: None, enums: Enums::default() };
     let built =
         table::build(path, opts, &[Table::Code, Table::Calls, Table::Events], table::DEFAULT_BATCH_ROWS, &mut pipe);
     pipe.help();
+    failed.store(built.is_err(), Ordering::Release);
     drop(pipe);
     let written = writer.join().map_err(|_| anyhow::anyhow!("the Parquet writer panicked"))?;
+    if new_dir && (written.is_err() || built.is_err()) {
+        // Only if empty: the files were removed, and nothing else was there before.
+        let _ = std::fs::remove_dir(dir);
+    }
     // The writer's error explains a build that stopped because the writer did.
     written?;
     built

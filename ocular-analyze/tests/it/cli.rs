@@ -91,6 +91,68 @@ fn a_corrupt_file_names_the_offset_and_salvage_skips_it() {
     std::fs::remove_dir_all(&dir).unwrap();
 }
 
+/// A copy of the synthetic fixture in a fresh directory named after `test`, whose first EVENTS chunk has
+/// a damaged payload under a recomputed CRC: only decoding finds it, so exports fail after they have started
+/// writing. Returns the directory and the file.
+fn undecodable_events(test: &str) -> (std::path::PathBuf, std::path::PathBuf) {
+    let mut bytes = std::fs::read(testdata("v1.0/synthetic.ocl")).unwrap();
+    let at = 1237; // the first EVENTS chunk
+    assert_eq!(&bytes[at..at + 6], b"OCCH\x02\x00");
+    let len = u32::from_le_bytes(bytes[at + 8..at + 12].try_into().unwrap()) as usize;
+    bytes[at + 56..at + 56 + len].fill(0x41);
+    let mut crc = crc32fast::Hasher::new();
+    crc.update(&bytes[at..at + 52]);
+    crc.update(&bytes[at + 56..at + 56 + len]);
+    bytes[at + 52..at + 56].copy_from_slice(&crc.finalize().to_le_bytes());
+    let dir = std::env::temp_dir().join(format!("ocular-cli-{test}-{}", std::process::id()));
+    std::fs::create_dir_all(&dir).unwrap();
+    let bad = dir.join("bad.ocl");
+    std::fs::write(&bad, &bytes).unwrap();
+    (dir, bad)
+}
+
+const UNDECODABLE: &str = "bad.ocl: corrupt chunk at offset 1237: zstd payload does not decompress";
+
+#[test]
+fn a_failed_export_leaves_no_file() {
+    let (dir, bad) = undecodable_events("export");
+    for (cmd, name) in [
+        (&["export", "--perfetto"][..], "out.json"),
+        (&["export", "--perfetto"], "out.pftrace"),
+        (&["flamegraph"], "out.svg"),
+    ] {
+        let out_path = dir.join(name);
+        let out = run(&[cmd, &["-o", out_path.to_str().unwrap(), bad.to_str().unwrap()]].concat());
+        assert_eq!(out.status.code(), Some(2), "{name}");
+        assert!(text(&out.stderr).contains(UNDECODABLE), "{name}: {}", text(&out.stderr));
+        assert!(!out_path.exists(), "a failed {cmd:?} left {name}");
+    }
+    std::fs::remove_dir_all(&dir).unwrap();
+}
+
+#[cfg(feature = "parquet")]
+#[test]
+fn a_failed_parquet_export_leaves_no_files() {
+    let (dir, bad) = undecodable_events("parquet");
+    let out_dir = dir.join("bad.parquet");
+    let out = run(&["export", "--parquet", "-o", out_dir.to_str().unwrap(), bad.to_str().unwrap()]);
+    assert_eq!(out.status.code(), Some(2));
+    assert!(text(&out.stderr).contains(UNDECODABLE), "{}", text(&out.stderr));
+    assert!(!out_dir.exists(), "a failed export left {:?}", std::fs::read_dir(&out_dir).map(|d| d.count()));
+    // Into a directory that was there before: it stays, without the tables.
+    std::fs::create_dir_all(&out_dir).unwrap();
+    let out = run(&["export", "--parquet", "-o", out_dir.to_str().unwrap(), bad.to_str().unwrap()]);
+    assert_eq!(out.status.code(), Some(2));
+    assert_eq!(std::fs::read_dir(&out_dir).unwrap().count(), 0);
+    // The same file exports with --salvage, without the damaged chunk.
+    let out = run(&["export", "--parquet", "--salvage", "-o", out_dir.to_str().unwrap(), bad.to_str().unwrap()]);
+    assert!(out.status.success(), "{}", text(&out.stderr));
+    for t in ["events", "calls", "code"] {
+        assert!(out_dir.join(format!("{t}.parquet")).exists(), "{t}");
+    }
+    std::fs::remove_dir_all(&dir).unwrap();
+}
+
 #[test]
 fn help_teaches_with_examples() {
     let out = run(&["info", "--help"]);
