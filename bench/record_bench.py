@@ -123,7 +123,8 @@ def main():
     ap.add_argument("--modes", default="calls,adaptive,precise")
     args = ap.parse_args()
     floor, noop = _ocular.bench_callbacks["floor"], _ocular.bench_callbacks["noop"]
-    path = os.path.join(tempfile.mkdtemp(), "bench.ocl")
+    tmp = tempfile.TemporaryDirectory(prefix="ocular-record-bench-")  # removed at exit
+    path = os.path.join(tmp.name, "bench.ocl")
     modes = args.modes.split(",")
     print(f"# Python {platform.python_version()}, {platform.machine()}, {os.cpu_count()} CPUs, "
           f"{args.repeats} repeats, configurations shuffled within each; ns/ev = best-of (time - untraced) / events; "

@@ -103,7 +103,8 @@ def main():
     args = ap.parse_args()
     if not os.path.exists(ANALYZE):
         raise SystemExit(f"build the analyzer first: cargo build --release -p ocular-analyze ({ANALYZE})")
-    path = os.path.join(tempfile.mkdtemp(), "truth.ocl")
+    tmp = tempfile.TemporaryDirectory(prefix="ocular-truth-bench-")  # removed at exit
+    path = os.path.join(tmp.name, "truth.ocl")
     print(f"# Python {platform.python_version()}; {args.repeats} repeats, each an untraced measurement (best of 3) "
           f"and a recording (adaptive mode, default threshold 500) side by side; medians over repeats")
     print()

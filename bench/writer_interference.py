@@ -9,6 +9,7 @@ median and quartiles of (config - untraced) / (floor - untraced) taken within ea
 
 import argparse
 import gc
+import os
 import random
 import sys
 import tempfile
@@ -65,10 +66,10 @@ def floor():
 
 def into_nothing():
     mon.use_tool_id(2, "ocular")
-    _ocular.start(None, {}, "adaptive", 0, [], [], 65536, 64, 0.0, _interp.describe, _interp.boot_thread_name,
+    _ocular.start(None, {}, "adaptive", 0, [], [], 65536, 64, 0.0, _interp.boot_thread_name,
                   _interp.boot_thread_name.__code__, threading.get_native_id(), "", [])
     try:
-        return with_callbacks(2, _callbacks(0))
+        return with_callbacks(2, _callbacks(0, "adaptive"))
     finally:
         _ocular.stop({})
         mon.free_tool_id(2)
@@ -86,7 +87,8 @@ def main():
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--repeats", type=int, default=41)
     args = ap.parse_args()
-    path = tempfile.mkdtemp() + "/w.ocl"
+    tmp = tempfile.TemporaryDirectory(prefix="ocular-writer-bench-")  # removed at exit
+    path = os.path.join(tmp.name, "w.ocl")
     loop(1000)
     configs = {"floor": floor, "Ocular into nothing": into_nothing, "Ocular into a file": lambda: into_file(path)}
     ratios = {k: [] for k in configs if k != "floor"}

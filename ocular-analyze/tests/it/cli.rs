@@ -57,9 +57,8 @@ fn a_foreign_file_is_refused_by_name() {
 #[test]
 fn a_truncated_file_is_read_up_to_its_last_whole_chunk_with_a_warning() {
     let bytes = std::fs::read(testdata("v1.0/synthetic.ocl")).unwrap();
-    let dir = std::env::temp_dir().join(format!("ocular-cli-{}", std::process::id()));
-    std::fs::create_dir_all(&dir).unwrap();
-    let cut = dir.join("cut.ocl");
+    let dir = tempfile::tempdir().unwrap();
+    let cut = dir.path().join("cut.ocl");
     std::fs::write(&cut, &bytes[..1300]).unwrap();
     let out = run(&["info", "--json", cut.to_str().unwrap()]);
     assert!(out.status.success());
@@ -69,16 +68,14 @@ fn a_truncated_file_is_read_up_to_its_last_whole_chunk_with_a_warning() {
     let err = text(&out.stderr);
     assert!(err.contains("cut.ocl: incomplete chunk at offset 1237 (63 bytes) ignored"), "{err}");
     assert!(err.contains("no trailer: the recording did not close cleanly"), "{err}");
-    std::fs::remove_dir_all(&dir).unwrap();
 }
 
 #[test]
 fn a_corrupt_file_names_the_offset_and_salvage_skips_it() {
     let mut bytes = std::fs::read(testdata("v1.0/synthetic.ocl")).unwrap();
     bytes[1237 + 70] ^= 0xff; // inside the first EVENTS chunk's payload
-    let dir = std::env::temp_dir().join(format!("ocular-cli-corrupt-{}", std::process::id()));
-    std::fs::create_dir_all(&dir).unwrap();
-    let bad = dir.join("bad.ocl");
+    let dir = tempfile::tempdir().unwrap();
+    let bad = dir.path().join("bad.ocl");
     std::fs::write(&bad, &bytes).unwrap();
     let out = run(&["info", bad.to_str().unwrap()]);
     assert_eq!(out.status.code(), Some(2));
@@ -88,13 +85,12 @@ fn a_corrupt_file_names_the_offset_and_salvage_skips_it() {
     let v: serde_json::Value = serde_json::from_slice(&out.stdout).unwrap();
     assert_eq!(v["events"], 83 - 43);
     assert!(text(&out.stderr).contains("skipped"), "{}", text(&out.stderr));
-    std::fs::remove_dir_all(&dir).unwrap();
 }
 
-/// A copy of the synthetic fixture in a fresh directory named after `test`, whose first EVENTS chunk has
+/// A copy of the synthetic fixture in a fresh directory (removed when dropped), whose first EVENTS chunk has
 /// a damaged payload under a recomputed CRC: only decoding finds it, so exports fail after they have started
 /// writing. Returns the directory and the file.
-fn undecodable_events(test: &str) -> (std::path::PathBuf, std::path::PathBuf) {
+fn undecodable_events() -> (tempfile::TempDir, std::path::PathBuf) {
     let mut bytes = std::fs::read(testdata("v1.0/synthetic.ocl")).unwrap();
     let at = 1237; // the first EVENTS chunk
     assert_eq!(&bytes[at..at + 6], b"OCCH\x02\x00");
@@ -104,9 +100,8 @@ fn undecodable_events(test: &str) -> (std::path::PathBuf, std::path::PathBuf) {
     crc.update(&bytes[at..at + 52]);
     crc.update(&bytes[at + 56..at + 56 + len]);
     bytes[at + 52..at + 56].copy_from_slice(&crc.finalize().to_le_bytes());
-    let dir = std::env::temp_dir().join(format!("ocular-cli-{test}-{}", std::process::id()));
-    std::fs::create_dir_all(&dir).unwrap();
-    let bad = dir.join("bad.ocl");
+    let dir = tempfile::tempdir().unwrap();
+    let bad = dir.path().join("bad.ocl");
     std::fs::write(&bad, &bytes).unwrap();
     (dir, bad)
 }
@@ -115,26 +110,25 @@ const UNDECODABLE: &str = "bad.ocl: corrupt chunk at offset 1237: zstd payload d
 
 #[test]
 fn a_failed_export_leaves_no_file() {
-    let (dir, bad) = undecodable_events("export");
+    let (dir, bad) = undecodable_events();
     for (cmd, name) in [
         (&["export", "--perfetto"][..], "out.json"),
         (&["export", "--perfetto"], "out.pftrace"),
         (&["flamegraph"], "out.svg"),
     ] {
-        let out_path = dir.join(name);
+        let out_path = dir.path().join(name);
         let out = run(&[cmd, &["-o", out_path.to_str().unwrap(), bad.to_str().unwrap()]].concat());
         assert_eq!(out.status.code(), Some(2), "{name}");
         assert!(text(&out.stderr).contains(UNDECODABLE), "{name}: {}", text(&out.stderr));
         assert!(!out_path.exists(), "a failed {cmd:?} left {name}");
     }
-    std::fs::remove_dir_all(&dir).unwrap();
 }
 
 #[cfg(feature = "parquet")]
 #[test]
 fn a_failed_parquet_export_leaves_no_files() {
-    let (dir, bad) = undecodable_events("parquet");
-    let out_dir = dir.join("bad.parquet");
+    let (dir, bad) = undecodable_events();
+    let out_dir = dir.path().join("bad.parquet");
     let out = run(&["export", "--parquet", "-o", out_dir.to_str().unwrap(), bad.to_str().unwrap()]);
     assert_eq!(out.status.code(), Some(2));
     assert!(text(&out.stderr).contains(UNDECODABLE), "{}", text(&out.stderr));
@@ -150,7 +144,6 @@ fn a_failed_parquet_export_leaves_no_files() {
     for t in ["events", "calls", "code"] {
         assert!(out_dir.join(format!("{t}.parquet")).exists(), "{t}");
     }
-    std::fs::remove_dir_all(&dir).unwrap();
 }
 
 #[test]

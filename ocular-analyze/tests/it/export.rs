@@ -75,15 +75,14 @@ fn two_threads_keep_their_ids_and_names() {
 
 #[test]
 fn the_cli_writes_beside_the_input_picks_pftrace_by_extension_and_refuses_unknown_formats() {
-    let dir = std::env::temp_dir().join(format!("ocular-export-{}", std::process::id()));
-    std::fs::create_dir_all(&dir).unwrap();
-    let input = dir.join("run.ocl");
+    let dir = tempfile::tempdir().unwrap();
+    let input = dir.path().join("run.ocl");
     std::fs::copy(testdata("v1.0/synthetic.ocl"), &input).unwrap();
     let bin = env!("CARGO_BIN_EXE_ocular-analyze");
     let out = std::process::Command::new(bin).args(["export", "--perfetto", input.to_str().unwrap()]).output().unwrap();
     assert!(out.status.success(), "{}", String::from_utf8_lossy(&out.stderr));
-    assert!(dir.join("run.json").exists());
-    let pf = dir.join("x.pftrace");
+    assert!(dir.path().join("run.json").exists());
+    let pf = dir.path().join("x.pftrace");
     let out = std::process::Command::new(bin)
         .args(["export", "--perfetto", "-o", pf.to_str().unwrap(), input.to_str().unwrap()])
         .output()
@@ -97,7 +96,6 @@ fn the_cli_writes_beside_the_input_picks_pftrace_by_extension_and_refuses_unknow
         .unwrap();
     assert_eq!(out.status.code(), Some(2));
     assert!(String::from_utf8_lossy(&out.stderr).contains("unknown --format \"svg\": use json or pftrace"));
-    std::fs::remove_dir_all(&dir).unwrap();
 }
 
 #[test]
@@ -189,20 +187,14 @@ fn tables_have_a_row_per_event_and_per_call_in_batches_of_any_size() {
 fn tables_of_a_truncated_file_stop_at_the_last_whole_chunk_with_a_warning() {
     use ocular_analyze::table::{build, Table};
     let bytes = std::fs::read(testdata("v1.0/loops-adaptive.ocl")).unwrap();
-    let dir = tempfile_dir();
-    let cut = dir.join("cut.ocl");
+    let dir = tempfile::tempdir().unwrap();
+    let cut = dir.path().join("cut.ocl");
     // Inside the trailer: every event chunk is whole.
     std::fs::write(&cut, &bytes[..bytes.len() - 10]).unwrap();
     let mut sink = Collect::default();
     let s = build(&cut, Default::default(), &[Table::Events], 1 << 20, &mut sink).unwrap();
     assert_eq!(s.rows["events"], 4241);
     assert!(s.warnings.iter().any(|w| w.contains("incomplete chunk")), "{:?}", s.warnings);
-}
-
-fn tempfile_dir() -> std::path::PathBuf {
-    let d = std::env::temp_dir().join(format!("ocular-table-{}", std::process::id()));
-    std::fs::create_dir_all(&d).unwrap();
-    d
 }
 
 #[test]
@@ -216,7 +208,8 @@ fn event_column_names_every_kind_in_kind_order_and_leaves_the_unknown_null() {
         RawEvent::new(300, 1, 40, 0, EventKind::INSTRUCTION as u8),
         RawEvent::new(400, 1, 4, 0, EventKind::PY_RETURN as u8),
     ];
-    let path = tempfile_dir().join("kinds.ocl");
+    let dir = tempfile::tempdir().unwrap();
+    let path = dir.path().join("kinds.ocl");
     crate::synthetic_trace(&path, &testing::header(), vec![151, 0, 1, 0, 83, 0], 2, &evs);
 
     let mut sink = Collect::default();

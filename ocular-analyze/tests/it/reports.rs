@@ -87,7 +87,7 @@ fn hot_json_has_the_promised_fields() {
 /// A synthetic trace of one frame running a loop (FOR_ITER at 2, body, JUMP_BACKWARD at 8 -> 2): the first
 /// iterations carry a BRANCH each and take `slow` ticks, the later ones only their backward jump and take
 /// `fast` ticks, as when the threshold has switched the loop's branch off and kept its backward jump.
-fn quiet_trace(slow_iterations: u64, fast_iterations: u64) -> std::path::PathBuf {
+fn quiet_trace(slow_iterations: u64, fast_iterations: u64) -> (tempfile::TempDir, std::path::PathBuf) {
     use ocular_format::{testing, EventKind, RawEvent};
     let mut header = testing::header();
     header.event_cost_ticks = 0.0;
@@ -106,24 +106,24 @@ fn quiet_trace(slow_iterations: u64, fast_iterations: u64) -> std::path::PathBuf
     evs.push(RawEvent::new(t + 50, 1, 12, 0, EventKind::PY_RETURN as u8));
     // RESUME, FOR_ITER (+1 cache), POP_TOP, JUMP_BACKWARD, POP_TOP, RETURN_VALUE
     let bytecode = vec![151, 0, 93, 4, 0, 0, 1, 0, 140, 3, 1, 0, 83, 0];
-    let dir =
-        std::env::temp_dir().join(format!("ocular-quiet-{}-{slow_iterations}-{fast_iterations}", std::process::id()));
-    std::fs::create_dir_all(&dir).unwrap();
-    let path = dir.join("quiet.ocl");
+    let dir = tempfile::tempdir().unwrap();
+    let path = dir.path().join("quiet.ocl");
     crate::synthetic_trace(&path, &header, bytecode, 3, &evs);
-    path
+    (dir, path)
 }
 
 #[test]
 fn hot_times_a_loop_by_its_quiet_iterations_when_it_has_enough() {
-    let a = analyze(&quiet_trace(20, 40), Default::default()).unwrap();
+    let (_dir, path) = quiet_trace(20, 40);
+    let a = analyze(&path, Default::default()).unwrap();
     let r = hot::report(&a, 5);
     let l = &r.loops[0];
     assert_eq!((l.iterations, l.quiet_iterations, l.timing.as_str()), (60, 40, "quiet"));
     assert_eq!(l.ticks_per_iteration, 300.0);
     assert!(format!("{r}").contains("(300 ticks, from 40 quiet iterations)"), "{r}");
     // Too few quiet ones: the instrumented iterations are averaged, and the report says which.
-    let a = analyze(&quiet_trace(20, 5), Default::default()).unwrap();
+    let (_dir, path) = quiet_trace(20, 5);
+    let a = analyze(&path, Default::default()).unwrap();
     let l = &hot::report(&a, 5).loops[0];
     assert_eq!((l.quiet_iterations, l.timing.as_str()), (5, "instrumented"));
     assert_eq!(l.ticks_per_iteration, (19.0 * 900.0 + 5.0 * 300.0) / 24.0);

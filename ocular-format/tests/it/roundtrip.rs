@@ -71,9 +71,8 @@ fn a_growing_file_is_followed_chunk_by_chunk() {
     let bounds = chunk_bounds(&bytes);
     // Cut in the middle of the third EVENTS chunk (chunk index 5).
     let cut = bounds[5].0 + 30;
-    let dir = std::env::temp_dir().join(format!("ocular-follow-{}", std::process::id()));
-    std::fs::create_dir_all(&dir).unwrap();
-    let path = dir.join("growing.ocl");
+    let dir = tempfile::tempdir().unwrap();
+    let path = dir.path().join("growing.ocl");
     std::fs::write(&path, &bytes[..cut]).unwrap();
 
     let mut r = Reader::open(&path).unwrap();
@@ -96,7 +95,6 @@ fn a_growing_file_is_followed_chunk_by_chunk() {
     }
     assert_eq!(n, sent.iter().map(|(_, e)| e.len()).sum::<usize>());
     assert!(r.report().clean(), "{:?}", r.report());
-    std::fs::remove_dir_all(&dir).unwrap();
 }
 
 #[test]

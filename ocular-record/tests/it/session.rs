@@ -7,10 +7,11 @@ fn ev(t: u64, off: u32) -> RawEvent {
     RawEvent::new(t, 1, off, off + 2, EventKind::JUMP as u8)
 }
 
-fn tmp(name: &str) -> std::path::PathBuf {
-    let dir = std::env::temp_dir().join(format!("ocular-record-{}-{name}", std::process::id()));
-    std::fs::create_dir_all(&dir).unwrap();
-    dir.join("run.ocl")
+/// A fresh directory (removed when dropped) and the recording's path in it.
+fn tmp() -> (tempfile::TempDir, std::path::PathBuf) {
+    let dir = tempfile::tempdir().unwrap();
+    let path = dir.path().join("run.ocl");
+    (dir, path)
 }
 
 /// A sink that keeps what it is given, and hands out buffers only while `available` allows.
@@ -110,7 +111,7 @@ fn rewind_and_discard_keep_nothing() {
 
 #[test]
 fn a_session_writes_every_thread_in_order_and_closes_cleanly() {
-    let path = tmp("threads");
+    let (_dir, path) = tmp();
     let header = ocular_format::testing::header();
     let session = Session::start(&path, &header, Config { buffer_events: 100, max_buffers: 64 }).unwrap();
     session.thread(ThreadInfo { thread_id: 1, name: "MainThread".into(), is_main: true });
@@ -164,7 +165,7 @@ fn a_full_disk_fails_at_start() {
 
 #[test]
 fn the_writer_thread_is_named() {
-    let path = tmp("named");
+    let (_dir, path) = tmp();
     let session = Session::start(&path, &ocular_format::testing::header(), Config::default()).unwrap();
     // The new thread names itself when it starts running: poll for up to a second.
     let mut names = Vec::new();
