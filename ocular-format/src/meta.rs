@@ -148,8 +148,24 @@ pub(crate) struct CodeRecord<'a, L> {
     pub filename: Cow<'a, str>,
     pub first_line: u32,
     pub flags: u32,
+    #[serde(with = "cow_bytes")]
     pub bytecode: Cow<'a, [u8]>,
     pub lines: L,
+}
+
+/// A `Cow<[u8]>` field as a byte string: the same bytes on the wire as serde's default sequence of `u8`
+/// in postcard (a varint length, then the bytes), written and read in one piece instead of byte by byte.
+mod cow_bytes {
+    use serde::{Deserialize, Deserializer, Serializer};
+    use std::borrow::Cow;
+
+    pub fn serialize<S: Serializer>(v: &Cow<'_, [u8]>, s: S) -> Result<S::Ok, S::Error> {
+        s.serialize_bytes(v)
+    }
+
+    pub fn deserialize<'de, 'a, D: Deserializer<'de>>(d: D) -> Result<Cow<'a, [u8]>, D::Error> {
+        serde_bytes::ByteBuf::deserialize(d).map(|b| Cow::Owned(b.into_vec()))
+    }
 }
 
 impl<L> CodeRecord<'_, L> {
@@ -213,6 +229,7 @@ pub struct CodeSnapshot {
     /// Code id.
     pub id: u32,
     /// `_co_code_adaptive` at stop, as it was (the reader undoes format 2.0's XOR with the base bytecode).
+    #[serde(with = "serde_bytes")]
     pub bytecode: Vec<u8>,
 }
 

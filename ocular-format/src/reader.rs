@@ -617,11 +617,12 @@ impl<R: Read + Seek> Reader<R> {
                 })
                 .collect());
         }
-        let v2: Vec<CodeRecord<Vec<u8>>> = self.decode_framed(info)?;
+        let v2: Vec<CodeRecord<serde_bytes::ByteBuf>> = self.decode_framed(info)?;
         let out: Vec<CodeObject> = v2
             .into_iter()
             .map(|c| {
                 let (mut code, linetable) = c.split();
+                let linetable = linetable.into_vec();
                 code.positions = crate::linetable::decode(&linetable, code.first_line, code.bytecode.len() / 2);
                 code.linetable = linetable;
                 code

@@ -158,6 +158,11 @@ impl<W: Write> Writer<W> {
     pub fn add_code_objects(&mut self, objects: &[CodeObject]) -> Result<()> {
         let mut one = Vec::new();
         for c in objects {
+            let lines: Cow<'_, [u8]> = if c.linetable.is_empty() && !c.positions.is_empty() {
+                Cow::Owned(crate::linetable::encode(&c.positions, c.first_line))
+            } else {
+                Cow::Borrowed(c.linetable.as_slice())
+            };
             let record = CodeRecord {
                 id: c.id,
                 name: Cow::Borrowed(&c.name),
@@ -166,11 +171,7 @@ impl<W: Write> Writer<W> {
                 first_line: c.first_line,
                 flags: c.flags,
                 bytecode: Cow::Borrowed(c.bytecode.as_slice()),
-                lines: if c.linetable.is_empty() && !c.positions.is_empty() {
-                    Cow::Owned(crate::linetable::encode(&c.positions, c.first_line))
-                } else {
-                    Cow::Borrowed(c.linetable.as_slice())
-                },
+                lines: serde_bytes::Bytes::new(&lines),
             };
             let start = self.code.raw.len();
             push_framed(&record, &mut one, &mut self.code.raw, "code object")?;
