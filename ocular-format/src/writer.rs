@@ -386,7 +386,7 @@ enum Zstd {
 fn push_framed<T: Serialize>(item: &T, one: &mut Vec<u8>, out: &mut Vec<u8>, what: &'static str) -> Result<()> {
     one.clear();
     postcard::to_io(item, &mut *one).map_err(|source| Error::Encode { what, source })?;
-    postcard::to_io(one.as_slice(), out).map_err(|source| Error::Encode { what, source })?;
+    postcard::to_io(serde_bytes::Bytes::new(one), out).map_err(|source| Error::Encode { what, source })?;
     Ok(())
 }
 
