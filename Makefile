@@ -82,7 +82,7 @@ bench-truth: check-python ## hot's ns/iteration next to the untraced time per it
 bench-record: check-python ## recorder overhead: ns/event per mode vs the native floor, no-op callbacks, cProfile
 	@venv=$$(scripts/venv.sh $(firstword $(PYTHONS)) | tail -n 1); $$venv/bin/python bench/record_bench.py
 
-bench-startup: check-python ## fixed cost per run: an empty script plainly, under Ocular, under trace0 (with bench-peers' venv)
+bench-startup: check-python ## fixed cost per run (an empty script: plainly, Ocular, trace0), and the phases of recording pyperf's start-up (with bench-peers' venv)
 	@venv=$$(ls -d $(CURDIR)/.venv/peers-* 2>/dev/null | tail -n 1); \
 	    if [ -z "$$venv" ]; then venv=$$(scripts/venv.sh $(firstword $(PYTHONS)) | tail -n 1); fi; \
 	    $$venv/bin/python bench/startup_bench.py
