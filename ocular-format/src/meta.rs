@@ -159,7 +159,7 @@ mod cow_bytes {
     use serde::{Deserialize, Deserializer, Serializer};
     use std::borrow::Cow;
 
-    pub fn serialize<S: Serializer>(v: &Cow<'_, [u8]>, s: S) -> Result<S::Ok, S::Error> {
+    pub fn serialize<S: Serializer>(v: &[u8], s: S) -> Result<S::Ok, S::Error> {
         s.serialize_bytes(v)
     }
 

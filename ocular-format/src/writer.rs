@@ -312,8 +312,7 @@ impl<W: Write> Writer<W> {
             // Two contexts: switching one context's level would reset its tables at every switch.
             let z = if how == Zstd::Snapshots {
                 if self.snapshot_zstd.is_none() {
-                    let z =
-                        zstd::bulk::Compressor::new(self.opts.snapshot_level).map_err(|e| io_err(&self.path, e))?;
+                    let z = zstd::bulk::Compressor::new(self.opts.snapshot_level).map_err(|e| io_err(&self.path, e))?;
                     self.snapshot_zstd = Some(z);
                 }
                 self.snapshot_zstd.as_mut().expect("set above")
