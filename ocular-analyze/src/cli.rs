@@ -242,7 +242,6 @@ fn print_report<T: serde::Serialize>(
     Ok(())
 }
 
-/// An output file, buffered, with its path in the error.
 /// Writes the output file `path` with `write`; if that fails, removes the file, so that a failed export
 /// leaves nothing that looks whole.
 fn write_output<T>(

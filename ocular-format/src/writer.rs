@@ -73,12 +73,12 @@ pub struct Writer<W: Write> {
     code: PendingCode,
 }
 
-/// Code objects added but not yet written: their framed records, and those records compressed as they
-/// came (one zstd frame, finished when the chunk is written).
+/// Code objects added but not yet written. Their framed records build up in the writer's own `raw`, and
+/// those records compressed as they came (one zstd frame, finished when the chunk is written) in
+/// `stored`: every other chunk is written only after [`Writer::flush_code`], so nothing else uses the
+/// two buffers while code objects are pending.
 #[derive(Default)]
 struct PendingCode {
-    raw: Vec<u8>,
-    stored: Vec<u8>,
     count: u32,
     zstd: Option<StreamEncoder<'static>>,
 }
@@ -180,8 +180,12 @@ impl<W: Write> Writer<W> {
                 bytecode: Cow::Borrowed(c.bytecode.as_slice()),
                 lines: serde_bytes::Bytes::new(&lines),
             };
-            let start = self.code.raw.len();
-            push_framed(&record, &mut one, &mut self.code.raw, "code object")?;
+            if self.code.count == 0 {
+                self.raw.clear();
+                self.stored.clear();
+            }
+            let start = self.raw.len();
+            push_framed(&record, &mut one, &mut self.raw, "code object")?;
             if self.opts.compress {
                 let level = self.opts.meta_level;
                 let code = &mut self.code;
@@ -189,8 +193,8 @@ impl<W: Write> Writer<W> {
                     Some(z) => z,
                     None => code.zstd.insert(StreamEncoder::new(level).map_err(|e| io_err(&self.path, e))?),
                 };
-                let mut input = InBuffer::around(&code.raw[start..]);
-                stream_into(&mut code.stored, |out| {
+                let mut input = InBuffer::around(&self.raw[start..]);
+                stream_into(&mut self.stored, |out| {
                     z.run(&mut input, out)?;
                     Ok(input.pos() == input.src.len())
                 })
@@ -203,7 +207,7 @@ impl<W: Write> Writer<W> {
             }
         }
         if let Some(z) = self.code.zstd.as_mut().filter(|_| self.code.count > 0) {
-            stream_into(&mut self.code.stored, |out| Ok(z.flush(out)? == 0)).map_err(|e| io_err(&self.path, e))?;
+            stream_into(&mut self.stored, |out| Ok(z.flush(out)? == 0)).map_err(|e| io_err(&self.path, e))?;
         }
         Ok(())
     }
@@ -215,39 +219,34 @@ impl<W: Write> Writer<W> {
         }
         let mut compressed = false;
         if let Some(z) = self.code.zstd.as_mut() {
-            stream_into(&mut self.code.stored, |out| Ok(z.finish(out, true)? == 0))
-                .map_err(|e| io_err(&self.path, e))?;
+            stream_into(&mut self.stored, |out| Ok(z.finish(out, true)? == 0)).map_err(|e| io_err(&self.path, e))?;
             z.reinit().map_err(|e| io_err(&self.path, e))?;
             // A small payload can grow by zstd's frame header: then it is stored as it is.
-            compressed = self.code.stored.len() < self.code.raw.len();
+            compressed = self.stored.len() < self.raw.len();
         }
-        std::mem::swap(&mut self.raw, &mut self.code.raw);
-        std::mem::swap(&mut self.stored, &mut self.code.stored);
         let count = std::mem::take(&mut self.code.count);
-        let written = self.write_chunk(Place::meta(kind::CODE, 0, count), compressed);
-        std::mem::swap(&mut self.raw, &mut self.code.raw);
-        std::mem::swap(&mut self.stored, &mut self.code.stored);
-        self.code.raw.clear();
-        self.code.stored.clear();
-        written
+        self.write_chunk(Place::meta(kind::CODE, 0, count), compressed)
     }
 
-    /// Writes specialized-bytecode snapshots as one SNAPSHOT chunk (FORMAT.md 6.4): the inline cache
+    /// Writes specialized-bytecode snapshots as SNAPSHOT chunks (FORMAT.md 6.4): the inline cache
     /// units cleared, then XORed with the code object's base bytecode, so only specialized opcodes (and
     /// changed arguments) are left, and they compress to little.
     pub fn snapshots(&mut self, snapshots: &[CodeSnapshot]) -> Result<()> {
-        let wire: Vec<CodeSnapshot> = snapshots
-            .iter()
-            .map(|s| {
+        self.flush_code()?;
+        let mut one = Vec::new();
+        for part in snapshots.chunks(crate::chunk::MAX_CHUNK_RECORDS as usize) {
+            self.raw.clear();
+            for s in part {
                 let base = self.bases.get(&s.id);
                 let mut bytecode = xor(&s.bytecode, base);
                 if let Some(base) = base {
                     clear_caches(&mut bytecode, base, &self.cache_entries);
                 }
-                CodeSnapshot { id: s.id, bytecode }
-            })
-            .collect();
-        self.framed(kind::SNAPSHOT, &wire, "code snapshot")
+                push_framed(&CodeSnapshot { id: s.id, bytecode }, &mut one, &mut self.raw, "code snapshot")?;
+            }
+            self.emit(Place::meta(kind::SNAPSHOT, 0, part.len() as u32), Zstd::Snapshots)?;
+        }
+        Ok(())
     }
 
     /// Writes the recorder's cost per event kind (before the first events).
@@ -294,19 +293,6 @@ impl<W: Write> Writer<W> {
         self.raw.clear();
         postcard::to_io(value, &mut self.raw).map_err(|source| Error::Encode { what, source })?;
         self.emit(place, Zstd::No)
-    }
-
-    fn framed<T: Serialize>(&mut self, kind: u16, items: &[T], what: &'static str) -> Result<()> {
-        self.flush_code()?;
-        for part in items.chunks(crate::chunk::MAX_CHUNK_RECORDS as usize) {
-            self.raw.clear();
-            let mut one = Vec::new();
-            for item in part {
-                push_framed(item, &mut one, &mut self.raw, what)?;
-            }
-            self.emit(Place::meta(kind, 0, part.len() as u32), Zstd::Snapshots)?;
-        }
-        Ok(())
     }
 
     /// Compresses `self.raw` if asked and allowed, and writes header + payload as one chunk.
@@ -469,7 +455,7 @@ mod tests {
             .collect();
         w.add_code_objects(&batch).unwrap();
         // Far below zstd's 128 KB block: without the flush, all of it would still wait in zstd's buffer.
-        let (raw, stored) = (w.code.raw.len(), w.code.stored.len());
+        let (raw, stored) = (w.raw.len(), w.stored.len());
         assert!(raw > 2_000 && raw < 128 << 10, "{raw}");
         assert!(stored > 100, "only {stored} compressed bytes out of {raw} after the batch");
     }

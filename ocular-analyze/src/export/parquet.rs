@@ -85,7 +85,7 @@ fn checked_codes<T: PolarsNumericType>(
         let c = c.wrapping_add(1);
         (lo.min(c), hi.max(c))
     });
-    let nulls = min == 0 && !codes.is_empty();
+    let nulls = min == 0;
     if max as usize > n {
         anyhow::bail!("column {name}: code {} outside its dictionary of {n}", max - 1);
     }
