@@ -59,6 +59,10 @@ enum Command {
     },
     /// Per-function statistics: calls, inclusive and exclusive time, mean time per call, file:line.
     ///
+    /// Threads merged, a function's times are summed over the threads that ran it, so they can exceed the
+    /// wall time: the report starts with the wall time (first to last event) and the number of threads,
+    /// and "incl %" is the inclusive time as a share of the wall time times the threads summed.
+    ///
     /// Example: ocular-analyze stats run.ocl --sort inclusive --top 20
     Stats {
         /// The .ocl file.
@@ -66,13 +70,16 @@ enum Command {
         /// Order of the rows.
         #[arg(long, value_enum, default_value_t = crate::stats::SortBy::Exclusive)]
         sort: crate::stats::SortBy,
-        /// How many rows to show.
+        /// How many functions to show, per thread with --per-thread (text and JSON).
         #[arg(long, default_value_t = 25)]
         top: usize,
-        /// One table per thread instead of merged.
+        /// One table per thread instead of merged: a heading with the thread's id and name, then its
+        /// functions, with shares of the wall time.
         #[arg(long)]
         per_thread: bool,
-        /// Print JSON instead of text.
+        /// Print JSON instead of text: an array of rows (thread_id, thread_name, function, file, line, calls,
+        /// inclusive_ms, exclusive_ms, mean_us, wall_ms, threads, wall_share = inclusive_ms / (wall_ms x
+        /// threads)).
         #[arg(long)]
         json: bool,
         /// Skip damaged chunks instead of stopping at the first one.
@@ -156,10 +163,12 @@ fn run(cli: Cli) -> anyhow::Result<()> {
             print_report(json, &report, |out| write!(out, "{report}"))?;
         }
         Command::Stats { file, sort, top, per_thread, json, salvage } => {
-            let a = crate::analysis::analyze(&file, ReadOptions::with_salvage(salvage))?;
+            let opts = ReadOptions::with_salvage(salvage);
+            let a = crate::analysis::analyze(&file, opts)?;
             warn(&a.warnings);
-            let rows = crate::stats::rows(&a, per_thread, sort);
-            print_report(json, &rows, |out| crate::stats::render(&a, &rows, top, out))?;
+            let span = crate::stats::span(&file, opts)?;
+            let report = crate::stats::report(&a, span, per_thread, sort, top);
+            print_report(json, &report, |out| write!(out, "{report}"))?;
         }
         Command::Export { file, parquet: true, output, salvage, .. } => {
             let dir = output.unwrap_or_else(|| file.with_extension("parquet"));
@@ -304,15 +313,21 @@ where
     };
     match run(cli) {
         Ok(()) => 0,
+        // A closed pipe (`| head`) is not an error worth a message.
+        Err(e) if closed_pipe(&e) => 0,
         Err(e) => {
-            // A closed pipe (`| head`) is not an error worth a message.
-            if let Some(io) = e.downcast_ref::<std::io::Error>() {
-                if io.kind() == std::io::ErrorKind::BrokenPipe {
-                    return 0;
-                }
-            }
             eprintln!("ocular-analyze: error: {e:#}");
             2
         }
     }
+}
+
+/// Whether `e` comes from writing to a closed pipe, for every command: as an `io::Error` (text output)
+/// or inside a `serde_json::Error` (JSON output), with or without context around it.
+fn closed_pipe(e: &anyhow::Error) -> bool {
+    use std::io::ErrorKind::BrokenPipe;
+    e.chain().any(|c| {
+        c.downcast_ref::<std::io::Error>().is_some_and(|io| io.kind() == BrokenPipe)
+            || c.downcast_ref::<serde_json::Error>().and_then(|j| j.io_error_kind()) == Some(BrokenPipe)
+    })
 }

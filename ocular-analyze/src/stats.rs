@@ -1,8 +1,16 @@
-//! `stats`: per function calls, inclusive and exclusive time.
+//! `stats`: per function calls, inclusive and exclusive time, threads merged or one table per thread.
+//!
+//! Merged, a function's times are summed over the threads that ran it: with several threads they are
+//! thread-time, and can exceed the recording's wall time (eight threads in `fib` for 4 s give 32 s of
+//! it). So every row also gives its inclusive time as a share of the wall time times the threads summed,
+//! and the report starts with the wall time and the number of threads.
 
 use crate::analysis::{Analysis, FunctionStats};
-use rustc_hash::FxHashMap as HashMap;
-use serde::Serialize;
+use ocular_format::{Body, ReadOptions, Reader};
+use rustc_hash::{FxHashMap as HashMap, FxHashSet as HashSet};
+use serde::{Serialize, Serializer};
+use std::fmt;
+use std::path::Path;
 
 /// How to order the rows.
 #[derive(Clone, Copy, Debug, PartialEq, Eq, clap::ValueEnum)]
@@ -38,7 +46,8 @@ pub struct Row {
     pub mean_us: f64,
 }
 
-/// Rows for every function, merged over threads or per thread.
+/// Rows for every function, merged over threads or per thread, in the order `sort` asks for (per thread,
+/// the threads' rows are interleaved: [`report`] groups them).
 pub fn rows(a: &Analysis, per_thread: bool, sort: SortBy) -> Vec<Row> {
     let mut out = Vec::new();
     let mut push = |tid: u64, m: &HashMap<u32, FunctionStats>| {
@@ -77,43 +86,168 @@ pub fn rows(a: &Analysis, per_thread: bool, sort: SortBy) -> Vec<Row> {
     out
 }
 
-/// Text table.
-pub fn render(a: &Analysis, rows: &[Row], top: usize, out: &mut dyn std::io::Write) -> std::io::Result<()> {
-    let per_thread = rows.iter().any(|r| r.thread_id != 0);
-    writeln!(
-        out,
-        "{:>10} {:>12} {:>12} {:>11}  {}function  file:line",
-        "calls",
-        "incl ms",
-        "excl ms",
-        "mean us",
-        if per_thread { "thread  " } else { "" }
-    )?;
-    for r in rows.iter().take(top) {
-        let thread = if per_thread {
-            format!("{:<8}", a.threads.get(&r.thread_id).cloned().unwrap_or_else(|| r.thread_id.to_string()))
-        } else {
-            String::new()
-        };
-        writeln!(
-            out,
-            "{:>10} {:>12.3} {:>12.3} {:>11.3}  {thread}{}  {}:{}",
-            r.calls, r.inclusive_ms, r.exclusive_ms, r.mean_us, r.function, r.file, r.line
-        )?;
-    }
-    if rows.len() > top {
-        writeln!(out, "... {} more (use --top)", rows.len() - top)?;
-    }
-    if let Some(h) = &a.header {
-        let n = h.options.deinstrument_threshold;
-        if n > 0 && h.options.mode != ocular_format::Mode::Calls && rows.iter().any(|r| r.calls >= n as u64) {
-            writeln!(
-                out,
-                "note: recorded with threshold {n}: a function's calls after its first {n} were not recorded, so \
-                 calls and times of functions at {n} calls cover those only (record in calls mode, or with \
-                 --threshold 0, for every call)"
-            )?;
+/// The recording's extent, which summed times are read against.
+#[derive(Clone, Copy, Debug, Default, PartialEq)]
+pub struct Span {
+    /// From the first event to the last, of any thread, ms (the `duration` of `info`).
+    pub wall_ms: f64,
+    /// Threads with events.
+    pub threads: usize,
+}
+
+/// Reads the [`Span`] of `path` from its chunk headers: EVENTS chunks are checked but not decompressed,
+/// so this costs a small part of the analysis pass. (The analysis does not keep timestamps.)
+pub fn span(path: &Path, opts: ReadOptions) -> ocular_format::Result<Span> {
+    let mut r = Reader::open_with(path, ReadOptions { skip_events: true, ..opts })?;
+    let tps = r.header().ticks_per_second;
+    let (mut first, mut last) = (u64::MAX, 0u64);
+    let mut threads = HashSet::default();
+    while let Some(c) = r.next_chunk()? {
+        if matches!(c.body, Body::Events(_)) && c.info.count > 0 {
+            first = first.min(c.info.first_ts);
+            last = last.max(c.info.last_ts);
+            threads.insert(c.info.thread_id);
         }
     }
-    Ok(())
+    let wall_ms = if last > first && tps > 0.0 { (last - first) as f64 * 1e3 / tps } else { 0.0 };
+    Ok(Span { wall_ms, threads: threads.len() })
+}
+
+/// A [`Row`] with what its inclusive time is a share of. In JSON, its fields follow the row's.
+#[derive(Debug, Serialize)]
+pub struct ShareRow {
+    /// The row.
+    #[serde(flatten)]
+    pub row: Row,
+    /// The thread's name, per thread ("" when merged, or when the thread had none).
+    pub thread_name: String,
+    /// The recording's wall time, ms ([`Span::wall_ms`]).
+    pub wall_ms: f64,
+    /// Threads whose times are summed in this row's table: the recording's threads when merged, 1 per
+    /// thread.
+    pub threads: usize,
+    /// `inclusive_ms / (wall_ms * threads)`, from 0 to 1; null when the recording has no wall time.
+    pub wall_share: Option<f64>,
+}
+
+/// One table: the functions of one thread, or of every thread merged (thread id 0).
+#[derive(Debug)]
+pub struct Table {
+    /// Native thread id, 0 when merged.
+    pub thread_id: u64,
+    /// The thread's name ("" when merged, or when the thread had none).
+    pub thread_name: String,
+    /// The first `top` rows.
+    pub rows: Vec<ShareRow>,
+    /// Rows left out by `top`.
+    pub more: usize,
+}
+
+/// What `stats` shows: the text form is [`fmt::Display`]; the JSON form is the array of every table's
+/// rows (a [`ShareRow`] each), as before tables and shares were added.
+#[derive(Debug)]
+pub struct Report {
+    /// Wall time and threads.
+    pub span: Span,
+    /// One table per thread, by thread id, instead of one merged.
+    pub per_thread: bool,
+    /// The tables.
+    pub tables: Vec<Table>,
+    /// A caveat about the figures (the de-instrumentation threshold), if one applies.
+    pub note: Option<String>,
+}
+
+/// The report of `a` (whose recording spans `span`): at most `top` rows per table.
+pub fn report(a: &Analysis, span: Span, per_thread: bool, sort: SortBy, top: usize) -> Report {
+    let all = rows(a, per_thread, sort);
+    let note = threshold_note(a, &all);
+    let mut by_thread: HashMap<u64, Vec<Row>> = HashMap::default();
+    for r in all {
+        by_thread.entry(r.thread_id).or_default().push(r);
+    }
+    let mut ids: Vec<u64> = if per_thread { a.per_thread.keys().copied().collect() } else { vec![0] };
+    ids.sort_unstable();
+    let threads = if per_thread { 1 } else { span.threads };
+    let tables = ids
+        .into_iter()
+        .map(|tid| {
+            let thread_name = if per_thread { a.threads.get(&tid).cloned().unwrap_or_default() } else { String::new() };
+            let rows = by_thread.remove(&tid).unwrap_or_default();
+            let more = rows.len().saturating_sub(top);
+            let rows = rows
+                .into_iter()
+                .take(top)
+                .map(|row| {
+                    let capacity = span.wall_ms * threads as f64;
+                    let wall_share = (capacity > 0.0).then(|| row.inclusive_ms / capacity);
+                    ShareRow { row, thread_name: thread_name.clone(), wall_ms: span.wall_ms, threads, wall_share }
+                })
+                .collect();
+            Table { thread_id: tid, thread_name, rows, more }
+        })
+        .collect();
+    Report { span, per_thread, tables, note }
+}
+
+/// With a de-instrumentation threshold, a function's calls after its first `n` are not recorded.
+fn threshold_note(a: &Analysis, rows: &[Row]) -> Option<String> {
+    let h = a.header.as_ref()?;
+    let n = h.options.deinstrument_threshold;
+    (n > 0 && h.options.mode != ocular_format::Mode::Calls && rows.iter().any(|r| r.calls >= n as u64)).then(|| {
+        format!(
+            "recorded with threshold {n}: a function's calls after its first {n} were not recorded, so calls and \
+             times of functions at {n} calls cover those only (record in calls mode, or with --threshold 0, for \
+             every call)"
+        )
+    })
+}
+
+impl Serialize for Report {
+    fn serialize<S: Serializer>(&self, s: S) -> Result<S::Ok, S::Error> {
+        s.collect_seq(self.tables.iter().flat_map(|t| &t.rows))
+    }
+}
+
+impl fmt::Display for Report {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        let Span { wall_ms, threads: n } = self.span;
+        let threads = if n == 1 { "1 thread".to_string() } else { format!("{n} threads") };
+        if self.per_thread {
+            writeln!(f, "wall {wall_ms:.3} ms, {threads}, one table per thread; incl % = incl ms / wall")?;
+        } else if n > 1 {
+            writeln!(
+                f,
+                "wall {wall_ms:.3} ms, {threads}: times are summed over the threads, so they can exceed the wall \
+                 time; incl % = incl ms / ({n} x wall)"
+            )?;
+        } else {
+            writeln!(f, "wall {wall_ms:.3} ms, {threads}; incl % = incl ms / wall")?;
+        }
+        for t in &self.tables {
+            if self.per_thread {
+                let name = if t.thread_name.is_empty() { "unnamed" } else { &t.thread_name };
+                writeln!(f, "\nthread {} ({name})", t.thread_id)?;
+            }
+            writeln!(
+                f,
+                "{:>10} {:>12} {:>7} {:>12} {:>11}  function  file:line",
+                "calls", "incl ms", "incl %", "excl ms", "mean us"
+            )?;
+            for ShareRow { row: r, wall_share, .. } in &t.rows {
+                let share = wall_share.map_or_else(|| "-".to_string(), |s| format!("{:.1}%", s * 100.0));
+                writeln!(
+                    f,
+                    "{:>10} {:>12.3} {share:>7} {:>12.3} {:>11.3}  {}  {}:{}",
+                    r.calls, r.inclusive_ms, r.exclusive_ms, r.mean_us, r.function, r.file, r.line
+                )?;
+            }
+            if t.more > 0 {
+                writeln!(f, "... {} more (use --top)", t.more)?;
+            }
+        }
+        if let Some(note) = &self.note {
+            writeln!(f, "note: {note}")?;
+        }
+        Ok(())
+    }
 }

@@ -152,3 +152,171 @@ fn help_teaches_with_examples() {
     let s = text(&out.stdout);
     assert!(s.contains("Example: ocular-analyze info run.ocl --json"), "{s}");
 }
+
+/// A recording of two threads, in microsecond ticks without recorder cost, 10 ms from its first event to
+/// its last: `MainThread` (7) runs `main`, which calls `fib` (5.9 ms) then `Thread.join` (3.9 ms);
+/// `worker-1` (8) runs `run`, which calls `fib` (7.9 ms), which calls `helper` three times (1 ms each).
+/// Merged, `fib` has 13.8 ms of inclusive time: more than the wall time.
+fn two_threads() -> (tempfile::TempDir, std::path::PathBuf) {
+    use ocular_format::{testing, CodeObject, EventKind, Position, RawEvent, ThreadInfo, Trailer, Writer};
+    let mut header = testing::header();
+    header.ticks_per_second = 1e6;
+    header.event_cost_ticks = 0.0;
+    header.start_ticks = 0;
+    let code = |id: u32, qualname: &str, first_line: u32| CodeObject {
+        id,
+        name: qualname.rsplit('.').next().unwrap().into(),
+        qualname: qualname.into(),
+        filename: "threads.py".into(),
+        first_line,
+        flags: 0,
+        bytecode: vec![151, 0, 83, 0], // RESUME, RETURN_VALUE
+        linetable: Vec::new(),
+        positions: vec![Position { line: first_line as i32, end_line: first_line as i32, column: 0, end_column: 1 }; 2],
+    };
+    let (main, join, fib, run, helper) = (1, 2, 3, 4, 5);
+    let t0 = 1_000_000;
+    let start = |t: u64, f: u32| RawEvent::new(t0 + t, f, 0, 0, EventKind::PY_START as u8);
+    let ret = |t: u64, f: u32| RawEvent::new(t0 + t, f, 2, 0, EventKind::PY_RETURN as u8);
+    let t7 = [start(0, main), start(100, fib), ret(6000, fib), start(6000, join), ret(9900, join), ret(10_000, main)];
+    let mut t8 = vec![start(50, run), start(100, fib)];
+    for at in [1000, 3000, 5000] {
+        t8.extend([start(at, helper), ret(at + 1000, helper)]);
+    }
+    t8.extend([ret(8000, fib), ret(9000, run)]);
+    let dir = tempfile::tempdir().unwrap();
+    let path = dir.path().join("threads.ocl");
+    let name = path.display().to_string();
+    let mut w = Writer::new(std::fs::File::create(&path).unwrap(), &name, &header, Default::default()).unwrap();
+    w.code_objects(&[
+        code(main, "main", 1),
+        code(join, "Thread.join", 10),
+        code(fib, "fib", 20),
+        code(run, "run", 30),
+        code(helper, "helper", 40),
+    ])
+    .unwrap();
+    w.thread(&ThreadInfo { thread_id: 7, name: "MainThread".into(), is_main: true }).unwrap();
+    w.thread(&ThreadInfo { thread_id: 8, name: "worker-1".into(), is_main: false }).unwrap();
+    w.events(7, &t7).unwrap();
+    w.events(8, &t8).unwrap();
+    let trailer =
+        Trailer { end_unix_ns: 0, end_monotonic_ns: 0, end_ticks: t0 + 10_050, events: 0, lost: 0, chunks: 0 };
+    w.finish(trailer).unwrap();
+    (dir, path)
+}
+
+#[test]
+fn stats_per_thread_prints_a_heading_then_a_table_per_thread() {
+    let (_dir, f) = two_threads();
+    let out = run(&["stats", "--per-thread", f.to_str().unwrap()]);
+    assert!(out.status.success(), "{}", text(&out.stderr));
+    assert_eq!(
+        text(&out.stdout),
+        "\
+wall 10.000 ms, 2 threads, one table per thread; incl % = incl ms / wall
+
+thread 7 (MainThread)
+     calls      incl ms  incl %      excl ms     mean us  function  file:line
+         1        5.900   59.0%        5.900    5900.000  fib  threads.py:20
+         1        3.900   39.0%        3.900    3900.000  Thread.join  threads.py:10
+         1       10.000  100.0%        0.200   10000.000  main  threads.py:1
+
+thread 8 (worker-1)
+     calls      incl ms  incl %      excl ms     mean us  function  file:line
+         1        7.900   79.0%        4.900    7900.000  fib  threads.py:20
+         3        3.000   30.0%        3.000    1000.000  helper  threads.py:40
+         1        8.950   89.5%        1.050    8950.000  run  threads.py:30
+"
+    );
+    // --top counts rows per thread, and says what each table left out.
+    let out = run(&["stats", "--per-thread", "--top", "1", f.to_str().unwrap()]);
+    let s = text(&out.stdout);
+    let lines: Vec<&str> = s.lines().collect();
+    assert_eq!(lines.iter().filter(|l| l.ends_with("  fib  threads.py:20")).count(), 2, "{s}");
+    assert_eq!(lines.iter().filter(|l| **l == "... 2 more (use --top)").count(), 2, "{s}");
+    assert!(s.contains("... 2 more (use --top)\n\nthread 8 (worker-1)\n"), "{s}");
+}
+
+#[test]
+fn stats_merged_says_times_are_summed_over_threads_and_gives_their_share() {
+    let (_dir, f) = two_threads();
+    let out = run(&["stats", f.to_str().unwrap()]);
+    assert!(out.status.success(), "{}", text(&out.stderr));
+    let s = text(&out.stdout);
+    let lines: Vec<&str> = s.lines().collect();
+    assert_eq!(
+        lines[0],
+        "wall 10.000 ms, 2 threads: times are summed over the threads, so they can exceed the wall time; \
+         incl % = incl ms / (2 x wall)"
+    );
+    assert_eq!(lines[1], "     calls      incl ms  incl %      excl ms     mean us  function  file:line");
+    assert_eq!(lines[2], "         2       13.800   69.0%       10.800    6900.000  fib  threads.py:20");
+
+    let out = run(&["stats", "--json", f.to_str().unwrap()]);
+    let v: serde_json::Value = serde_json::from_slice(&out.stdout).unwrap();
+    let fib = &v[0];
+    assert_eq!((fib["function"].as_str(), fib["thread_id"].as_u64()), (Some("fib"), Some(0)));
+    assert_eq!((fib["inclusive_ms"].as_f64(), fib["wall_ms"].as_f64()), (Some(13.8), Some(10.0)));
+    assert_eq!(fib["threads"], 2);
+    assert!((fib["wall_share"].as_f64().unwrap() - 0.69).abs() < 1e-12, "{fib}");
+
+    let out = run(&["stats", "--json", "--per-thread", f.to_str().unwrap()]);
+    let v: serde_json::Value = serde_json::from_slice(&out.stdout).unwrap();
+    let main = v.as_array().unwrap().iter().find(|r| r["function"] == "main").unwrap();
+    assert_eq!((main["thread_id"].as_u64(), main["thread_name"].as_str()), (Some(7), Some("MainThread")));
+    assert_eq!(main["threads"], 1);
+    assert!((main["wall_share"].as_f64().unwrap() - 1.0).abs() < 1e-12, "{main}");
+}
+
+#[test]
+fn stats_json_keeps_to_top_merged_and_per_thread() {
+    let (_dir, f) = two_threads();
+    let functions = |args: &[&str]| -> Vec<(u64, String)> {
+        let out = run(&[&["stats", "--json"], args, &[f.to_str().unwrap()]].concat());
+        assert!(out.status.success(), "{}", text(&out.stderr));
+        let v: serde_json::Value = serde_json::from_slice(&out.stdout).unwrap();
+        let rows = v.as_array().unwrap();
+        rows.iter().map(|r| (r["thread_id"].as_u64().unwrap(), r["function"].as_str().unwrap().into())).collect()
+    };
+    let names = |v: &[(u64, &str)]| -> Vec<(u64, String)> { v.iter().map(|(t, f)| (*t, f.to_string())).collect() };
+    assert_eq!(functions(&["--top", "2"]), names(&[(0, "fib"), (0, "Thread.join")]));
+    assert_eq!(
+        functions(&["--top", "2", "--per-thread"]),
+        names(&[(7, "fib"), (7, "Thread.join"), (8, "fib"), (8, "helper")])
+    );
+    assert_eq!(functions(&[]).len(), 5, "the default --top leaves all five");
+}
+
+/// Runs the binary with stdout a pipe whose read end is already closed, as `| head -1` leaves it once head
+/// has its line: every write fails with EPIPE.
+fn run_into_closed_pipe(args: &[&str]) -> Output {
+    use std::process::Stdio;
+    // The write end of a pipe whose only reader, `true`, has exited without reading.
+    let mut reader = Command::new("true").stdin(Stdio::piped()).spawn().unwrap();
+    let write_end = reader.stdin.take().unwrap();
+    reader.wait().unwrap();
+    Command::new(env!("CARGO_BIN_EXE_ocular-analyze"))
+        .args(args)
+        .stdout(Stdio::from(write_end))
+        .stderr(Stdio::piped())
+        .output()
+        .unwrap()
+}
+
+#[test]
+fn a_closed_pipe_ends_stats_and_info_quietly() {
+    let (_dir, f) = two_threads();
+    let f = f.to_str().unwrap();
+    for args in [
+        &["stats", "--json", f][..],
+        &["stats", f],
+        &["stats", "--per-thread", f],
+        &["stats", "--per-thread", "--json", f],
+        &["info", f],
+        &["info", "--json", f],
+    ] {
+        let out = run_into_closed_pipe(args);
+        assert_eq!((out.status.code(), text(&out.stderr).as_str()), (Some(0), ""), "{args:?}");
+    }
+}

@@ -70,9 +70,8 @@ fn loops_reports() {
     {
         let a = ocular_analyze::analysis::analyze(&testdata(fixture), Default::default()).unwrap();
         compare(fixture, &format!("expected/{name}.hot"), ocular_analyze::hot::report(&a, 10).to_string());
-        let rows = ocular_analyze::stats::rows(&a, false, ocular_analyze::stats::SortBy::Exclusive);
-        let mut out = Vec::new();
-        ocular_analyze::stats::render(&a, &rows, 50, &mut out).unwrap();
-        compare(fixture, &format!("expected/{name}.stats"), String::from_utf8(out).unwrap());
+        let span = ocular_analyze::stats::span(&testdata(fixture), Default::default()).unwrap();
+        let stats = ocular_analyze::stats::report(&a, span, false, ocular_analyze::stats::SortBy::Exclusive, 50);
+        compare(fixture, &format!("expected/{name}.stats"), stats.to_string());
     }
 }
