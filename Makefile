@@ -7,10 +7,10 @@ OUT   ?= out
 PYTHONS := $(shell scripts/find-pythons.sh)
 
 .DEFAULT_GOAL := help
-.PHONY: help demo test test-rust test-python check-python lint bench bench-format bench-record bench-truth bench-analyze bench-peers bench-startup fuzz clean
+.PHONY: help demo test test-rust test-python check-python lint bench bench-format bench-record bench-truth bench-analyze bench-peers bench-startup bench-after-stop fuzz clean
 
 help: ## list the targets
-	@grep -E '^[a-zA-Z_-]+:.*## ' $(MAKEFILE_LIST) | awk 'BEGIN {FS = ":.*## "}; {printf "  make %-14s %s\n", $$1, $$2}'
+	@grep -E '^[a-zA-Z_-]+:.*## ' $(MAKEFILE_LIST) | awk 'BEGIN {FS = ":.*## "}; {printf "  make %-16s %s\n", $$1, $$2}'
 
 # The analyzer with Parquet export (polars): the CLI that make demo, test and bench use.
 ANALYZE_FEATURES := --features parquet
@@ -69,7 +69,7 @@ lint: ## rustfmt, clippy with warnings as errors, docs without warnings
 	PYO3_PYTHON=$(firstword $(PYTHONS)) $(CARGO) clippy -p ocular-record --features python --locked -- -D warnings
 	RUSTDOCFLAGS="-D warnings" $(CARGO) doc --workspace --no-deps --locked
 
-bench: bench-format bench-record bench-truth bench-analyze bench-startup ## every benchmark (prints tables; see BENCHMARKS.md)
+bench: bench-format bench-record bench-truth bench-analyze bench-startup bench-after-stop ## every benchmark (prints tables; see BENCHMARKS.md)
 
 bench-analyze: check-python ## analyzer throughput: info, stats, hot, export on a large recorded trace
 	$(CARGO) build --release --locked -p ocular-analyze $(ANALYZE_FEATURES)
@@ -86,6 +86,9 @@ bench-startup: check-python ## fixed cost per run (an empty script: plainly, Ocu
 	@venv=$$(ls -d $(CURDIR)/.venv/peers-* 2>/dev/null | tail -n 1); \
 	    if [ -z "$$venv" ]; then venv=$$(scripts/venv.sh $(firstword $(PYTHONS)) | tail -n 1); fi; \
 	    $$venv/bin/python bench/startup_bench.py
+
+bench-after-stop: check-python ## a hot loop after a recording stopped vs never recorded; coverage.py callbacks across one
+	@venv=$$(scripts/venv.sh $(firstword $(PYTHONS)) | tail -n 1); $$venv/bin/python bench/after_stop.py
 
 bench-format: ## .ocl size and read/write throughput on 10M synthetic events
 	$(CARGO) run --release --locked -p ocular-format --example format_bench
