@@ -1,12 +1,13 @@
-//! Writes the frozen format fixture of the current format version (`testdata/v2.1/synthetic.ocl`): every chunk kind, two threads, a lost
-//! record, a snapshot and a trailer. Frozen files are never rewritten: this refuses to overwrite one.
+//! Writes the frozen format fixture of the current format version (`testdata/v2.2/synthetic.ocl`): every
+//! chunk kind, two threads, a lost record, a snapshot, a window with its stack (since 2.2) and a trailer.
+//! Frozen files are never rewritten: this refuses to overwrite one.
 //!
-//!     cargo run -p ocular-format --example make_fixture -- testdata/v2.1/synthetic.ocl
+//!     cargo run -p ocular-format --example make_fixture -- testdata/v2.2/synthetic.ocl
 
 use ocular_format::*;
 
 fn main() -> Result<()> {
-    let path = std::env::args().nth(1).unwrap_or_else(|| "testdata/v2.1/synthetic.ocl".into());
+    let path = std::env::args().nth(1).unwrap_or_else(|| "testdata/v2.2/synthetic.ocl".into());
     if std::path::Path::new(&path).exists() {
         eprintln!("{path} exists: frozen fixtures are never rewritten; make a new version's directory instead");
         std::process::exit(1);
@@ -43,6 +44,18 @@ fn main() -> Result<()> {
         ev.push(RawEvent::new(t + 60, id, 10, 0, EventKind::PY_RETURN as u8));
         w.events(tid, &ev)?;
     }
+    // Since 2.2 (FORMAT.md 5.3): a window that was due 3 us before it opened, 100 us long, the stack it found
+    // (`main` at offset 8), and main's return inside it.
+    let mut window = RawEvent::new(30_000, 3, 1, 100, EventKind::WINDOW as u8);
+    window.code.set(3);
+    w.events(
+        1001,
+        &[
+            window,
+            RawEvent::new(30_000, 1, 8, 0, EventKind::STACK as u8),
+            RawEvent::new(30_090, 1, 10, 0, EventKind::PY_RETURN as u8),
+        ],
+    )?;
     w.thread(&ThreadInfo { thread_id: 1002, name: "worker-1".into(), is_main: false })?;
     w.lost(&Lost { thread_id: 1002, count: 3, first_ticks: 15_000, last_ticks: 15_200 })?;
     // FOR_ITER specialized, its inline cache unit filled in by the interpreter: since 2.1 it is not stored.

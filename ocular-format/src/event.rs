@@ -79,7 +79,8 @@ impl std::fmt::Debug for RawEvent {
 macro_rules! event_kinds {
     ($($name:ident = $value:literal,)*) => {
         /// Event kinds, numbered as FORMAT.md section 5.1 fixes them (the `sys.monitoring` ids of CPython
-        /// 3.12 and 3.13), spelled as `sys.monitoring.events` spells them.
+        /// 3.12 and 3.13, spelled as `sys.monitoring.events` spells them; 64 and above are Ocular's own
+        /// window and stack markers, section 5.3).
         #[derive(Clone, Copy, Debug, PartialEq, Eq, Hash, PartialOrd, Ord)]
         #[repr(u8)]
         #[allow(non_camel_case_types, clippy::upper_case_acronyms)]
@@ -123,6 +124,10 @@ event_kinds! {
     C_RAISE = 16,
     BRANCH_LEFT = 17,
     BRANCH_RIGHT = 18,
+    // Ocular's own kinds (FORMAT.md 5.3, since 2.2), never `sys.monitoring` events.
+    WINDOW = 64,
+    WINDOW_END = 65,
+    STACK = 66,
 }
 
 /// The name of an event kind number: the `sys.monitoring` spelling, or `UNKNOWN(n)`.
@@ -150,7 +155,8 @@ mod tests {
         for k in EventKind::ALL {
             assert_eq!(EventKind::from_u8(*k as u8), Some(*k));
         }
-        assert_eq!(EventKind::ALL.len(), 19);
+        assert_eq!(EventKind::ALL.len(), 22);
+        assert_eq!(kind_name(66), "STACK");
         assert_eq!(kind_name(8), "BRANCH");
         assert_eq!(kind_name(200), "UNKNOWN(200)");
     }
