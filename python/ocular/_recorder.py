@@ -224,6 +224,8 @@ class Recording:
         *,
         buffer_events: int = 65536,
         max_buffers: int = 64,
+        window_period: float = 0.01,
+        window_length: float = 0.001,
     ) -> None:
         _interp.check_supported()
         if mode not in MODES:
@@ -234,6 +236,13 @@ class Recording:
             )
         if buffer_events < 1 or max_buffers < 1:
             raise ValueError("buffer_events and max_buffers must be at least 1")
+        if not (0 < window_length <= window_period / 2):
+            raise ValueError(
+                f"window_length ({window_length!r} s) must be above 0 and at most half of window_period "
+                f"({window_period!r} s)"
+            )
+        self.window_period = float(window_period)
+        self.window_length = float(window_length)
         self.path = os.fspath(path)
         self.mode = mode
         self.deinstrument_threshold = deinstrument_threshold
@@ -318,8 +327,12 @@ class Recording:
             if _signal.getsignal(_signal.SIGTERM) == _signal.SIG_DFL:
                 self._old_sigterm = _signal.signal(_signal.SIGTERM, _sigterm)
         atexit.register(self._stop_at_exit)
+        main_ident = threading.main_thread().ident or 0
         # Last: everything above runs Python (threading, atexit) that is not the user's program.
         mon.set_events(tool, _mask(self._events))
+        if self.mode != "calls" and self.deinstrument_threshold > 0:
+            # Function boundaries are recorded in windows (the first one is open now): their opener.
+            nat.start_windows(self.window_period, self.window_length, main_ident)
         return self
 
     def stop(self) -> "Recording":
@@ -438,9 +451,11 @@ def record(
 
     mode: "calls" (function boundaries), "adaptive" (plus JUMP/BRANCH: basic blocks), or "precise" (plus
     every INSTRUCTION). deinstrument_threshold: stop recording a jump, branch or instruction after that
-    many hits, and a function's calls after that many calls (0 = gapless; calls mode records every call).
-    include_only / exclude: substrings of a code object's file name or qualified name, decided once per
-    code object.
+    many hits (0 = gapless). With a threshold, function boundaries are recorded completely until a function
+    reaches that many calls, then inside windows of ``window_length`` seconds every ``window_period``
+    seconds (on average, jittered), from which the analysis estimates each function's calls and time,
+    saying so; calls mode records every call. include_only / exclude: substrings of a code object's file
+    name or qualified name, decided once per code object.
     """
     return Recording(path, mode, deinstrument_threshold, include_only, exclude, **kwargs)
 

@@ -5,8 +5,8 @@
 use arrow_array::ffi_stream::FFI_ArrowArrayStream;
 use arrow_array::types::UInt32Type;
 use arrow_array::{
-    ArrayRef, BinaryArray, DictionaryArray, Int32Array, Int64Array, RecordBatch, RecordBatchIterator, StringArray,
-    UInt32Array, UInt64Array,
+    ArrayRef, BinaryArray, BooleanArray, DictionaryArray, Int32Array, Int64Array, RecordBatch, RecordBatchIterator,
+    StringArray, UInt32Array, UInt64Array,
 };
 use arrow_schema::{ArrowError, DataType, Field, Schema};
 use ocular_analyze::table::{build as build_tables, Batch, Column, Sink, Table, DEFAULT_BATCH_ROWS, NULL_CODE};
@@ -143,6 +143,7 @@ fn arrow_column(col: Column) -> (DataType, bool, ArrayRef) {
             (DataType::Dictionary(Box::new(DataType::UInt32), Box::new(DataType::Utf8)), true, Arc::new(a))
         }
         Column::Binary(v) => (DataType::Binary, true, Arc::new(BinaryArray::from_iter(v))),
+        Column::Bool(v) => (DataType::Boolean, false, Arc::new(BooleanArray::from(v))),
     }
 }
 

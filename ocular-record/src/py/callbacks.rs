@@ -3,7 +3,10 @@
 //! code object this thread has seen: read the TSC, one thread-local load, one cache compare, two inline
 //! int reads, (with a threshold) one counter, and `ThreadBuffer::push`.
 
-use super::{attach, lookup, name_thread, state, thread_ending, CodeState, ThreadState, BOOT, CODE_CACHE, RECORD};
+use super::windows::close_first_window;
+use super::{
+    attach, lookup, name_thread, state, thread_ending, CodeState, ThreadState, BOOT, CODE_CACHE, RECORD, WINDOW_END,
+};
 use crate::clock;
 use ocular_format::{EventKind, RawEvent};
 use pyo3::ffi;
@@ -94,8 +97,8 @@ unsafe fn disable() -> *mut ffi::PyObject {
 /// One event. `DEST`: args[2] is a destination offset. `LOCATION`: a jump, branch or instruction.
 /// `CAN_DISABLE`: the event may return `DISABLE` (CPython raises ValueError into the user's code for
 /// PY_UNWIND and PY_THROW, so those never do). `THRESH`: count hits per location and return `DISABLE` at
-/// the threshold, and record a code object's first `threshold` entries only (see [`calls`]); the gapless
-/// callbacks have no such code at all.
+/// the threshold, and record function boundaries inside windows only (FORMAT.md 5.3); the gapless callbacks
+/// have no such code at all.
 ///
 /// The fast path is a thread-local load and a cache compare; everything else (attaching a thread, a new
 /// code object, excluded code, a recording that stopped) is in `cold`. That works because a thread's
@@ -189,11 +192,16 @@ unsafe fn record<
         let off = small_int(fast, *args.add(1));
         let arg = if DEST { small_int(fast, *args.add(2)) } else { 0 };
         let mut stop_here = false;
+        let mut first_full = false;
         if THRESH && !LOCATION {
-            match calls::<KIND>(&mut *cs, (*ts).threshold) {
-                Calls::Record => {}
-                Calls::Skip => return none(),
-                Calls::Disable => return if CAN_DISABLE { disable() } else { none() },
+            // Function boundaries are recorded inside windows only (FORMAT.md 5.3): outside one, each
+            // location is switched off at its first hit, until the next window re-arms them all.
+            if t >= WINDOW_END.load(Ordering::Relaxed) {
+                return if CAN_DISABLE { disable() } else { none() };
+            }
+            if KIND == EventKind::PY_START as u8 {
+                (*cs).calls += 1;
+                first_full = (*cs).calls == (*ts).threshold;
             }
         }
         if THRESH && LOCATION {
@@ -219,6 +227,10 @@ unsafe fn record<
             }
         }
         (*ts).buf.push(RawEvent::new(t, (*cs).id, off, arg, KIND), &*(*ts).sink);
+        if THRESH && !LOCATION && first_full {
+            // A code object reached the threshold's number of calls: the first window ends here.
+            close_first_window(t + 1);
+        }
         if CAN_DISABLE && stop_here {
             disable()
         } else {
@@ -244,48 +256,6 @@ fn grow_heads(cs: &mut CodeState, i: usize) {
     let mut v = std::mem::take(&mut cs.heads).into_vec();
     v.resize(n, 0);
     cs.heads = v.into_boxed_slice();
-}
-
-enum Calls {
-    Record,
-    Skip,
-    Disable,
-}
-
-/// The threshold for function boundaries: a code object's first `threshold` entries (PY_START,
-/// PY_RESUME) are recorded, and the exits matching them; after that its entries are switched off
-/// (`DISABLE`), and each exit location is switched off once no recorded activation is open. The call
-/// tree of the recorded activations stays balanced; PY_THROW and PY_UNWIND, which cannot be switched off,
-/// are skipped the same way.
-#[inline(always)]
-fn calls<const KIND: u8>(cs: &mut CodeState, threshold: u32) -> Calls {
-    const START: u8 = EventKind::PY_START as u8;
-    const RESUME: u8 = EventKind::PY_RESUME as u8;
-    const THROW: u8 = EventKind::PY_THROW as u8;
-    const RETURN: u8 = EventKind::PY_RETURN as u8;
-    const YIELD: u8 = EventKind::PY_YIELD as u8;
-    const UNWIND: u8 = EventKind::PY_UNWIND as u8;
-    match KIND {
-        START | RESUME | THROW => {
-            if cs.calls_off {
-                return if KIND == THROW { Calls::Skip } else { Calls::Disable };
-            }
-            cs.open += 1;
-            if KIND != THROW {
-                cs.calls += 1;
-                cs.calls_off = cs.calls >= threshold;
-            }
-            Calls::Record
-        }
-        RETURN | YIELD | UNWIND => {
-            if cs.calls_off && cs.open == 0 {
-                return if KIND == UNWIND { Calls::Skip } else { Calls::Disable };
-            }
-            cs.open = cs.open.saturating_sub(1);
-            Calls::Record
-        }
-        _ => Calls::Record,
-    }
 }
 
 /// Code that is not simply recorded: excluded by a filter, or `threading.Thread._bootstrap`.

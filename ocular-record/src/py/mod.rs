@@ -10,11 +10,12 @@ mod analyze;
 mod callbacks;
 mod cli;
 mod read;
+mod windows;
 
 use crate::clock::{self, ClockPoint};
 use crate::filter::Filter;
 use crate::session::{Config, Discard, Session, Sink, ThreadBuffer};
-use ocular_format::{CodeObject, CodeSnapshot, Header, Mode, OpcodeTable, Options, ThreadInfo};
+use ocular_format::{CodeObject, CodeSnapshot, EventKind, Header, Mode, OpcodeTable, Options, ThreadInfo};
 use pyo3::exceptions::{PyOSError, PyRuntimeError, PyValueError};
 use pyo3::ffi;
 use pyo3::intern;
@@ -22,6 +23,7 @@ use pyo3::prelude::*;
 use pyo3::types::{PyBytes, PyDict};
 use rustc_hash::FxHashMap;
 use std::cell::UnsafeCell;
+use std::sync::atomic::{AtomicU64, Ordering};
 
 /// A value shared between threads that only ever touch it with the GIL held.
 struct GilCell<T>(UnsafeCell<T>);
@@ -37,9 +39,32 @@ struct State {
     threads: Vec<*mut ThreadState>,
     /// Bumped at every start and stop.
     generation: u64,
+    /// The current (or last) window of a thresholded recording (FORMAT.md 5.3).
+    window: Window,
 }
 
-static STATE: GilCell<State> = GilCell(UnsafeCell::new(State { recorder: None, threads: Vec::new(), generation: 0 }));
+static STATE: GilCell<State> = GilCell(UnsafeCell::new(State {
+    recorder: None,
+    threads: Vec::new(),
+    generation: 0,
+    window: Window { seq: 0, opened: 0, len_us: u32::MAX },
+}));
+
+/// A span of time in which every function boundary is recorded (FORMAT.md 5.3).
+#[derive(Clone, Copy)]
+struct Window {
+    /// Sequence number in the recording, from 0.
+    seq: u32,
+    /// Ticks when it opened.
+    opened: u64,
+    /// Length in microseconds; `u32::MAX` for the first window, which ends when a code object reaches
+    /// the threshold's number of calls.
+    len_us: u32,
+}
+
+/// The tick at which the current window ends: function boundaries with a later tick are not recorded.
+/// `u64::MAX` while the first window is open. Written with the GIL held, read by the callbacks.
+pub(super) static WINDOW_END: AtomicU64 = AtomicU64::new(u64::MAX);
 
 /// The global state.
 ///
@@ -75,12 +100,9 @@ struct CodeState {
     hits: Box<[u32]>,
     /// Backward jumps per loop head (destination / 2), allocated at the code object's first one.
     heads: Box<[u32]>,
-    /// With a threshold (adaptive and precise modes): recorded entries (PY_START, PY_RESUME).
+    /// With a threshold (adaptive and precise modes): recorded calls (PY_START). The first code object
+    /// to reach the threshold ends the recording's first window.
     calls: u32,
-    /// Recorded entries not yet matched by a recorded exit.
-    open: u32,
-    /// The threshold was reached: entries are switched off, exits once `open` is 0.
-    calls_off: bool,
 }
 
 const RECORD: u8 = 1;
@@ -102,6 +124,15 @@ struct Recorder {
     disable: *mut ffi::PyObject,
     /// Python exceptions swallowed in callbacks (they must never reach user code); reported at stop.
     errors: Vec<String>,
+    /// `sys.monitoring.restart_events`, which re-arms every switched-off location when a window opens.
+    restart: Py<PyAny>,
+    ticks_per_second: f64,
+    /// Function boundaries are recorded in windows (a threshold above 0, adaptive or precise mode).
+    windowed: bool,
+    /// The thread that opens windows, once `start_windows` started it.
+    windows: Option<windows::Opener>,
+    /// Later windows' length, in microseconds and in ticks.
+    window_len: (u32, u64),
 }
 
 /// Direct-mapped cache of code object -> state, per thread: consecutive events alternate between a
@@ -117,6 +148,8 @@ struct ThreadState {
     /// `generation` matches (the recorder is boxed and lives until stop bumps the generation).
     sink: *const dyn Sink,
     threshold: u32,
+    /// `PyThreadState_GetID` of the thread's interpreter state, to find its stack when a window opens.
+    py_id: i64,
 }
 
 #[pyfunction]
@@ -212,8 +245,9 @@ fn start(
     if buffer_events == 0 || max_buffers == 0 {
         return Err(PyValueError::new_err("buffer_events and max_buffers must be at least 1"));
     }
+    let options_mode = mode_from(mode)?;
     let options = Options {
-        mode: mode_from(mode)?,
+        mode: options_mode,
         deinstrument_threshold: threshold,
         include_only: include_only.clone(),
         exclude: exclude.clone(),
@@ -232,7 +266,10 @@ fn start(
         }
         None => Output::Discard(Discard::new(buffer_events)),
     };
-    let disable = py.import("sys")?.getattr("monitoring")?.getattr("DISABLE")?.into_ptr();
+    let monitoring = py.import("sys")?.getattr("monitoring")?;
+    let disable = monitoring.getattr("DISABLE")?.into_ptr();
+    let restart = monitoring.getattr("restart_events")?.unbind();
+    let ticks_per_second: f64 = get(header, "ticks_per_second").unwrap_or(1e9);
     let rec = Recorder {
         out,
         codes: FxHashMap::default(),
@@ -247,11 +284,19 @@ fn start(
         main_name,
         disable,
         errors: Vec::new(),
+        restart,
+        ticks_per_second,
+        windowed: threshold > 0 && options_mode != Mode::Calls,
+        windows: None,
+        window_len: (0, 0),
     };
     // SAFETY: GIL held; no Python call while the reference is alive.
     let st = unsafe { state() };
     st.generation += 1;
     st.recorder = Some(Box::new(rec));
+    // The first window opens with the recording.
+    st.window = Window { seq: 0, opened: clock::ticks(), len_us: u32::MAX };
+    WINDOW_END.store(u64::MAX, Ordering::Relaxed);
     Ok(())
 }
 
@@ -262,12 +307,18 @@ fn start(
 fn stop<'py>(py: Python<'py>, names: &Bound<'py, PyDict>) -> PyResult<Bound<'py, PyDict>> {
     // SAFETY: GIL held. The recorder is moved out first, so callbacks from now on see no recording.
     let st = unsafe { state() };
-    let Some(rec) = st.recorder.take() else {
+    let Some(mut rec) = st.recorder.take() else {
         return Err(PyRuntimeError::new_err("Ocular is not recording"));
     };
     let generation = st.generation;
     st.generation += 1;
     callbacks::forget_last_thread();
+    if let Some(w) = rec.windows.take() {
+        // It may be waiting for the GIL: let it have it, see the recording gone, and end.
+        py.detach(|| w.stop());
+    }
+    // SAFETY: GIL held again; no Python call while the reference is alive.
+    let st = unsafe { state() };
     let sink = rec.out.sink();
     let mut pushed = 0u64;
     let mut threads = 0u64;
@@ -349,7 +400,11 @@ fn abandon_after_fork() {
         }
     }
     if let Some(rec) = st.recorder.take() {
-        let rec = *rec;
+        let mut rec = *rec;
+        // The opener thread does not exist in the child.
+        if let Some(w) = rec.windows.take() {
+            w.forget();
+        }
         if let Output::File(s) = rec.out {
             s.forget();
         }
@@ -413,30 +468,14 @@ unsafe fn lookup(code: *mut ffi::PyObject) -> *mut CodeState {
                     s.code(vec![c]);
                 }
             }
-            CodeState {
-                id,
-                flags,
-                hits: vec![0; units].into_boxed_slice(),
-                heads: Box::new([]),
-                calls: 0,
-                open: 0,
-                calls_off: false,
-            }
+            CodeState { id, flags, hits: vec![0; units].into_boxed_slice(), heads: Box::new([]), calls: 0 }
         }
         Err(e) => {
             // Never let an exception escape into the user's program: note it, skip this code object.
             if rec.errors.len() < 10 {
                 rec.errors.push(format!("cannot describe a code object: {e}"));
             }
-            CodeState {
-                id: 0,
-                flags: boot,
-                hits: Box::new([]),
-                heads: Box::new([]),
-                calls: 0,
-                open: 0,
-                calls_off: false,
-            }
+            CodeState { id: 0, flags: boot, hits: Box::new([]), heads: Box::new([]), calls: 0 }
         }
     };
     rec.keep.push(obj.unbind());
@@ -487,6 +526,7 @@ unsafe fn attach(ts: *mut ThreadState) -> *mut ThreadState {
             named: false,
             sink: std::ptr::null::<Discard>() as *const dyn Sink,
             threshold: 0,
+            py_id: 0,
         }));
         st.threads.push(new);
         callbacks::set_thread_state(new);
@@ -502,6 +542,20 @@ unsafe fn attach(ts: *mut ThreadState) -> *mut ThreadState {
     t.named = false;
     t.sink = rec.out.sink() as *const dyn Sink;
     t.threshold = rec.threshold;
+    // SAFETY: GIL held, so the calling thread has a thread state.
+    t.py_id = unsafe { ffi::PyThreadState_GetID(ffi::PyThreadState_Get()) };
+    if rec.windowed {
+        // Every thread learns where it starts (FORMAT.md 5.3): inside a window (its stack is empty), or
+        // between windows.
+        let w = st.window;
+        let now = clock::ticks();
+        let m = if now < WINDOW_END.load(Ordering::Relaxed) {
+            windows::marker(w.opened, EventKind::WINDOW, w.seq, w.len_us)
+        } else {
+            windows::marker(now, EventKind::WINDOW_END, w.seq, 0)
+        };
+        t.buf.push(m, rec.out.sink());
+    }
     if tid == rec.main_native_id {
         t.named = true;
         if let Output::File(s) = &rec.out {
@@ -574,6 +628,7 @@ fn _ocular(m: &Bound<'_, PyModule>) -> PyResult<()> {
     m.add_function(wrap_pyfunction!(stop, m)?)?;
     m.add_function(wrap_pyfunction!(abandon_after_fork, m)?)?;
     m.add_function(wrap_pyfunction!(is_recording, m)?)?;
+    m.add_function(wrap_pyfunction!(windows::start_windows, m)?)?;
     m.add_function(wrap_pyfunction!(read::read, m)?)?;
     m.add_function(wrap_pyfunction!(analyze::info, m)?)?;
     m.add_function(wrap_pyfunction!(analyze::hot, m)?)?;

@@ -1,0 +1,319 @@
+//! Windows (FORMAT.md 5.3): in a thresholded recording, function boundaries are recorded only inside
+//! windows, so that what the file holds of calls is complete per window and can be weighed by the time the
+//! window stands for. The first window opens with the recording and closes when a code object reaches the
+//! threshold's number of calls (`close_first_window`, from the callbacks); after it, a thread of Ocular's
+//! own ("ocular-windows") schedules one every `period` (jittered, so that no periodic behaviour of the
+//! program lines up with it) for `length`. Opening a window writes a `WINDOW` marker and every thread's
+//! stack into each thread's stream, moves `WINDOW_END`, and calls `sys.monitoring.restart_events()` so
+//! that the locations switched off since are armed again. The callbacks compare their tick with
+//! `WINDOW_END` and switch a function location off at its first hit after the window closed.
+//!
+//! Where a window opens decides what it sees, so it must not depend on what the program does. The thread
+//! does not take the GIL to open it: a thread waiting for the GIL gets it when the program releases it
+//! (mostly for I/O), and windows would then always start just after a file read (measured: importlib's
+//! `_compile_bytecode` rose to the top 3 of programs where it is not). Instead it asks the main thread to
+//! open it, with `Py_AddPendingCall`, which the interpreter runs at its next safe point (a call or a
+//! backward jump, microseconds later, wherever the program is). CPython 3.12 and 3.13 only wake the main
+//! thread for a pending call when the call is added *on* the main thread, so the request travels as a
+//! real-time signal to the main thread, whose handler adds the call (what `Py_AddPendingCall` is made
+//! for). Only when the main thread does not get there within `FALLBACK` (blocked, or in a long C call)
+//! does the opener take the GIL itself. The time from the scheduled moment to the opening (the `lead`, in
+//! the marker) belongs to the window too, spent where the stack taken at the opening says.
+
+use super::{lookup, state, RECORD, WINDOW_END};
+use crate::clock;
+use ocular_format::{EventKind, RawEvent};
+use pyo3::exceptions::PyRuntimeError;
+use pyo3::ffi;
+use pyo3::prelude::*;
+use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::mpsc;
+use std::time::Duration;
+
+/// A thread's frames, outermost first: (code object, last instruction offset in bytes).
+type Stack = Vec<(Py<PyAny>, u32)>;
+
+/// A marker event of the window kinds (FORMAT.md 5.3).
+pub(super) fn marker(ticks: u64, kind: EventKind, seq: u32, arg: u32) -> RawEvent {
+    RawEvent::new(ticks, 0, seq, arg, kind as u8)
+}
+
+/// How long the opener waits for the main thread to run its pending call before taking the GIL itself.
+const FALLBACK: Duration = Duration::from_millis(2);
+
+/// The recording generation a scheduled window belongs to, while nobody has opened it yet (0: none). The
+/// pending call and the fallback both try to take it; the one that does opens the window.
+static SCHEDULED_FOR: AtomicU64 = AtomicU64::new(0);
+/// Ticks at which the scheduled window was due.
+static SCHEDULED_AT: AtomicU64 = AtomicU64::new(0);
+
+/// The signal that carries the request to the main thread, and the handler it had before (restored when
+/// the opener stops).
+struct Signal {
+    signo: libc::c_int,
+    old: libc::sigaction,
+}
+
+/// Runs on the main thread when the opener's signal arrives: only queues the pending call (the one thing
+/// CPython allows a signal handler to do).
+extern "C" fn on_signal(_signo: libc::c_int) {
+    // SAFETY: Py_AddPendingCall is async-signal-safe by design; it may fail (queue full), and the opener's
+    // fallback then opens the window.
+    unsafe { ffi::Py_AddPendingCall(Some(pending_open), std::ptr::null_mut()) };
+}
+
+/// Installs `on_signal` on a real-time signal nobody else handles (from SIGRTMAX - 1 down).
+fn install_signal() -> Option<Signal> {
+    // SAFETY: sigaction with valid pointers; the handler only calls an async-signal-safe function.
+    unsafe {
+        let (lo, hi) = (libc::SIGRTMIN() + 4, libc::SIGRTMAX() - 1);
+        for signo in (lo..=hi).rev() {
+            let mut old: libc::sigaction = std::mem::zeroed();
+            if libc::sigaction(signo, std::ptr::null(), &mut old) != 0 || old.sa_sigaction != libc::SIG_DFL {
+                continue;
+            }
+            let mut sa: libc::sigaction = std::mem::zeroed();
+            sa.sa_sigaction = on_signal as extern "C" fn(libc::c_int) as usize;
+            sa.sa_flags = libc::SA_RESTART;
+            libc::sigemptyset(&mut sa.sa_mask);
+            if libc::sigaction(signo, &sa, &mut old) == 0 {
+                return Some(Signal { signo, old });
+            }
+        }
+        None
+    }
+}
+
+impl Drop for Signal {
+    fn drop(&mut self) {
+        // SAFETY: restores the disposition saved at install.
+        unsafe { libc::sigaction(self.signo, &self.old, std::ptr::null_mut()) };
+    }
+}
+
+/// Takes the scheduled window of `generation`, if nobody has: returns when it was due.
+fn claim(generation: u64) -> Option<u64> {
+    SCHEDULED_FOR.compare_exchange(generation, 0, Ordering::AcqRel, Ordering::Relaxed).ok()?;
+    Some(SCHEDULED_AT.load(Ordering::Acquire))
+}
+
+/// Run by the main thread at a safe point (`Py_AddPendingCall`), with the GIL held. Never fails: an
+/// error here would be raised into the program.
+extern "C" fn pending_open(_arg: *mut std::os::raw::c_void) -> std::os::raw::c_int {
+    // SAFETY: pending calls run with the GIL held, on a thread attached to the interpreter.
+    unsafe {
+        let generation = state().generation;
+        if let Some(due) = claim(generation) {
+            let py = Python::assume_attached();
+            open(py, generation, due);
+        }
+    }
+    0
+}
+
+/// The opener thread: dropping `stop` wakes it and ends it.
+pub(super) struct Opener {
+    stop: mpsc::Sender<()>,
+    handle: std::thread::JoinHandle<()>,
+}
+
+impl Opener {
+    /// Ends the thread and waits for it. Call without the GIL: it may be waiting for it.
+    pub(super) fn stop(self) {
+        drop(self.stop);
+        let _ = self.handle.join();
+    }
+
+    /// In a forked child, where the thread does not exist.
+    pub(super) fn forget(self) {
+        std::mem::forget(self.stop);
+        std::mem::forget(self.handle);
+    }
+}
+
+/// Starts opening a window of `length` seconds every `period` seconds (on average) in the current
+/// recording; `main_ident` is the main thread's `threading.get_ident()` (its pthread_t), which opens them.
+/// A recording without windows (calls mode, a threshold of 0) ignores it.
+#[pyfunction]
+pub(super) fn start_windows(period: f64, length: f64, main_ident: u64) -> PyResult<()> {
+    if !(period > 0.0 && length > 0.0 && length * 2.0 <= period && length < 1000.0) {
+        return Err(PyRuntimeError::new_err(format!(
+            "window length {length} s and period {period} s: both must be above 0, and the length at most half the period"
+        )));
+    }
+    // SAFETY: GIL held (called from Python); no Python call while the reference is alive.
+    let st = unsafe { state() };
+    let generation = st.generation;
+    let Some(rec) = st.recorder.as_deref_mut() else {
+        return Err(PyRuntimeError::new_err("Ocular is not recording"));
+    };
+    if !rec.windowed || rec.windows.is_some() {
+        return Ok(());
+    }
+    rec.window_len = ((length * 1e6).round() as u32, (length * rec.ticks_per_second).round() as u64);
+    let (tx, rx) = mpsc::channel::<()>();
+    let handle = std::thread::Builder::new()
+        .name("ocular-windows".into())
+        .spawn(move || {
+            // Without a free signal every window is opened by the fallback.
+            let signal = install_signal();
+            // xorshift64*, seeded from the clock: the jitter needs no quality beyond not being periodic.
+            let mut x = clock::ticks() | 1;
+            loop {
+                x ^= x >> 12;
+                x ^= x << 25;
+                x ^= x >> 27;
+                let u = (x.wrapping_mul(0x2545_f491_4f6c_dd1d) >> 11) as f64 / (1u64 << 53) as f64;
+                let wait = Duration::from_secs_f64(period * (0.5 + u));
+                match rx.recv_timeout(wait) {
+                    Err(mpsc::RecvTimeoutError::Timeout) => {}
+                    _ => return, // stopped
+                }
+                SCHEDULED_AT.store(clock::ticks(), Ordering::Release);
+                SCHEDULED_FOR.store(generation, Ordering::Release);
+                if let Some(sig) = &signal {
+                    // SAFETY: the main thread outlives the recording (its stop joins this thread).
+                    unsafe { libc::pthread_kill(main_ident as libc::pthread_t, sig.signo) };
+                }
+                match rx.recv_timeout(FALLBACK) {
+                    Err(mpsc::RecvTimeoutError::Timeout) => {}
+                    _ => return,
+                }
+                if SCHEDULED_FOR.load(Ordering::Acquire) != generation {
+                    continue; // the main thread opened it
+                }
+                // SAFETY: `open` runs with the GIL (attach) and checks the recording is still this one.
+                let go_on = Python::attach(|py| unsafe {
+                    match claim(generation) {
+                        Some(due) => open(py, generation, due),
+                        None => state().generation == generation,
+                    }
+                });
+                if !go_on {
+                    return;
+                }
+            }
+        })
+        .map_err(|e| PyRuntimeError::new_err(format!("cannot start the ocular-windows thread: {e}")))?;
+    rec.windows = Some(Opener { stop: tx, handle });
+    Ok(())
+}
+
+/// Opens a window that was due at tick `due`, if the first one has closed and no other is open. Returns
+/// whether the recording that started the opener is still going.
+///
+/// # Safety
+/// GIL held.
+unsafe fn open(py: Python<'_>, generation: u64, due: u64) -> bool {
+    // SAFETY: GIL held (caller); the reference ends before any Python call.
+    unsafe {
+        {
+            let st = state();
+            if st.generation != generation || st.recorder.is_none() {
+                return false;
+            }
+            let end = WINDOW_END.load(Ordering::Relaxed);
+            if end == u64::MAX || clock::ticks() < end {
+                return true; // the first window is still open, or this one is
+            }
+        }
+        // Every thread's stack, outermost frame first: (thread state id, [(code, offset in bytes)]).
+        let mut stacks: Vec<(i64, Stack)> = Vec::new();
+        let mut tstate = ffi::PyInterpreterState_ThreadHead(ffi::PyInterpreterState_Get());
+        while !tstate.is_null() {
+            let mut frames = Vec::new();
+            let mut f = ffi::PyThreadState_GetFrame(tstate);
+            while !f.is_null() && frames.len() < 4096 {
+                let code = ffi::PyFrame_GetCode(f);
+                let lasti = ffi::PyFrame_GetLasti(f);
+                frames.push((Bound::from_owned_ptr(py, code.cast()).unbind(), lasti.max(0) as u32));
+                let back = ffi::PyFrame_GetBack(f);
+                ffi::Py_DECREF(f.cast());
+                f = back;
+            }
+            if !f.is_null() {
+                ffi::Py_DECREF(f.cast());
+            }
+            if !frames.is_empty() {
+                frames.reverse();
+                stacks.push((ffi::PyThreadState_GetID(tstate), frames));
+            }
+            tstate = ffi::PyThreadState_Next(tstate);
+        }
+        // Code ids; a code object seen for the first time is described, which runs Python.
+        let mut ids: Vec<(i64, Vec<(u32, u32)>)> = Vec::with_capacity(stacks.len());
+        for (tid, frames) in &stacks {
+            let mut v = Vec::with_capacity(frames.len());
+            for (code, off) in frames {
+                let cs = lookup(code.as_ptr());
+                let id = if cs.is_null() || (*cs).flags & RECORD == 0 { 0 } else { (*cs).id };
+                v.push((id, *off));
+            }
+            ids.push((*tid, v));
+        }
+        drop(stacks);
+        let st = state();
+        if st.generation != generation {
+            return false;
+        }
+        let Some(rec) = st.recorder.as_deref() else { return false };
+        let (len_us, len_ticks) = rec.window_len;
+        let sink = rec.out.sink();
+        let now = clock::ticks();
+        let lead_us = (now.saturating_sub(due) as f64 * 1e6 / rec.ticks_per_second).min(u32::MAX as f64) as u32;
+        let seq = st.window.seq + 1;
+        st.window = super::Window { seq, opened: now, len_us };
+        for &ts in &st.threads {
+            let ts = &mut *ts;
+            if ts.generation != generation {
+                continue;
+            }
+            let Some((_, frames)) = ids.iter().find(|(id, _)| *id == ts.py_id) else { continue };
+            let mut m = marker(now, EventKind::WINDOW, seq, len_us);
+            m.code.set(lead_us);
+            ts.buf.push(m, sink);
+            for (depth, &(code, off)) in frames.iter().enumerate() {
+                ts.buf.push(RawEvent::new(now, code, off, depth as u32, EventKind::STACK as u8), sink);
+            }
+        }
+        WINDOW_END.store(now.saturating_add(len_ticks), Ordering::Relaxed);
+        // Arm every location switched off since the last window. A failure is noted, never raised.
+        let restart = rec.restart.clone_ref(py);
+        if let Err(e) = restart.call0(py) {
+            if let Some(rec) = state().recorder.as_deref_mut() {
+                if rec.errors.len() < 10 {
+                    rec.errors.push(format!("sys.monitoring.restart_events() failed: {e}"));
+                }
+            }
+        }
+        true
+    }
+}
+
+/// Ends the first window at `t` (a code object reached the threshold's number of calls): every thread
+/// recording gets a `WINDOW_END`.
+///
+/// # Safety
+/// GIL held.
+pub(super) unsafe fn close_first_window(t: u64) {
+    // SAFETY: GIL held (caller); no Python call below.
+    unsafe {
+        let st = state();
+        if WINDOW_END.load(Ordering::Relaxed) != u64::MAX || st.window.seq != 0 {
+            return;
+        }
+        let Some(rec) = st.recorder.as_deref() else { return };
+        if !rec.windowed {
+            return;
+        }
+        WINDOW_END.store(t, Ordering::Relaxed);
+        let sink = rec.out.sink();
+        let generation = st.generation;
+        for &ts in &st.threads {
+            let ts = &mut *ts;
+            if ts.generation == generation {
+                ts.buf.push(marker(t, EventKind::WINDOW_END, 0, 0), sink);
+            }
+        }
+    }
+}
