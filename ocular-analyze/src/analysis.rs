@@ -18,15 +18,105 @@ use rustc_hash::FxHashMap as HashMap;
 use std::path::Path;
 
 /// Per function (code object).
+///
+/// In a recording with windows (FORMAT.md 5.3) each figure is what the complete part of the recording
+/// holds plus what the later windows hold, scaled by the time they stand for ([`Windows::scale`]); such a
+/// figure is `estimated`. Without windows every figure is as recorded.
 #[derive(Clone, Debug, Default)]
 pub struct FunctionStats {
-    /// Calls (PY_START events).
+    /// Calls (PY_START events), estimated where `estimated`.
     pub calls: u64,
     /// Inclusive ticks, outermost activations only (recursion is not counted twice), corrected; may be
     /// slightly negative for tiny functions before clamping at report time.
     pub inclusive: f64,
     /// Exclusive ticks (callees removed), corrected; see `inclusive`.
     pub exclusive: f64,
+    /// Calls actually recorded (equal to `calls` unless `estimated`).
+    pub observed_calls: u64,
+    /// Part of the times is scaled up from windows: they are estimates.
+    pub estimated: bool,
+    /// Part of the calls is scaled up from windows: `calls` is an estimate.
+    pub calls_estimated: bool,
+    /// [complete part, window part] of calls, inclusive and exclusive ticks, before scaling.
+    parts: Parts,
+}
+
+#[derive(Clone, Copy, Debug, Default)]
+struct Parts {
+    calls: [u64; 2],
+    inclusive: [f64; 2],
+    exclusive: [f64; 2],
+}
+
+impl FunctionStats {
+    fn add(&mut self, o: &FunctionStats) {
+        for i in 0..2 {
+            self.parts.calls[i] += o.parts.calls[i];
+            self.parts.inclusive[i] += o.parts.inclusive[i];
+            self.parts.exclusive[i] += o.parts.exclusive[i];
+        }
+    }
+
+    /// Sets the reported figures from the parts, the window part scaled by `scale`.
+    fn finish(&mut self, scale: f64) {
+        let p = &self.parts;
+        self.observed_calls = p.calls[0] + p.calls[1];
+        self.calls = p.calls[0] + (p.calls[1] as f64 * scale).round() as u64;
+        self.inclusive = p.inclusive[0] + p.inclusive[1] * scale;
+        self.exclusive = p.exclusive[0] + p.exclusive[1] * scale;
+        self.calls_estimated = p.calls[1] > 0;
+        self.estimated = self.calls_estimated || p.inclusive[1] != 0.0 || p.exclusive[1] != 0.0;
+    }
+}
+
+/// The windows of a recording that has them (FORMAT.md 5.3), and how its function figures were scaled.
+#[derive(Clone, Debug, Default)]
+pub struct Windows {
+    /// Ticks from the recording's start to the end of its first window (recorded completely).
+    pub complete_ticks: u64,
+    /// Ticks after the first window, which the later windows sample.
+    pub sampled_ticks: u64,
+    /// Later windows seen, and their total length in ticks (within the recording).
+    pub windows: u64,
+    /// Total length of the later windows in ticks.
+    pub window_ticks: u64,
+    /// What a tick inside a later window stands for: `sampled_ticks / window_ticks` (0 without any).
+    pub scale: f64,
+}
+
+impl Windows {
+    /// Whether any figure is an estimate.
+    pub fn estimated(&self) -> bool {
+        self.windows > 0
+    }
+
+    /// A one-line account of what was recorded completely and what is estimated.
+    pub fn describe(&self, tps: f64) -> String {
+        let ms = |t: u64| t as f64 * 1e3 / tps;
+        let total = self.complete_ticks + self.sampled_ticks;
+        if self.sampled_ticks == 0 || total == 0 {
+            return "every call recorded (the run ended inside its first window): figures are exact".into();
+        }
+        let share = self.complete_ticks as f64 / total as f64 * 100.0;
+        if self.windows == 0 {
+            return format!(
+                "calls recorded completely for the first {:.1} ms ({share:.0}% of the run); the remaining {:.1} ms \
+                 had no window: figures cover the first part only",
+                ms(self.complete_ticks),
+                ms(self.sampled_ticks)
+            );
+        }
+        format!(
+            "calls recorded completely for the first {:.1} ms ({share:.0}% of the run), then in {} windows \
+             ({:.1} ms, {:.1}% of the remaining {:.1} ms) scaled by {:.1}: figures marked ~ are estimates",
+            ms(self.complete_ticks),
+            self.windows,
+            ms(self.window_ticks),
+            self.window_ticks as f64 / self.sampled_ticks as f64 * 100.0,
+            ms(self.sampled_ticks),
+            self.scale
+        )
+    }
 }
 
 /// Per loop (code id and head offset).
@@ -134,12 +224,10 @@ struct Frame {
     index: u32,
     /// This activation's node in the call tree (its stack).
     node: u32,
-    entered: u64,
-    /// The thread's running cost sum when the frame was entered.
-    entered_cost: f64,
-    /// Ticks and recorder cost spent in callees.
-    child_ticks: u64,
-    child_cost: f64,
+    /// The thread's effective clocks ([`ThreadState::e`]) when the frame was entered.
+    entered_e: [f64; 2],
+    /// Effective time spent in callees.
+    child_e: [f64; 2],
     /// Whether this activation is the outermost one of its code object on the stack.
     outermost: bool,
     /// The previous event of this frame: ticks, running cost sum, the offset where execution continued
@@ -148,6 +236,23 @@ struct Frame {
     /// Per loop head in this frame: head offset, the loop's position in the pass's loop table, and ticks,
     /// running cost sum and thread event count at the last backward jump to it.
     loops: Vec<(u32, u32, u64, f64, u64)>,
+    /// A call made while the frame's last event was inside a loop: (loop position, ticks from that event
+    /// to the call). If the loop's next event in this frame is its backward jump, the call was inside the
+    /// loop and the iteration's time holds it; otherwise the loop ended before the call and this is the
+    /// unrecorded end of the loop (its tail).
+    pending_tail: Option<(u32, f64)>,
+}
+
+/// Which part of the recording a thread's events are in (FORMAT.md 5.3).
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+enum Phase {
+    /// Every function boundary recorded: a file without windows, or the first window.
+    #[default]
+    Complete,
+    /// A later window: every function boundary recorded, to be scaled.
+    Sampled,
+    /// Between windows: function boundaries not recorded.
+    Gap,
 }
 
 #[derive(Default)]
@@ -159,6 +264,33 @@ struct ThreadState {
     /// Events of this thread so far.
     count: u64,
     active: HashMap<u32, u32>,
+    phase: Phase,
+    /// The tick at which the current `Sampled` window ends.
+    window_end: u64,
+    /// Effective clocks: ticks spent in the complete part and in later windows, minus the recorder's cost
+    /// of the events in them. Frames take differences of these, so time between windows counts nowhere.
+    e: [f64; 2],
+    /// The tick up to which `e` has advanced (`None` before the thread's first event).
+    clock_at: Option<u64>,
+    /// While a window's STACK events arrive: how many frames of the stack they have confirmed.
+    sampling: Option<usize>,
+}
+
+impl ThreadState {
+    /// Advances the effective clocks to tick `t`.
+    #[inline]
+    fn advance(&mut self, t: u64) {
+        let at = self.clock_at.unwrap_or(t);
+        if t > at {
+            let d = ticks_f64(t - at);
+            match self.phase {
+                Phase::Complete => self.e[0] += d,
+                Phase::Sampled => self.e[1] += d,
+                Phase::Gap => {}
+            }
+        }
+        self.clock_at = Some(t.max(at));
+    }
 }
 
 /// Every distinct call stack seen, interned as a tree: node 0 is the root, each other node is (parent,
@@ -167,12 +299,15 @@ struct ThreadState {
 pub struct CallTree {
     nodes: Vec<(u32, u32)>,
     index: HashMap<(u32, u32), u32>,
+    /// Per node: [complete part, window part] of exclusive ticks.
+    parts: Vec<[f64; 2]>,
+    /// Per node: exclusive ticks, the window part scaled (set when the pass ends).
     exclusive: Vec<f64>,
 }
 
 impl Default for CallTree {
     fn default() -> Self {
-        CallTree { nodes: vec![(0, 0)], index: HashMap::default(), exclusive: vec![0.0] }
+        CallTree { nodes: vec![(0, 0)], index: HashMap::default(), parts: vec![[0.0; 2]], exclusive: vec![0.0] }
     }
 }
 
@@ -182,9 +317,16 @@ impl CallTree {
         let id = *self.index.entry((parent, code)).or_insert(next);
         if id == next {
             self.nodes.push((parent, code));
+            self.parts.push([0.0; 2]);
             self.exclusive.push(0.0);
         }
         id
+    }
+
+    fn finish(&mut self, scale: f64) {
+        for (x, p) in self.exclusive.iter_mut().zip(&self.parts) {
+            *x = p[0] + p[1] * scale;
+        }
     }
 
     /// `(code ids from the outermost call, exclusive ticks)` for every stack with time in it.
@@ -234,6 +376,8 @@ pub struct Analysis {
     pub events: u64,
     /// Reader warnings.
     pub warnings: Vec<String>,
+    /// The recording's windows, if it has them (FORMAT.md 5.3): then function figures are estimates.
+    pub windows: Option<Windows>,
 }
 
 impl Analysis {
@@ -270,15 +414,57 @@ impl Tables {
     }
 }
 
+/// What the pass learns of the windows (FORMAT.md 5.3), across threads.
+#[derive(Default)]
+struct WindowLog {
+    /// The recording has windows: function boundaries are recorded in them only.
+    windowed: bool,
+    ticks_per_us: f64,
+    /// When the first window closed.
+    first_close: Option<u64>,
+    /// Later windows by sequence number: (opened, length in ticks).
+    later: HashMap<u32, (u64, u64)>,
+    /// The last tick of any event.
+    end: u64,
+}
+
+impl WindowLog {
+    fn len_ticks(&self, len_us: u32) -> u64 {
+        (len_us as f64 * self.ticks_per_us).ceil() as u64
+    }
+
+    fn summary(&self, start: u64) -> Option<Windows> {
+        if !self.windowed {
+            return None;
+        }
+        let close = self.first_close.unwrap_or(self.end).clamp(start, self.end.max(start));
+        let mut w =
+            Windows { complete_ticks: close - start, sampled_ticks: self.end.max(close) - close, ..Windows::default() };
+        for &(open, len) in self.later.values() {
+            if open < self.end {
+                w.windows += 1;
+                w.window_ticks += len.min(self.end - open);
+            }
+        }
+        if w.window_ticks > 0 {
+            w.scale = w.sampled_ticks as f64 / w.window_ticks as f64;
+        }
+        Some(w)
+    }
+}
+
 /// Reads `path` once and analyzes it.
 pub fn analyze(path: &Path, opts: ReadOptions) -> ocular_format::Result<Analysis> {
     let mut r = Reader::open_with(path, opts)?;
     let header = r.header().clone();
     let mut a = Analysis::default();
     let mut cost = [header.event_cost_ticks.max(0.0); 256];
+    zero_marker_costs(&mut cost);
     let precise = header.options.mode == Mode::Precise;
     let mut threads: HashMap<u64, ThreadState> = HashMap::default();
     let mut tables = Tables::default();
+    // Since 2.2 a thresholded recording records function boundaries in windows only (FORMAT.md 5.3).
+    let mut log = WindowLog { ticks_per_us: header.ticks_per_second / 1e6, ..WindowLog::default() };
     crate::progress::begin("analyzing", std::fs::metadata(path).map(|m| m.len()).unwrap_or(0));
     while let Some(c) = r.next_chunk()? {
         crate::progress::at(c.info.offset);
@@ -288,7 +474,7 @@ pub fn analyze(path: &Path, opts: ReadOptions) -> ocular_format::Result<Analysis
                 let ts = threads.entry(tid).or_default();
                 let per = a.per_thread.entry(tid).or_default();
                 for e in evs {
-                    step(ts, e, &cost, precise, &mut tables, &mut a.tree, per);
+                    step(ts, e, &cost, precise, &mut tables, &mut a.tree, per, &mut log);
                 }
                 a.events += evs.len() as u64;
             }
@@ -310,28 +496,44 @@ pub fn analyze(path: &Path, opts: ReadOptions) -> ocular_format::Result<Analysis
             }
             Body::Calibration(c) => {
                 cost = c.table(header.event_cost_ticks.max(0.0));
+                zero_marker_costs(&mut cost);
                 a.calibration = Some(c);
             }
             Body::Lost(_) | Body::Trailer(_) | Body::Skipped(_) => {}
         }
     }
-    // Frames still open at the end (the recording stopped inside them) end at their thread's last event.
+    // Frames still open at the end (the recording stopped inside them) end at their thread's last event,
+    // or, in a window, when the window or the recording ended.
     for (tid, ts) in threads.iter_mut() {
         let per = a.per_thread.entry(*tid).or_default();
+        finish_sample(ts, ts.last_ticks, &mut a.tree, per, &mut tables);
+        let end = match ts.phase {
+            Phase::Sampled => ts.window_end.min(log.end),
+            _ => ts.last_ticks,
+        };
+        ts.advance(end);
         while !ts.stack.is_empty() {
-            let end = ts.last_ticks;
-            pop(ts, end, &mut a.tree, per);
+            pop(ts, end, &mut a.tree, per, &mut tables);
+        }
+    }
+    let windows = log.summary(header.start_ticks);
+    let scale = windows.as_ref().map_or(0.0, |w| w.scale);
+    a.windows = windows;
+    a.tree.finish(scale);
+    for per in a.per_thread.values_mut() {
+        for s in per.values_mut() {
+            s.finish(scale);
         }
     }
     // Threads merged: the per-thread statistics summed (kept per thread during the pass: one update per
     // call instead of two).
     for per in a.per_thread.values() {
         for (id, s) in per {
-            let m = a.functions.entry(*id).or_default();
-            m.calls += s.calls;
-            m.inclusive += s.inclusive;
-            m.exclusive += s.exclusive;
+            a.functions.entry(*id).or_default().add(s);
         }
+    }
+    for s in a.functions.values_mut() {
+        s.finish(scale);
     }
     for (key, mut stats) in tables.loop_keys.into_iter().zip(tables.loops) {
         if !stats.blocks.is_empty() {
@@ -348,6 +550,13 @@ pub fn analyze(path: &Path, opts: ReadOptions) -> ocular_format::Result<Analysis
     Ok(a)
 }
 
+/// Window markers and stacks are written by the recorder, not callbacks: they cost the program nothing.
+fn zero_marker_costs(cost: &mut [f64; 256]) {
+    for k in [EventKind::WINDOW, EventKind::WINDOW_END, EventKind::STACK] {
+        cost[k as usize] = 0.0;
+    }
+}
+
 #[allow(clippy::too_many_arguments)]
 #[inline]
 fn step(
@@ -358,46 +567,107 @@ fn step(
     tables: &mut Tables,
     tree: &mut CallTree,
     per: &mut HashMap<u32, FunctionStats>,
+    log: &mut WindowLog,
 ) {
     let t = e.ticks.get();
     let id = e.code.get();
     let off = e.offset.get();
-    ts.cost += cost[e.kind as usize];
+    log.end = log.end.max(t);
+    if ts.phase == Phase::Sampled && t >= ts.window_end {
+        // The window ended before this event: function boundaries stopped being recorded then.
+        ts.advance(ts.window_end);
+        ts.phase = Phase::Gap;
+    }
+    if ts.sampling.is_some() && e.event_kind() != Some(EventKind::STACK) {
+        // The window's stack is complete: frames above what it confirmed have returned.
+        finish_sample(ts, t, tree, per, tables);
+    }
+    match e.event_kind() {
+        // A window stands for its lead too (FORMAT.md 5.3): it starts `lead` before its marker, and the
+        // stack that follows is entered then; the clock catches up at the first event after the stack.
+        Some(EventKind::WINDOW) => {
+            let lead = log.len_ticks(id).min(t.saturating_sub(ts.clock_at.unwrap_or(0)));
+            ts.advance(t - lead);
+        }
+        Some(EventKind::STACK) => {}
+        _ => ts.advance(t),
+    }
+    let c = cost[e.kind as usize];
+    ts.cost += c;
+    match ts.phase {
+        Phase::Complete => ts.e[0] -= c,
+        Phase::Sampled => ts.e[1] -= c,
+        Phase::Gap => {}
+    }
     ts.last_ticks = t;
     ts.count += 1;
     let count = ts.count;
     let Some(kind) = e.event_kind() else { return };
     match kind {
+        EventKind::WINDOW => {
+            let seq = off;
+            let len_us = e.arg.get();
+            log.windowed = true;
+            if len_us == u32::MAX {
+                ts.phase = Phase::Complete;
+            } else {
+                let len = log.len_ticks(len_us);
+                let lead = log.len_ticks(id).min(t);
+                log.later.entry(seq).or_insert((t - lead, len + lead));
+                ts.phase = Phase::Sampled;
+                ts.window_end = t.saturating_add(len);
+            }
+            ts.sampling = Some(0);
+        }
+        EventKind::WINDOW_END => {
+            if off == 0 {
+                log.first_close = Some(log.first_close.map_or(t, |c| c.min(t)));
+            }
+            ts.phase = Phase::Gap;
+        }
+        EventKind::STACK => {
+            let Some(depth) = ts.sampling else { return };
+            if id == 0 {
+                return; // a frame of code that is not recorded: not on the analysis' stacks either
+            }
+            if ts.stack.get(depth).is_some_and(|f| f.code == id) {
+                // The same activation as before the gap, as far as can be told. Its loops' unrecorded time
+                // ends here if the frame is now outside them.
+                if depth + 1 == ts.stack.len() {
+                    block(ts, t, off, precise, tables);
+                }
+                let now = ts.cost;
+                let f = &mut ts.stack[depth];
+                f.prev = Some((t, now, off));
+            } else {
+                while ts.stack.len() > depth {
+                    pop(ts, t, tree, per, tables);
+                }
+                push(ts, id, t, off, tables, tree);
+            }
+            ts.sampling = Some(depth + 1);
+        }
         EventKind::PY_START | EventKind::PY_RESUME | EventKind::PY_THROW => {
             if kind == EventKind::PY_START {
-                per.entry(id).or_default().calls += 1;
+                let s = per.entry(id).or_default();
+                match ts.phase {
+                    Phase::Complete => s.parts.calls[0] += 1,
+                    Phase::Sampled => s.parts.calls[1] += 1,
+                    Phase::Gap => {}
+                }
             }
-            let depth = ts.active.entry(id).or_insert(0);
-            *depth += 1;
-            let outermost = *depth == 1;
-            let parent = ts.stack.last().map_or(0, |f| f.node);
-            ts.stack.push(Frame {
-                code: id,
-                index: tables.code_index(id),
-                node: tree.child(parent, id),
-                entered: t,
-                entered_cost: ts.cost,
-                child_ticks: 0,
-                child_cost: 0.0,
-                outermost,
-                prev: Some((t, ts.cost, off)),
-                loops: Vec::new(),
-            });
+            call_from_loop(ts, t, tables);
+            push(ts, id, t, off, tables, tree);
         }
         EventKind::PY_RETURN | EventKind::PY_YIELD | EventKind::PY_UNWIND => {
             // An exit without its entry (recording started inside the function) is ignored; an exit of a
             // frame below the top closes the frames above it (events lost or filtered in between).
             if let Some(pos) = ts.stack.iter().rposition(|f| f.code == id) {
                 while ts.stack.len() > pos + 1 {
-                    pop(ts, t, tree, per);
+                    pop(ts, t, tree, per, tables);
                 }
                 block(ts, t, off, precise, tables);
-                pop(ts, t, tree, per);
+                pop(ts, t, tree, per, tables);
             }
         }
         EventKind::JUMP
@@ -405,9 +675,20 @@ fn step(
         | EventKind::BRANCH_LEFT
         | EventKind::BRANCH_RIGHT
         | EventKind::INSTRUCTION => {
-            let Some(top) = ts.stack.last() else { return };
-            if top.code != id {
-                return;
+            if ts.stack.last().map_or(true, |f| f.code != id) {
+                if ts.phase != Phase::Gap {
+                    return;
+                }
+                // Between windows calls are not recorded: the frames above the one this event is in have
+                // returned, or it was called since.
+                match ts.stack.iter().rposition(|f| f.code == id) {
+                    Some(pos) => {
+                        while ts.stack.len() > pos + 1 {
+                            pop(ts, t, tree, per, tables);
+                        }
+                    }
+                    None => push(ts, id, t, off, tables, tree),
+                }
             }
             block(ts, t, off, precise, tables);
             let now = ts.cost;
@@ -428,6 +709,10 @@ fn step(
                     Some(i) => top.loops[i].1,
                     None => tables.loop_id((id, dest)),
                 };
+                if top.pending_tail.is_some_and(|p| p.0 == li) {
+                    // The call was inside the loop: this iteration's time holds it.
+                    top.pending_tail = None;
+                }
                 let stats = &mut tables.loops[li as usize];
                 stats.iterations += 1;
                 stats.end = stats.end.max(off);
@@ -452,6 +737,60 @@ fn step(
     }
 }
 
+/// Pushes a frame of code `id` entered at tick `t` (a call, or a frame found on a window's stack).
+fn push(ts: &mut ThreadState, id: u32, t: u64, off: u32, tables: &Tables, tree: &mut CallTree) {
+    let depth = ts.active.entry(id).or_insert(0);
+    *depth += 1;
+    let outermost = *depth == 1;
+    let parent = ts.stack.last().map_or(0, |f| f.node);
+    ts.stack.push(Frame {
+        code: id,
+        index: tables.code_index(id),
+        node: tree.child(parent, id),
+        entered_e: ts.e,
+        child_e: [0.0; 2],
+        outermost,
+        prev: Some((t, ts.cost, off)),
+        loops: Vec::new(),
+        pending_tail: None,
+    });
+}
+
+/// A call from the top frame while its last event was inside one of its loops: the time from that event
+/// to the call is the loop's, either as part of an iteration (if the loop's backward jump follows) or as
+/// its unrecorded end (see `Frame::pending_tail`).
+fn call_from_loop(ts: &mut ThreadState, t: u64, tables: &Tables) {
+    let now = ts.cost;
+    let Some(top) = ts.stack.last_mut() else { return };
+    let Some((pt, pc, at)) = top.prev else { return };
+    if top.pending_tail.is_some() {
+        return;
+    }
+    // The innermost loop that holds the last event's offset.
+    let inner = top
+        .loops
+        .iter()
+        .map(|l| (l.0, l.1, tables.loops[l.1 as usize].end))
+        .filter(|&(head, _, end)| head <= at && at <= end)
+        .max_by_key(|&(head, ..)| head);
+    let Some((_, li, _)) = inner else { return };
+    top.pending_tail = Some((li, (ticks_f64(t.saturating_sub(pt)) - (now - pc)).max(0.0)));
+}
+
+/// The end of a window's STACK events: frames above the last one they confirmed have returned.
+fn finish_sample(
+    ts: &mut ThreadState,
+    t: u64,
+    tree: &mut CallTree,
+    per: &mut HashMap<u32, FunctionStats>,
+    tables: &mut Tables,
+) {
+    let Some(depth) = ts.sampling.take() else { return };
+    while ts.stack.len() > depth {
+        pop(ts, t, tree, per, tables);
+    }
+}
+
 /// A tick difference as f64. Through i64: one instruction, where u64 to f64 takes a branchy sequence on
 /// x86-64, once per event. (Differences beyond 2^63 ticks, a century, do not occur.)
 #[inline(always)]
@@ -464,6 +803,19 @@ fn ticks_f64(d: u64) -> f64 {
 #[inline(always)]
 fn block(ts: &mut ThreadState, t: u64, off: u32, precise: bool, tables: &mut Tables) {
     let now = ts.cost;
+    // A call made from inside a loop whose frame now goes on outside it: the loop ended before the call
+    // (its unrecorded end is the time up to the call), and what ran after the call is not the loop's.
+    let mut ended_before_call = None;
+    if let Some(top) = ts.stack.last_mut() {
+        if let Some((li, ticks)) = top.pending_tail.take() {
+            let stats = &mut tables.loops[li as usize];
+            let (head, end) = (tables.loop_keys[li as usize].1, stats.end);
+            if !(head <= off && off <= end) {
+                stats.tail_ticks += ticks;
+                ended_before_call = Some(li);
+            }
+        }
+    }
     let Some(top) = ts.stack.last() else { return };
     if top.loops.is_empty() {
         return;
@@ -472,6 +824,9 @@ fn block(ts: &mut ThreadState, t: u64, off: u32, precise: bool, tables: &mut Tab
     // The recorder's cost of this event and of every event in between (callees' included).
     let ticks = (ticks_f64(t - pt) - (now - pc)).max(0.0);
     for &(head, li, ..) in &top.loops {
+        if ended_before_call == Some(li) {
+            continue;
+        }
         let stats = &mut tables.loops[li as usize];
         let end = stats.end;
         if precise {
@@ -499,28 +854,33 @@ fn block(ts: &mut ThreadState, t: u64, off: u32, precise: bool, tables: &mut Tab
     }
 }
 
-fn pop(ts: &mut ThreadState, t: u64, tree: &mut CallTree, per: &mut HashMap<u32, FunctionStats>) {
+fn pop(ts: &mut ThreadState, t: u64, tree: &mut CallTree, per: &mut HashMap<u32, FunctionStats>, tables: &mut Tables) {
     let now = ts.cost;
     let Some(f) = ts.stack.pop() else { return };
     if let Some(d) = ts.active.get_mut(&f.code) {
         *d = d.saturating_sub(1);
     }
-    let span = t.saturating_sub(f.entered);
-    // The recorder's cost inside the span: the closing event's and every event's in between.
-    let span_cost = now - f.entered_cost;
+    if let Some((li, ticks)) = f.pending_tail {
+        tables.loops[li as usize].tail_ticks += ticks;
+    }
     // Not clamped per frame: a short frame's corrected time can come out slightly negative (the calibrated
     // cost is an average), and clamping each would bias the sums up; the totals are clamped when reported.
-    let inclusive = ticks_f64(span) - span_cost;
-    let exclusive = ticks_f64(span.saturating_sub(f.child_ticks)) - (span_cost - f.child_cost);
-    tree.exclusive[f.node as usize] += exclusive;
-    let stats = per.entry(f.code).or_default();
-    if f.outermost {
-        stats.inclusive += inclusive;
+    let inclusive: [f64; 2] = std::array::from_fn(|i| ts.e[i] - f.entered_e[i]);
+    let exclusive: [f64; 2] = std::array::from_fn(|i| inclusive[i] - f.child_e[i]);
+    for (node, x) in tree.parts[f.node as usize].iter_mut().zip(exclusive) {
+        *node += x;
     }
-    stats.exclusive += exclusive;
+    let stats = per.entry(f.code).or_default();
+    for i in 0..2 {
+        if f.outermost {
+            stats.parts.inclusive[i] += inclusive[i];
+        }
+        stats.parts.exclusive[i] += exclusive[i];
+    }
     if let Some(parent) = ts.stack.last_mut() {
-        parent.child_ticks += span;
-        parent.child_cost += span_cost;
+        for (c, x) in parent.child_e.iter_mut().zip(inclusive) {
+            *c += x;
+        }
         // The parent continues after the call: its block restarts now.
         if let Some(p) = &mut parent.prev {
             p.0 = t;

@@ -203,7 +203,12 @@ impl std::fmt::Display for HotReport {
             writeln!(f)?;
             let sampled = if l.sampled { " (first ones only: de-instrumented at the threshold)" } else { "" };
             let unrecorded = if l.unrecorded_ns > 0.0 && l.sampled {
-                format!(" ({:.3} ms of it after recording stopped)", l.unrecorded_ns / 1e6)
+                format!(
+                    " ({:.3} ms of it after the threshold stopped recording the loop, timed from its last recorded \
+                     event to its frame's next event outside it; ~{:.0} iterations in all at that rate)",
+                    l.unrecorded_ns / 1e6,
+                    if l.ns_per_iteration > 0.0 { l.total_ns / l.ns_per_iteration } else { 0.0 }
+                )
             } else {
                 String::new()
             };

@@ -44,6 +44,13 @@ pub struct Row {
     pub exclusive_ms: f64,
     /// Inclusive µs per call.
     pub mean_us: f64,
+    /// Calls, inclusive and exclusive times are estimates: scaled up from the recording's windows
+    /// (FORMAT.md 5.3) for the part of the run after its first window. Marked `~` in the text.
+    pub estimated: bool,
+    /// `calls` is an estimate (some were recorded in windows after the first).
+    pub calls_estimated: bool,
+    /// Calls actually recorded (equal to `calls` unless `estimated`).
+    pub observed_calls: u64,
 }
 
 /// Rows for every function, merged over threads or per thread, in the order `sort` asks for (per thread,
@@ -66,6 +73,9 @@ pub fn rows(a: &Analysis, per_thread: bool, sort: SortBy) -> Vec<Row> {
                 inclusive_ms,
                 exclusive_ms: a.ns(s.exclusive.max(0.0)) / 1e6,
                 mean_us: if s.calls > 0 { inclusive_ms * 1e3 / s.calls as f64 } else { 0.0 },
+                estimated: s.estimated,
+                calls_estimated: s.calls_estimated,
+                observed_calls: s.observed_calls,
             });
         }
     };
@@ -189,9 +199,13 @@ pub fn report(a: &Analysis, span: Span, per_thread: bool, sort: SortBy, top: usi
     Report { span, per_thread, tables, note }
 }
 
-/// With a de-instrumentation threshold, a function's calls after its first `n` are not recorded.
+/// What the figures cover: with windows, which part is estimated; in a thresholded recording made before
+/// windows (format 2.1 and earlier), that a function's calls after its first `n` were not recorded.
 fn threshold_note(a: &Analysis, rows: &[Row]) -> Option<String> {
     let h = a.header.as_ref()?;
+    if let Some(w) = &a.windows {
+        return Some(w.describe(h.ticks_per_second));
+    }
     let n = h.options.deinstrument_threshold;
     (n > 0 && h.options.mode != ocular_format::Mode::Calls && rows.iter().any(|r| r.calls >= n as u64)).then(|| {
         format!(
@@ -235,10 +249,18 @@ impl fmt::Display for Report {
             )?;
             for ShareRow { row: r, wall_share, .. } in &t.rows {
                 let share = wall_share.map_or_else(|| "-".to_string(), |s| format!("{:.1}%", s * 100.0));
+                // An estimate reads as one: `~` before every figure scaled up from windows.
+                let m = if r.estimated { "~" } else { "" };
                 writeln!(
                     f,
-                    "{:>10} {:>12.3} {share:>7} {:>12.3} {:>11.3}  {}  {}:{}",
-                    r.calls, r.inclusive_ms, r.exclusive_ms, r.mean_us, r.function, r.file, r.line
+                    "{:>10} {:>12} {share:>7} {:>12} {:>11.3}  {}  {}:{}",
+                    format!("{}{}", if r.calls_estimated { "~" } else { "" }, r.calls),
+                    format!("{m}{:.3}", r.inclusive_ms),
+                    format!("{m}{:.3}", r.exclusive_ms),
+                    r.mean_us,
+                    r.function,
+                    r.file,
+                    r.line
                 )?;
             }
             if t.more > 0 {

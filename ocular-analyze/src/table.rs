@@ -17,7 +17,8 @@
 //!   stopped, e.g. `BINARY_OP_ADD_INT`; null when unknown or still instrumented at stop).
 //! - calls, in the order activations end: `thread_id` u64, `call_id` u64 (numbered in the order
 //!   activations begin), `parent` u64? (the caller's `call_id`), `depth` u32, `code_id` u32, `function`
-//!   text, `file` text, `line` u32 (first line), `start_ns` i64, `end_ns` i64, `duration_ns` i64. Times
+//!   text, `file` text, `line` u32 (first line), `start_ns` i64, `end_ns` i64, `duration_ns` i64, `window`
+//!   i32? (the window it was recorded in, FORMAT.md 5.3), `clipped` bool (a window edge cut it). Times
 //!   are raw: the recorder's own cost is not subtracted (`stats` does that).
 //! - code: `code_id` u32, `function`, `name`, `file` text, `first_line` u32, `last_line` i32?,
 //!   `instructions` u32, `bytecode` binary (base), `specialized_bytecode` binary? (at stop).
@@ -76,6 +77,8 @@ pub enum Column {
     Dict(Vec<u32>, Arc<Vec<String>>),
     /// Bytes, nullable.
     Binary(Vec<Option<Vec<u8>>>),
+    /// Booleans.
+    Bool(Vec<bool>),
 }
 
 impl Column {
@@ -89,6 +92,7 @@ impl Column {
             Column::OptI32(v) => v.len(),
             Column::Dict(v, _) => v.len(),
             Column::Binary(v) => v.len(),
+            Column::Bool(v) => v.len(),
         }
     }
 
@@ -390,6 +394,8 @@ struct Calls {
     line: Vec<u32>,
     start_ns: Vec<i64>,
     end_ns: Vec<i64>,
+    window: Vec<Option<i32>>,
+    clipped: Vec<bool>,
 }
 
 impl Calls {
@@ -410,6 +416,8 @@ impl Calls {
                 ("start_ns", Column::I64(c.start_ns)),
                 ("end_ns", Column::I64(c.end_ns)),
                 ("duration_ns", Column::I64(duration)),
+                ("window", Column::OptI32(c.window)),
+                ("clipped", Column::Bool(c.clipped)),
             ],
         }
     }
@@ -513,6 +521,8 @@ pub fn build(
                     calls.line.push(co.first_line);
                     calls.start_ns.push(ns(call.start));
                     calls.end_ns.push(ns(ticks));
+                    calls.window.push(call.window.map(|w| w as i32));
+                    calls.clipped.push(call.clipped);
                     if calls.call_id.len() >= batch_rows {
                         let b = calls.take(&mut d);
                         count(&mut summary, Table::Calls, &b);

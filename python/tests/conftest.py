@@ -17,11 +17,15 @@ import workloads  # noqa: E402
 WORKLOADS_FILE = workloads.__file__
 LOCATION_EVENTS = {"JUMP", "BRANCH", "BRANCH_LEFT", "BRANCH_RIGHT", "INSTRUCTION"}
 NO_DISABLE = {"PY_UNWIND", "PY_THROW"}
+# Ocular's own event kinds (FORMAT.md 5.3), not sys.monitoring events.
+WINDOW_MARKERS = {"WINDOW", "WINDOW_END", "STACK"}
 
 
 class Reference:
     """What a plain-Python sys.monitoring tool sees: the same events Ocular asks for, with the same
-    de-instrumentation rule (return DISABLE at the N-th hit of a jump/branch/instruction location)."""
+    de-instrumentation rule (return DISABLE at the N-th hit of a jump/branch/instruction location), and,
+    with a threshold, function boundaries recorded only in the recording's first window: until the first
+    code object reaches N calls (FORMAT.md 5.3; the tests that use it make the later windows never come)."""
 
     def __init__(self, event_names, threshold=0, tool=4):
         self.names = event_names
@@ -29,7 +33,8 @@ class Reference:
         self.tool = tool
         self.events = collections.defaultdict(list)  # native thread id -> [(kind, qualname, offset, dest)]
         self.hits = collections.Counter()
-        self.calls = collections.defaultdict(lambda: [0, 0, False])  # code -> [entries, open, off]
+        self.calls = collections.Counter()  # code -> PY_START events
+        self.window_open = True
 
     def _cb(self, name):
         mon = sys.monitoring
@@ -40,20 +45,12 @@ class Reference:
             if code.co_filename != WORKLOADS_FILE:
                 return None if name in NO_DISABLE else mon.DISABLE
             if self.threshold and not location:
-                # A code object's first N entries and their exits; then entries off, exits once none is open.
-                st = self.calls[code]
-                skip = None if name in NO_DISABLE else mon.DISABLE
-                if name in ("PY_START", "PY_RESUME", "PY_THROW"):
-                    if st[2]:
-                        return skip
-                    st[1] += 1
-                    if name != "PY_THROW":
-                        st[0] += 1
-                        st[2] = st[0] >= self.threshold
-                else:
-                    if st[2] and st[1] == 0:
-                        return skip
-                    st[1] = max(0, st[1] - 1)
+                # Every function boundary until a code object's N-th call (recorded), none after it.
+                if not self.window_open:
+                    return None if name in NO_DISABLE else mon.DISABLE
+                if name == "PY_START":
+                    self.calls[code] += 1
+                    self.window_open = self.calls[code] < self.threshold
             dest = rest[0] if has_dest else 0
             if location and self.threshold and name == "JUMP" and dest < offset:
                 # Backward jumps: twice the threshold, counted per loop head; past it, off unrecorded.
@@ -98,11 +95,16 @@ def read_ocl(path, salvage=False):
     f = _ocular.read(path, salvage)
     code = f["code"]
     per_thread = collections.defaultdict(list)
+    markers = collections.defaultdict(list)
     for tid, ticks, kind, cid, off, arg in f["events"]:
+        if kind in WINDOW_MARKERS:
+            markers[tid].append((kind, ticks, cid, off, arg))
+            continue
         qual, filename, _, _ = code[cid]
         if filename == WORKLOADS_FILE:
             per_thread[tid].append((kind, qual, off, arg))
     f["workload"] = per_thread
+    f["markers"] = markers
     return f
 
 

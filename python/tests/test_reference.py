@@ -50,9 +50,11 @@ def test_modes_record_their_event_kinds(ocl):
     assert kinds["precise"] == kinds["calls"] | {"INSTRUCTION"}
 
 
-def test_threshold_stops_each_location_and_each_functions_calls_after_n_hits(ocl):
-    with ocular.record(ocl, mode="adaptive", deinstrument_threshold=7):
-        with Reference(event_names("adaptive"), threshold=7) as ref:
+def test_threshold_stops_each_location_after_n_hits_and_calls_at_the_first_nth_call(ocl):
+    # window_period: no window after the first one (which closes at the first code object's 7th call). The
+    # reference starts first: its own set-up runs Python, whose calls would count towards the first window.
+    with Reference(event_names("adaptive"), threshold=7) as ref:
+        with ocular.record(ocl, mode="adaptive", deinstrument_threshold=7, window_period=1e4):
             for _ in range(20):
                 workloads.loop(30)
             workloads.fib(12)
@@ -64,7 +66,8 @@ def test_threshold_stops_each_location_and_each_functions_calls_after_n_hits(ocl
     (tid,) = f["workload"]
     assert f["workload"][tid] == ref.events[tid]
     c = counts(f["workload"])
-    assert c[("loop", "PY_START")] == 7 and c[("loop", "PY_RETURN")] == 7, "the first 7 calls and their returns"
+    assert c[("loop", "PY_START")] == 7 and c[("loop", "PY_RETURN")] == 6, "7 calls; the 7th closed the window"
+    assert c[("fib", "PY_START")] == 0, "no function boundary after the first window"
     per_location = {}
     for kind, qual, off, dest in f["workload"][next(iter(f["workload"]))]:
         if kind in ("JUMP", "BRANCH"):

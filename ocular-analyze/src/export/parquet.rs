@@ -11,7 +11,7 @@ use crate::table::{self, Batch, Column, Sink, Summary, Table, NULL_CODE};
 use anyhow::Context;
 use ocular_format::ReadOptions;
 use polars::prelude::{
-    ArrayRef, ArrowDataType, ArrowSchema, BinaryChunked, Categorical16Chunked, Categorical32Chunked,
+    ArrayRef, ArrowDataType, ArrowSchema, BinaryChunked, BooleanChunked, Categorical16Chunked, Categorical32Chunked,
     Categorical8Chunked, CategoricalPhysical, ChunkedArray, CompatLevel, DataFrame, DataType, FrozenCategories,
     Int32Type, Int64Type, IntoColumn, IntoSeries, PlSmallStr, PolarsNumericType, PolarsResult, SchemaExt, Series,
     UInt16Type, UInt32Type, UInt64Type, UInt8Type,
@@ -128,6 +128,7 @@ fn dataframe(batch: Batch, enums: &mut Enums) -> anyhow::Result<DataFrame> {
             Column::OptI32(v) => physical::<Int32Type, i32>(name, &v, |x| x).into_series(),
             Column::Dict(codes, dict) => enum_series(name, &codes, &dict, enums)?,
             Column::Binary(v) => v.into_iter().collect::<BinaryChunked>().with_name(name).into_series(),
+            Column::Bool(v) => v.into_iter().map(Some).collect::<BooleanChunked>().with_name(name).into_series(),
         };
         cols.push(s.into_column());
     }

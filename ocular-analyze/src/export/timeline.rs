@@ -9,6 +9,9 @@
 //! - Every activation gets a call id, counted from 0 in the order activations begin (file order).
 //! - `Loop` at every backward JUMP in the frame on top: `cycles` are the ticks since the previous
 //!   iteration of that loop in the same frame (none for the first), `uops` the instructions in the body.
+//! - A recording with windows (FORMAT.md 5.3) has slices inside windows only: a window's stack begins
+//!   frames at its opening, and every frame still open when the window closes ends there. Such slices are
+//!   `clipped` (a window edge, not the call's own start or end), and every call carries its window.
 
 use ocular_format::{Body, CodeObject, EventKind, Header, RawEvent, ReadOptions, Reader};
 use rustc_hash::FxHashMap as HashMap;
@@ -88,6 +91,11 @@ pub struct Call {
     pub start: u64,
     /// Frames below it on its thread's recorded stack (0 for the outermost).
     pub depth: u32,
+    /// The window it was recorded in (FORMAT.md 5.3); `None` in a recording without windows.
+    pub window: Option<u32>,
+    /// Its start or its end is a window's edge, not the call's own: it began before the window opened
+    /// (found on the window's stack) or was still running when the window closed.
+    pub clipped: bool,
 }
 
 struct Frame {
@@ -100,6 +108,11 @@ struct Frame {
 struct Thread {
     stack: Vec<Frame>,
     last: u64,
+    /// Function boundaries are being recorded (always, in a recording without windows).
+    open: bool,
+    /// The current window's sequence number and, for a timed one, its end tick.
+    window: Option<u32>,
+    window_end: Option<u64>,
 }
 
 /// An opened trace, ready to be walked.
@@ -147,6 +160,7 @@ impl Timeline {
         let mut threads: HashMap<u64, Thread> = HashMap::default();
         let mut read = 0u64;
         let mut calls = 0u64;
+        let ticks_per_us = header.ticks_per_second / 1e6;
         crate::progress::begin("exporting", self.size);
         while let Some(c) = self.reader.next_chunk()? {
             crate::progress::at(c.info.offset);
@@ -164,19 +178,49 @@ impl Timeline {
                     if !threads.contains_key(&tid) {
                         f(&code, Item::Thread { tid, name: names.get(&tid).map(String::as_str) })?;
                     }
-                    let th = threads.entry(tid).or_default();
+                    let th = threads.entry(tid).or_insert_with(|| Thread { open: true, ..Thread::default() });
                     read += evs.len() as u64;
                     f(&code, Item::Events { tid, events: evs })?;
                     for e in evs {
                         let (id, ticks) = (e.code.get(), e.ticks.get());
                         th.last = ticks;
+                        if let Some(end) = th.window_end.filter(|&end| ticks >= end) {
+                            close_window(th, tid, end, &code, &mut f)?;
+                        }
                         match e.event_kind() {
-                            Some(EventKind::PY_START | EventKind::PY_RESUME | EventKind::PY_THROW) => {
+                            Some(EventKind::WINDOW) => {
+                                close_window(th, tid, ticks, &code, &mut f)?;
+                                let len = e.arg.get();
+                                th.open = true;
+                                th.window = Some(e.offset.get());
+                                th.window_end = (len != u32::MAX)
+                                    .then(|| ticks.saturating_add((len as f64 * ticks_per_us).ceil() as u64));
+                            }
+                            Some(EventKind::WINDOW_END) => {
+                                close_window(th, tid, ticks, &code, &mut f)?;
+                                th.open = false;
+                            }
+                            Some(EventKind::STACK) if th.open && id != 0 => {
                                 let call = Call {
                                     id: calls,
                                     parent: th.stack.last().map(|fr| fr.call.id),
                                     start: ticks,
                                     depth: th.stack.len() as u32,
+                                    window: th.window,
+                                    clipped: true,
+                                };
+                                calls += 1;
+                                th.stack.push(Frame { code: id, call, loops: Vec::new() });
+                                f(&code, Item::Begin { tid, ticks, code: id })?;
+                            }
+                            Some(EventKind::PY_START | EventKind::PY_RESUME | EventKind::PY_THROW) if th.open => {
+                                let call = Call {
+                                    id: calls,
+                                    parent: th.stack.last().map(|fr| fr.call.id),
+                                    start: ticks,
+                                    depth: th.stack.len() as u32,
+                                    window: th.window,
+                                    clipped: false,
                                 };
                                 calls += 1;
                                 th.stack.push(Frame { code: id, call, loops: Vec::new() });
@@ -214,15 +258,40 @@ impl Timeline {
             }
         }
         crate::progress::end();
+        let last = threads.values().map(|t| t.last).max().unwrap_or(0);
         let mut tids: Vec<u64> = threads.keys().copied().collect();
         tids.sort_unstable();
         for tid in tids {
             let th = threads.get_mut(&tid).expect("key");
-            while let Some(fr) = th.stack.pop() {
-                f(&code, Item::End { tid, ticks: th.last, code: fr.code, call: fr.call })?;
+            let end = th.window_end.map_or(th.last, |e| e.min(th.last.max(last)));
+            let clipped = th.window.is_some();
+            while let Some(mut fr) = th.stack.pop() {
+                fr.call.clipped |= clipped;
+                f(&code, Item::End { tid, ticks: end, code: fr.code, call: fr.call })?;
             }
             f(&code, Item::ThreadDone { tid, name: names.get(&tid).map(String::as_str) })?;
         }
         Ok((read, self.reader.report().warnings(&self.path)))
     }
+}
+
+/// Ends every open frame of a thread at `ticks`, where its window closed, and stops taking function
+/// boundaries until the next window.
+fn close_window(
+    th: &mut Thread,
+    tid: u64,
+    ticks: u64,
+    code: &HashMap<u32, CodeObject>,
+    f: &mut impl FnMut(&HashMap<u32, CodeObject>, Item<'_>) -> std::io::Result<()>,
+) -> std::io::Result<()> {
+    if th.window.is_none() {
+        return Ok(());
+    }
+    while let Some(mut fr) = th.stack.pop() {
+        fr.call.clipped = true;
+        f(code, Item::End { tid, ticks, code: fr.code, call: fr.call })?;
+    }
+    th.open = false;
+    th.window_end = None;
+    Ok(())
 }

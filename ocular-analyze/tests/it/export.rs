@@ -127,7 +127,7 @@ fn flame_graph_stacks_sum_to_the_exclusive_times_of_stats() {
 
 /// Collects batches as (table, rows, columns).
 #[derive(Default)]
-struct Collect(Vec<(ocular_analyze::table::Table, ocular_analyze::table::Batch)>);
+pub(crate) struct Collect(pub(crate) Vec<(ocular_analyze::table::Table, ocular_analyze::table::Batch)>);
 
 impl ocular_analyze::table::Sink for Collect {
     fn batch(&mut self, t: ocular_analyze::table::Table, b: ocular_analyze::table::Batch) -> anyhow::Result<()> {
@@ -137,7 +137,7 @@ impl ocular_analyze::table::Sink for Collect {
     }
 }
 
-fn texts(b: &ocular_analyze::table::Batch, name: &str) -> Vec<Option<String>> {
+pub(crate) fn texts(b: &ocular_analyze::table::Batch, name: &str) -> Vec<Option<String>> {
     use ocular_analyze::table::Column;
     match &b.columns.iter().find(|c| c.0 == name).expect("column").1 {
         Column::Dict(codes, dict) => {

@@ -4,6 +4,7 @@ mod cli;
 mod export;
 mod golden;
 mod reports;
+mod windows;
 
 /// `testdata/` at the top of the workspace.
 pub fn testdata(rel: &str) -> std::path::PathBuf {

@@ -1,0 +1,186 @@
+"""Does the default mode's function view agree with a full trace? For each program, the top 3 functions by
+exclusive time in the default mode (adaptive, threshold 500: calls recorded in windows after the first
+500 calls of any function, FORMAT.md 5.3) next to `calls` mode's (every call recorded), and the share
+distance: half the L1 distance between the two recordings' exclusive-time shares over `calls` mode's top
+10 functions (0: the same shares; 1: nothing in common). Targets: the same top-3 set, distance <= 0.15.
+
+    make bench-truth     (or: PY bench/function_truth.py [--programs richards,markdown] [--repeats N])
+
+Programs: pyperformance benchmarks as they ship (the ones `make bench-peers` runs, with pyperf's worker
+flags so that the body runs in the recorded process), and real packages' work: Markdown and docutils
+rendering text made of the standard library's own docstrings, and an asyncio program with many tasks
+doing JSON work. Each program is recorded once per mode per repeat, modes alternated; a program's
+distance is the median over repeats. Which functions are top is a property of the program, so a short
+run is enough; what this measures is whether the default mode sees the same thing.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import statistics
+import subprocess
+import sys
+import tempfile
+import textwrap
+
+ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+ANALYZE = os.environ.get("OCULAR_ANALYZE", os.path.join(ROOT, "target", "release", "ocular-analyze"))
+
+sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+from peers import PYPERFORMANCE, pyperformance_dir  # noqa: E402
+
+# Real packages' work, as scripts (they need the package installed: see the Makefile's bench-truth).
+SCRIPTS = {
+    "markdown": """
+import markdown, pydoc, importlib, sys
+mods = ["json", "argparse", "collections", "inspect", "pathlib", "typing", "email", "http.client",
+        "asyncio.events", "unittest", "logging", "subprocess", "tarfile", "zipfile", "datetime"]
+parts = []
+for m in mods:
+    mod = importlib.import_module(m)
+    parts.append("# " + m + "\\n\\n" + (mod.__doc__ or ""))
+    for name in sorted(dir(mod))[:80]:
+        doc = getattr(getattr(mod, name), "__doc__", None)
+        if isinstance(doc, str):
+            parts.append("## " + name + "\\n\\n" + doc + "\\n\\n- item *one*\\n- item `two`\\n\\n> quoted **text**")
+text = "\\n\\n".join(parts)
+for _ in range(3):
+    html = markdown.markdown(text, extensions=["tables", "fenced_code"])
+print(len(text), len(html))
+""",
+    "docutils": """
+import docutils.core, importlib
+mods = ["json", "argparse", "collections", "inspect", "pathlib", "typing", "logging", "subprocess"]
+parts = []
+for m in mods:
+    mod = importlib.import_module(m)
+    parts.append(m + "\\n" + "=" * len(m) + "\\n\\n" + (mod.__doc__ or ""))
+    for name in sorted(dir(mod))[:60]:
+        doc = getattr(getattr(mod, name), "__doc__", None)
+        if isinstance(doc, str):
+            parts.append(name + "\\n" + "-" * len(name) + "\\n\\n" + doc + "\\n\\n* item *one*\\n* item ``two``\\n")
+text = "\\n\\n".join(parts)
+html = docutils.core.publish_string(text, writer="html", settings_overrides={"report_level": 5, "halt_level": 5})
+print(len(text), len(html))
+""",
+    "asyncio": """
+import asyncio, json
+DOC = {"users": [{"id": i, "name": "user%d" % i, "tags": ["a", "b", "c"], "score": i * 1.5} for i in range(40)]}
+async def handler(i):
+    await asyncio.sleep(0)
+    s = json.dumps(DOC)
+    d = json.loads(s)
+    await asyncio.sleep(0)
+    return len(d["users"])
+async def main():
+    total = 0
+    for _ in range(5):
+        total += sum(await asyncio.gather(*(handler(i) for i in range(2000))))
+    print(total)
+asyncio.run(main())
+""",
+}
+
+
+def programs(names: list[str], tmp: str) -> dict[str, list[str]]:
+    bm = pyperformance_dir()
+    out = {}
+    for name in names:
+        if name in PYPERFORMANCE:
+            if bm is None:
+                print(f"  {name}: skipped (pyperformance is not installed)")
+                continue
+            loops = max(1, PYPERFORMANCE[name] // 2)
+            out[name] = [os.path.join(bm, f"bm_{name}", "run_benchmark.py"), "--worker", "-l", str(loops), "-n", "1",
+                         "-w", "0"]
+        elif name in SCRIPTS:
+            module = name if name != "asyncio" else None
+            if module and subprocess.run([sys.executable, "-c", f"import {module}"], capture_output=True).returncode:
+                print(f"  {name}: skipped ({module} is not installed)")
+                continue
+            path = os.path.join(tmp, f"{name}_work.py")
+            with open(path, "w") as f:
+                f.write(textwrap.dedent(SCRIPTS[name]))
+            out[name] = [path]
+        else:
+            raise SystemExit(f"unknown program {name!r}")
+    return out
+
+
+def exclusive(path: str) -> dict[str, float]:
+    """function (qualname file:line) -> exclusive ms, threads merged."""
+    res = subprocess.run([ANALYZE, "stats", path, "--json", "--top", "100000"], capture_output=True, text=True)
+    if res.returncode:
+        raise RuntimeError(f"ocular-analyze stats {path} failed: {res.stderr.strip()}")
+    out: dict[str, float] = {}
+    for r in json.loads(res.stdout):
+        key = f"{r['function']} {os.path.basename(r['file'])}:{r['line']}"
+        out[key] = out.get(key, 0.0) + max(r["exclusive_ms"], 0.0)
+    return out
+
+
+def shares(x: dict[str, float]) -> dict[str, float]:
+    total = sum(x.values()) or 1.0
+    return {k: v / total for k, v in x.items()}
+
+
+def top(x: dict[str, float], n: int) -> list[str]:
+    return [k for k, _ in sorted(x.items(), key=lambda kv: -kv[1])[:n]]
+
+
+def distance(default: dict[str, float], full: dict[str, float]) -> float:
+    d, f = shares(default), shares(full)
+    return 0.5 * sum(abs(d.get(k, 0.0) - f[k]) for k in top(full, 10))
+
+
+def record(mode: str, cmd: list[str], out: str) -> None:
+    res = subprocess.run([sys.executable, "-m", "ocular", "run", "-q", "-o", out, "--mode", mode, *cmd],
+                         capture_output=True, text=True)
+    if res.returncode:
+        raise RuntimeError(f"recording {cmd[0]} in {mode} mode failed: {res.stderr.strip()[-500:]}")
+
+
+def short(name: str) -> str:
+    return name.split(" ")[0]
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    ap.add_argument("--programs", default=",".join([*PYPERFORMANCE, *SCRIPTS]))
+    ap.add_argument("--repeats", type=int, default=3)
+    opts = ap.parse_args()
+    if not os.path.exists(ANALYZE):
+        raise SystemExit(f"{ANALYZE} not found: cargo build --release -p ocular-analyze")
+    with tempfile.TemporaryDirectory() as tmp:
+        progs = programs(opts.programs.split(","), tmp)
+        rows = []
+        for name, cmd in progs.items():
+            dists, last = [], None
+            for _ in range(opts.repeats):
+                views = {}
+                for mode in ("adaptive", "calls"):
+                    out = os.path.join(tmp, f"{name}-{mode}.ocl")
+                    record(mode, cmd, out)
+                    views[mode] = exclusive(out)
+                    os.unlink(out)
+                dists.append(distance(views["adaptive"], views["calls"]))
+                last = views
+            d3, c3 = top(last["adaptive"], 3), top(last["calls"], 3)
+            rows.append((name, d3, c3, set(d3) == set(c3), statistics.median(dists), min(dists), max(dists)))
+            print(f"  {name}: distance {statistics.median(dists):.3f}", file=sys.stderr)
+    print(f"\nDefault mode (adaptive, threshold 500) against calls mode, {opts.repeats} repeats, Python "
+          f"{sys.version.split()[0]}")
+    print("| program | default mode top 3 | calls mode top 3 | same set | distance, median (min-max) |")
+    print("|---|---|---|---|---:|")
+    for name, d3, c3, same, med, lo, hi in rows:
+        print(f"| {name} | {', '.join(map(short, d3))} | {', '.join(map(short, c3))} | {'yes' if same else 'no'} "
+              f"| {med:.3f} ({lo:.3f}-{hi:.3f}) |")
+    if rows:
+        print(f"\nsame top-3 set: {sum(r[3] for r in rows)} of {len(rows)}; median distance "
+              f"{statistics.median(r[4] for r in rows):.3f}, worst {max(r[4] for r in rows):.3f} (target: <= 0.15)")
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,149 @@
+//! Recordings with windows (FORMAT.md 5.3): a trace whose truth is known by construction, and the
+//! figures every view derives from it.
+//!
+//! One thread, 1 tick = 1 µs. The first window (complete) lasts 1000 ticks: `main` runs `f` for 300 and
+//! `g` for 100. Then 10 windows of 100 ticks, one every 1000: in the odd ones the stack is `main, f` and `f`
+//! runs throughout; in the even ones the stack is `main` and `main` calls `g` for 50 ticks. The run ends
+//! 11000 ticks after it started, so each later window stands for 10 times its length.
+
+use crate::export::{texts, Collect};
+use ocular_analyze::analysis::analyze;
+use ocular_analyze::stats;
+use ocular_format::{testing, CodeObject, EventKind, Position, RawEvent, ThreadInfo, Trailer, Writer};
+
+const T0: u64 = 1_000_000;
+const MAIN: u32 = 1;
+const F: u32 = 2;
+const G: u32 = 3;
+
+fn ev(t: u64, code: u32, offset: u32, arg: u32, kind: EventKind) -> RawEvent {
+    RawEvent::new(T0 + t, code, offset, arg, kind as u8)
+}
+
+fn windowed() -> (tempfile::TempDir, std::path::PathBuf) {
+    let mut header = testing::header();
+    header.ticks_per_second = 1e6;
+    header.event_cost_ticks = 0.0;
+    header.start_ticks = T0;
+    let code = |id: u32, name: &str| CodeObject {
+        id,
+        name: name.into(),
+        qualname: name.into(),
+        filename: "windows.py".into(),
+        first_line: id * 10,
+        flags: 0,
+        bytecode: vec![151, 0, 83, 0],
+        linetable: Vec::new(),
+        positions: vec![Position { line: id as i32 * 10, end_line: id as i32 * 10, column: 0, end_column: 1 }; 2],
+    };
+    use EventKind::*;
+    let mut e = vec![
+        ev(0, 0, 0, u32::MAX, WINDOW),
+        ev(0, MAIN, 0, 0, PY_START),
+        ev(100, F, 0, 0, PY_START),
+        ev(400, F, 2, 0, PY_RETURN),
+        ev(400, G, 0, 0, PY_START),
+        ev(500, G, 2, 0, PY_RETURN),
+        ev(1000, 0, 0, 0, WINDOW_END),
+    ];
+    for k in 1..=10u64 {
+        let at = 1000 * k;
+        e.push(ev(at, 0, k as u32, 100, WINDOW));
+        e.push(ev(at, MAIN, 0, 0, STACK));
+        if k % 2 == 1 {
+            e.push(ev(at, F, 0, 1, STACK));
+        } else {
+            e.push(ev(at + 30, G, 0, 0, PY_START));
+            e.push(ev(at + 80, G, 2, 0, PY_RETURN));
+        }
+    }
+    // Between windows nothing of the kind is recorded; the run's last event, at 11000.
+    e.push(ev(11_000, MAIN, 2, 0, JUMP));
+    let dir = tempfile::tempdir().unwrap();
+    let path = dir.path().join("windows.ocl");
+    let name = path.display().to_string();
+    let mut w = Writer::new(std::fs::File::create(&path).unwrap(), &name, &header, Default::default()).unwrap();
+    w.code_objects(&[code(MAIN, "main"), code(F, "f"), code(G, "g")]).unwrap();
+    w.thread(&ThreadInfo { thread_id: 7, name: "MainThread".into(), is_main: true }).unwrap();
+    w.events(7, &e).unwrap();
+    let n = e.len() as u64;
+    w.finish(Trailer { end_unix_ns: 0, end_monotonic_ns: 0, end_ticks: T0 + 11_050, events: n, lost: 0, chunks: 0 })
+        .unwrap();
+    (dir, path)
+}
+
+#[test]
+fn stats_add_the_complete_part_to_the_windows_scaled_by_the_time_they_stand_for() {
+    let (_dir, path) = windowed();
+    let a = analyze(&path, Default::default()).unwrap();
+    let w = a.windows.as_ref().expect("windows");
+    assert_eq!((w.complete_ticks, w.sampled_ticks, w.windows, w.window_ticks), (1000, 10_000, 10, 1000));
+    assert_eq!(w.scale, 10.0);
+    let rows = stats::rows(&a, false, stats::SortBy::Exclusive);
+    let got: Vec<(&str, u64, u64, f64, f64, bool, bool)> = rows
+        .iter()
+        .map(|r| {
+            let us = |ms: f64| (ms * 1e3 * 1e6).round() / 1e6;
+            (
+                r.function.as_str(),
+                r.calls,
+                r.observed_calls,
+                us(r.inclusive_ms),
+                us(r.exclusive_ms),
+                r.estimated,
+                r.calls_estimated,
+            )
+        })
+        .collect();
+    assert_eq!(
+        got,
+        [
+            // f: 300 complete + 10 x (5 windows x 100)
+            ("f", 1, 1, 5300.0, 5300.0, true, false),
+            // main: 1000 - 300 - 100 complete + 10 x (5 windows x 50): inclusive is the whole run
+            ("main", 1, 1, 11_000.0, 3100.0, true, false),
+            // g: 100 + 10 x (5 x 50), calls 1 + 10 x 5
+            ("g", 51, 6, 2600.0, 2600.0, true, true),
+        ]
+    );
+    let text = stats::report(&a, Default::default(), false, stats::SortBy::Exclusive, 10).to_string();
+    assert!(text.contains("~51"), "{text}");
+    assert!(
+        text.contains(
+            "calls recorded completely for the first 1.0 ms (9% of the run), then in 10 windows (1.0 ms, 10.0% of \
+             the remaining 10.0 ms) scaled by 10.0: figures marked ~ are estimates"
+        ),
+        "{text}"
+    );
+}
+
+#[test]
+fn the_flame_graph_holds_the_same_estimates() {
+    let (_dir, path) = windowed();
+    let a = analyze(&path, Default::default()).unwrap();
+    let mut stacks = a.tree.stacks();
+    stacks.sort_by(|x, y| x.0.cmp(&y.0));
+    let got: Vec<(Vec<u32>, f64)> = stacks.into_iter().map(|(s, t)| (s, t.round())).collect();
+    assert_eq!(got, [(vec![MAIN], 3100.0), (vec![MAIN, F], 5300.0), (vec![MAIN, G], 2600.0)]);
+}
+
+#[test]
+fn calls_carry_their_window_and_whether_a_window_edge_cut_them() {
+    use ocular_analyze::table::{build, Column, Table};
+    let (_dir, path) = windowed();
+    let mut sink = Collect::default();
+    build(&path, Default::default(), &[Table::Calls], 1 << 20, &mut sink).unwrap();
+    let b = &sink.0[0].1;
+    let col = |name: &str| b.columns.iter().find(|c| c.0 == name).unwrap().1.clone();
+    let (Column::OptI32(window), Column::Bool(clipped)) = (col("window"), col("clipped")) else { panic!("types") };
+    let rows: Vec<(String, Option<i32>, bool)> =
+        texts(b, "function").into_iter().zip(window).zip(clipped).map(|((f, w), c)| (f.unwrap(), w, c)).collect();
+    // The first window's calls are whole except main (still running when it closed); every later window
+    // has main (and f in odd ones) from its stack, cut at both ends, and whole calls of g in even ones.
+    assert_eq!(rows.iter().filter(|r| r.0 == "g" && !r.2).count(), 6);
+    assert!(rows.contains(&("f".into(), Some(0), false)));
+    assert!(rows.contains(&("main".into(), Some(0), true)));
+    assert_eq!(rows.iter().filter(|r| r.0 == "main").count(), 11);
+    assert_eq!(rows.iter().filter(|r| r.0 == "f" && r.2).count(), 5);
+    assert!(rows.iter().all(|r| r.1.is_some()));
+}
