@@ -135,8 +135,9 @@ def distance(default: dict[str, float], full: dict[str, float]) -> float:
     return 0.5 * sum(abs(d.get(k, 0.0) - f[k]) for k in top(full, 10))
 
 
-def record(mode: str, cmd: list[str], out: str) -> None:
-    res = subprocess.run([sys.executable, "-m", "ocular", "run", "-q", "-o", out, "--mode", mode, *cmd],
+def record(mode: str, cmd: list[str], out: str, extra: list[str]) -> None:
+    res = subprocess.run([sys.executable, "-m", "ocular", "run", "-q", "-o", out, "--mode", mode,
+                          *(extra if mode != "calls" else []), *cmd],
                          capture_output=True, text=True)
     if res.returncode:
         raise RuntimeError(f"recording {cmd[0]} in {mode} mode failed: {res.stderr.strip()[-500:]}")
@@ -150,33 +151,47 @@ def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     ap.add_argument("--programs", default=",".join([*PYPERFORMANCE, *SCRIPTS]))
     ap.add_argument("--repeats", type=int, default=3)
+    ap.add_argument("--window-period", type=float, help="ms, passed to the default mode's recordings")
+    ap.add_argument("--window-length", type=float, help="ms, likewise")
     opts = ap.parse_args()
+    extra = []
+    if opts.window_period:
+        extra += ["--window-period", str(opts.window_period)]
+    if opts.window_length:
+        extra += ["--window-length", str(opts.window_length)]
     if not os.path.exists(ANALYZE):
         raise SystemExit(f"{ANALYZE} not found: cargo build --release -p ocular-analyze")
     with tempfile.TemporaryDirectory() as tmp:
         progs = programs(opts.programs.split(","), tmp)
         rows = []
         for name, cmd in progs.items():
-            dists, last = [], None
+            dists, noise, same_noise, last = [], [], [], None
             for _ in range(opts.repeats):
                 views = {}
-                for mode in ("adaptive", "calls"):
+                # Two full traces: how far calls mode is from itself, run to run, is the floor of the
+                # default mode's distance.
+                for mode in ("adaptive", "calls", "calls-again"):
                     out = os.path.join(tmp, f"{name}-{mode}.ocl")
-                    record(mode, cmd, out)
+                    record(mode.split("-")[0], cmd, out, extra)
                     views[mode] = exclusive(out)
                     os.unlink(out)
                 dists.append(distance(views["adaptive"], views["calls"]))
+                noise.append(distance(views["calls-again"], views["calls"]))
+                same_noise.append(set(top(views["calls-again"], 3)) == set(top(views["calls"], 3)))
                 last = views
             d3, c3 = top(last["adaptive"], 3), top(last["calls"], 3)
-            rows.append((name, d3, c3, set(d3) == set(c3), statistics.median(dists), min(dists), max(dists)))
+            rows.append((name, d3, c3, set(d3) == set(c3), statistics.median(dists), min(dists), max(dists),
+                         statistics.median(noise), all(same_noise)))
             print(f"  {name}: distance {statistics.median(dists):.3f}", file=sys.stderr)
-    print(f"\nDefault mode (adaptive, threshold 500) against calls mode, {opts.repeats} repeats, Python "
-          f"{sys.version.split()[0]}")
-    print("| program | default mode top 3 | calls mode top 3 | same set | distance, median (min-max) |")
-    print("|---|---|---|---|---:|")
-    for name, d3, c3, same, med, lo, hi in rows:
+    windows = " ".join(extra) or "default windows"
+    print(f"\nDefault mode (adaptive, threshold 500, {windows}) against calls mode, {opts.repeats} repeats, "
+          f"Python {sys.version.split()[0]}")
+    print("| program | default mode top 3 | calls mode top 3 | same set | distance, median (min-max) "
+          "| calls vs calls: distance, same set |")
+    print("|---|---|---|---|---:|---:|")
+    for name, d3, c3, same, med, lo, hi, nd, nsame in rows:
         print(f"| {name} | {', '.join(map(short, d3))} | {', '.join(map(short, c3))} | {'yes' if same else 'no'} "
-              f"| {med:.3f} ({lo:.3f}-{hi:.3f}) |")
+              f"| {med:.3f} ({lo:.3f}-{hi:.3f}) | {nd:.3f}, {'yes' if nsame else 'no'} |")
     if rows:
         print(f"\nsame top-3 set: {sum(r[3] for r in rows)} of {len(rows)}; median distance "
               f"{statistics.median(r[4] for r in rows):.3f}, worst {max(r[4] for r in rows):.3f} (target: <= 0.15)")

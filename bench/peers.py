@@ -70,6 +70,19 @@ TOOLS = {
     "pyinstrument": ("pyinstrument", "txt"),
     "trace0": ("trace0", "pb"),
 }
+# Variants of the default mode's windows, for measuring them side by side (--tools; not in the default
+# list): window period and length in ms ("first": the first window only, no later ones).
+WINDOW_VARIANTS = {
+    "ocular-adaptive-first": ("Ocular adaptive, first window only", ["--window-period", "1e7"]),
+    "ocular-adaptive-w20": ("Ocular adaptive, 1 ms windows every 20 ms", ["--window-period", "20"]),
+    "ocular-adaptive-w5": ("Ocular adaptive, 0.5 ms windows every 5 ms", ["--window-period", "5",
+                                                                            "--window-length", "0.5"]),
+    "ocular-adaptive-w10x2": ("Ocular adaptive, 2 ms windows every 10 ms", ["--window-length", "2"]),
+    "ocular-adaptive-w10x0.5": ("Ocular adaptive, 0.5 ms windows every 10 ms", ["--window-length", "0.5"]),
+}
+for _name, (_label, _) in WINDOW_VARIANTS.items():
+    TOOLS.setdefault(_name, (_label, "ocl"))
+DEFAULT_TOOLS = [t for t in TOOLS if t not in WINDOW_VARIANTS]
 PEERS_WITH_TRACES = ("viztracer", "trace0")
 PACKAGES = {"cprofile": None, "viztracer": "viztracer", "pyinstrument": "pyinstrument", "trace0": "trace0"}
 
@@ -124,6 +137,7 @@ def command(tool: str, out: str | None, script: str, args: list[str], opts: argp
     if tool.startswith("ocular-"):
         mode = tool.split("-")[1]
         extra = ["--threshold", "0"] if tool.endswith("-t0") else []
+        extra += WINDOW_VARIANTS.get(tool, (None, []))[1]
         return [py, "-m", "ocular", "run", "-o", out, "--mode", mode, *extra, script, *args]
     if tool == "cprofile":
         return [py, "-m", "cProfile", "-o", out, script, *args]
@@ -361,7 +375,8 @@ def main() -> int:
     ap.add_argument("--programs", default=None,
                     help=f"comma-separated (default: all: {','.join([*PYPERFORMANCE, *WORKLOADS])}; "
                          "--quick: richards,demo)")
-    ap.add_argument("--tools", default=",".join(TOOLS), help="comma-separated (default: all: %(default)s)")
+    ap.add_argument("--tools", default=",".join(DEFAULT_TOOLS),
+                    help="comma-separated (default: all: %(default)s; also: " + ", ".join(WINDOW_VARIANTS) + ")")
     ap.add_argument("--quick", action="store_true",
                     help="smoke run: a quarter of the loops, 1 repeat, richards and demo unless told otherwise")
     ap.add_argument("--scale", type=float, default=None, help="multiply every program's loops (default 1)")

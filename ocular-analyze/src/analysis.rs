@@ -138,10 +138,11 @@ pub struct LoopStats {
     pub quiet: u64,
     /// Sum of the quiet iterations' ticks, corrected.
     pub quiet_ticks: f64,
-    /// Adaptive mode: ticks from the last recorded event inside the loop to the frame's next event outside
-    /// it, corrected. Once the threshold stops the loop's events, the rest of the loop runs in that gap:
-    /// this is its unrecorded time (it also holds the few instructions between a loop's exit and the next
-    /// event, when the exit itself was recorded it is not counted).
+    /// Adaptive mode: ticks from the loop's last recorded backward jump to the first sign that its frame
+    /// left it, corrected: the frame's next event outside the loop, its return, a window's stack placing it
+    /// outside, or a call after which it went on outside (the call then ends the tail). Once the threshold
+    /// stops the loop's events, the rest of the loop runs in that gap: this is its unrecorded time (it also
+    /// holds the few instructions from the loop's exit to that sign).
     pub tail_ticks: f64,
     /// Per instruction of the code object, by its position in the code (not its offset): (ticks, visits).
     per_instruction: Vec<(f64, u64)>,
@@ -236,11 +237,11 @@ struct Frame {
     /// Per loop head in this frame: head offset, the loop's position in the pass's loop table, and ticks,
     /// running cost sum and thread event count at the last backward jump to it.
     loops: Vec<(u32, u32, u64, f64, u64)>,
-    /// A call made while the frame's last event was inside a loop: (loop position, ticks from that event
-    /// to the call). If the loop's next event in this frame is its backward jump, the call was inside the
-    /// loop and the iteration's time holds it; otherwise the loop ended before the call and this is the
-    /// unrecorded end of the loop (its tail).
-    pending_tail: Option<(u32, f64)>,
+    /// A call made while the frame's last event was inside a loop: (loop position, ticks and running cost
+    /// sum at the call). If the frame's next event is inside the loop, the call was inside it and the
+    /// iteration's time holds it; if it is outside, the loop ended before the call, which is then where its
+    /// unrecorded end (its tail) stops.
+    pending_tail: Option<(u32, u64, f64)>,
 }
 
 /// Which part of the recording a thread's events are in (FORMAT.md 5.3).
@@ -267,6 +268,9 @@ struct ThreadState {
     phase: Phase,
     /// The tick at which the current `Sampled` window ends.
     window_end: u64,
+    /// Calls that start before this tick count as a later window's: a window's length from when it
+    /// opened (its time counts from when it was due, but its calls are recorded from its opening).
+    calls_until: u64,
     /// Effective clocks: ticks spent in the complete part and in later windows, minus the recorder's cost
     /// of the events in them. Frames take differences of these, so time between windows counts nowhere.
     e: [f64; 2],
@@ -499,6 +503,8 @@ pub fn analyze(path: &Path, opts: ReadOptions) -> ocular_format::Result<Analysis
                 zero_marker_costs(&mut cost);
                 a.calibration = Some(c);
             }
+            // The recording's end, where frames still open in a recording with windows end.
+            Body::Trailer(t) if log.windowed => log.end = log.end.max(t.end_ticks),
             Body::Lost(_) | Body::Trailer(_) | Body::Skipped(_) => {}
         }
     }
@@ -507,10 +513,15 @@ pub fn analyze(path: &Path, opts: ReadOptions) -> ocular_format::Result<Analysis
     for (tid, ts) in threads.iter_mut() {
         let per = a.per_thread.entry(*tid).or_default();
         finish_sample(ts, ts.last_ticks, &mut a.tree, per, &mut tables);
-        let end = match ts.phase {
-            Phase::Sampled => ts.window_end.min(log.end),
-            _ => ts.last_ticks,
-        };
+        // With windows, a thread's last event is not where it stopped running (nothing of its calls is
+        // recorded between windows): its frames end with the recording (a thread that ended before has
+        // none left, its `Thread._bootstrap` return is always recorded).
+        if ts.phase == Phase::Sampled {
+            // Its last window: function time up to its end, then nothing.
+            ts.advance(ts.window_end.min(log.end));
+            ts.phase = Phase::Gap;
+        }
+        let end = if ts.phase == Phase::Gap && log.windowed { log.end.max(ts.last_ticks) } else { ts.last_ticks };
         ts.advance(end);
         while !ts.stack.is_empty() {
             pop(ts, end, &mut a.tree, per, &mut tables);
@@ -550,6 +561,12 @@ pub fn analyze(path: &Path, opts: ReadOptions) -> ocular_format::Result<Analysis
     Ok(a)
 }
 
+/// When a window marker at tick `t` with a lead of `lead_us` was due: its lead before it, but not before
+/// the thread's previous event.
+fn due(ts: &ThreadState, t: u64, lead_us: u32, log: &WindowLog) -> u64 {
+    t - log.len_ticks(lead_us).min(t.saturating_sub(ts.clock_at.unwrap_or(0)))
+}
+
 /// Window markers and stacks are written by the recorder, not callbacks: they cost the program nothing.
 fn zero_marker_costs(cost: &mut [f64; 256]) {
     for k in [EventKind::WINDOW, EventKind::WINDOW_END, EventKind::STACK] {
@@ -585,10 +602,7 @@ fn step(
     match e.event_kind() {
         // A window stands for its lead too (FORMAT.md 5.3): it starts `lead` before its marker, and the
         // stack that follows is entered then; the clock catches up at the first event after the stack.
-        Some(EventKind::WINDOW) => {
-            let lead = log.len_ticks(id).min(t.saturating_sub(ts.clock_at.unwrap_or(0)));
-            ts.advance(t - lead);
-        }
+        Some(EventKind::WINDOW) => ts.advance(due(ts, t, id, log)),
         Some(EventKind::STACK) => {}
         _ => ts.advance(t),
     }
@@ -611,15 +625,20 @@ fn step(
             if len_us == u32::MAX {
                 ts.phase = Phase::Complete;
             } else {
+                // The window counts from when it was due, for its length: a fixed span at a time that does
+                // not depend on the program. (Counting its lead too would make windows that opened late,
+                // after a long C call or a blocking wait, weigh more than others, and over-count that.)
                 let len = log.len_ticks(len_us);
-                let lead = log.len_ticks(id).min(t);
-                log.later.entry(seq).or_insert((t - lead, len + lead));
+                let from = ts.clock_at.unwrap_or(t);
+                log.later.entry(seq).or_insert((from, len));
                 ts.phase = Phase::Sampled;
-                ts.window_end = t.saturating_add(len);
+                ts.window_end = from.saturating_add(len);
+                ts.calls_until = t.saturating_add(len);
             }
             ts.sampling = Some(0);
         }
         EventKind::WINDOW_END => {
+            ts.calls_until = 0;
             if off == 0 {
                 log.first_close = Some(log.first_close.map_or(t, |c| c.min(t)));
             }
@@ -634,7 +653,7 @@ fn step(
                 // The same activation as before the gap, as far as can be told. Its loops' unrecorded time
                 // ends here if the frame is now outside them.
                 if depth + 1 == ts.stack.len() {
-                    block(ts, t, off, precise, tables);
+                    block(ts, t, off, precise, tables, false);
                 }
                 let now = ts.cost;
                 let f = &mut ts.stack[depth];
@@ -650,10 +669,10 @@ fn step(
         EventKind::PY_START | EventKind::PY_RESUME | EventKind::PY_THROW => {
             if kind == EventKind::PY_START {
                 let s = per.entry(id).or_default();
-                match ts.phase {
-                    Phase::Complete => s.parts.calls[0] += 1,
-                    Phase::Sampled => s.parts.calls[1] += 1,
-                    Phase::Gap => {}
+                if ts.phase == Phase::Complete {
+                    s.parts.calls[0] += 1;
+                } else if t < ts.calls_until {
+                    s.parts.calls[1] += 1;
                 }
             }
             call_from_loop(ts, t, tables);
@@ -666,7 +685,7 @@ fn step(
                 while ts.stack.len() > pos + 1 {
                     pop(ts, t, tree, per, tables);
                 }
-                block(ts, t, off, precise, tables);
+                block(ts, t, off, precise, tables, true);
                 pop(ts, t, tree, per, tables);
             }
         }
@@ -690,13 +709,28 @@ fn step(
                     None => push(ts, id, t, off, tables, tree),
                 }
             }
-            block(ts, t, off, precise, tables);
+            block(ts, t, off, precise, tables, true);
             let now = ts.cost;
             let top = ts.stack.last_mut().expect("checked above");
             let dest = e.arg.get();
             let next = if kind == EventKind::INSTRUCTION { off } else { dest };
             let prev_at = top.prev.map(|p| p.2);
             top.prev = Some((t, now, next));
+            if !precise {
+                // A recorded exit (a branch or jump out of the loop) ends the loop here.
+                let mut i = 0;
+                while i < top.loops.len() {
+                    let (head, li, lt, lc, _) = top.loops[i];
+                    let stats = &mut tables.loops[li as usize];
+                    let inside = |o: u32| head <= o && o <= stats.end;
+                    if inside(off) && !inside(next) {
+                        stats.tail_ticks += (ticks_f64(t.saturating_sub(lt)) - (now - lc)).max(0.0);
+                        top.loops.swap_remove(i);
+                    } else {
+                        i += 1;
+                    }
+                }
+            }
             // A loop closes where control goes backwards: a backward JUMP (adaptive), or in precise mode an
             // instruction at a lower offset than the previous one of the same frame (that one was the jump).
             let back = match kind {
@@ -709,10 +743,6 @@ fn step(
                     Some(i) => top.loops[i].1,
                     None => tables.loop_id((id, dest)),
                 };
-                if top.pending_tail.is_some_and(|p| p.0 == li) {
-                    // The call was inside the loop: this iteration's time holds it.
-                    top.pending_tail = None;
-                }
                 let stats = &mut tables.loops[li as usize];
                 stats.iterations += 1;
                 stats.end = stats.end.max(off);
@@ -774,7 +804,8 @@ fn call_from_loop(ts: &mut ThreadState, t: u64, tables: &Tables) {
         .filter(|&(head, _, end)| head <= at && at <= end)
         .max_by_key(|&(head, ..)| head);
     let Some((_, li, _)) = inner else { return };
-    top.pending_tail = Some((li, (ticks_f64(t.saturating_sub(pt)) - (now - pc)).max(0.0)));
+    let _ = (pt, pc);
+    top.pending_tail = Some((li, t, now));
 }
 
 /// The end of a window's STACK events: frames above the last one they confirmed have returned.
@@ -799,70 +830,68 @@ fn ticks_f64(d: u64) -> f64 {
 }
 
 /// Attributes the time since the frame's previous event to the instructions that ran in between, for the
-/// loops that contain them.
+/// loops that contain them, and ends the loops the frame is now outside of (`off` is outside them): their
+/// time from the last backward jump to this sign of the exit is their tail. `costs`: the time since the
+/// previous event is one block of instructions (false for a window's stack, which follows a gap).
 #[inline(always)]
-fn block(ts: &mut ThreadState, t: u64, off: u32, precise: bool, tables: &mut Tables) {
+fn block(ts: &mut ThreadState, t: u64, off: u32, precise: bool, tables: &mut Tables, costs: bool) {
     let now = ts.cost;
-    // A call made from inside a loop whose frame now goes on outside it: the loop ended before the call
-    // (its unrecorded end is the time up to the call), and what ran after the call is not the loop's.
-    let mut ended_before_call = None;
-    if let Some(top) = ts.stack.last_mut() {
-        if let Some((li, ticks)) = top.pending_tail.take() {
-            let stats = &mut tables.loops[li as usize];
-            let (head, end) = (tables.loop_keys[li as usize].1, stats.end);
-            if !(head <= off && off <= end) {
-                stats.tail_ticks += ticks;
-                ended_before_call = Some(li);
-            }
-        }
-    }
-    let Some(top) = ts.stack.last() else { return };
+    let Some(top) = ts.stack.last_mut() else { return };
+    let pending = top.pending_tail.take();
     if top.loops.is_empty() {
         return;
     }
     let Some((pt, pc, start)) = top.prev else { return };
     // The recorder's cost of this event and of every event in between (callees' included).
     let ticks = (ticks_f64(t - pt) - (now - pc)).max(0.0);
-    for &(head, li, ..) in &top.loops {
-        if ended_before_call == Some(li) {
-            continue;
-        }
+    let mut i = 0;
+    while i < top.loops.len() {
+        let (head, li, lt, lc, _) = top.loops[i];
         let stats = &mut tables.loops[li as usize];
         let end = stats.end;
+        let inside = |o: u32| head <= o && o <= end;
+        let called = pending.filter(|p| p.0 == li);
+        if !inside(off) && (inside(start) || called.is_some()) {
+            // Outside now, inside before (or before a call made from it): the loop ended in between, where
+            // it was not recorded, and no later than the call.
+            let (et, ec) = called.map_or((t, now), |p| (p.1, p.2));
+            stats.tail_ticks += (ticks_f64(et.saturating_sub(lt)) - (ec - lc)).max(0.0);
+            top.loops.swap_remove(i);
+            continue;
+        }
         if precise {
             // The previous INSTRUCTION's offset is `start`: it took the whole delta.
-            if (head..=end).contains(&start) {
+            if costs && inside(start) {
                 let Some(index) = tables.indexes.get(top.index as usize) else { return };
-                if let Some(i) = index.position(start) {
-                    let slot = &mut stats.slots(&index.offsets)[i];
+                if let Some(p) = index.position(start) {
+                    let slot = &mut stats.slots(&index.offsets)[p];
                     slot.0 += ticks;
                     slot.1 += 1;
                 }
             }
+            i += 1;
             continue;
         }
-        let inside = |o: u32| head <= o && o <= end;
-        if inside(start) && !inside(off) {
-            stats.tail_ticks += ticks;
-            continue;
+        if costs && start <= off && start >= head && off <= end {
+            // The block's instructions: from `start` to `off` (events name instruction boundaries).
+            stats.add_block(start, off, ticks);
         }
-        if start > off || start < head || off > end {
-            continue;
-        }
-        // The block's instructions: from `start` to `off` (events name instruction boundaries).
-        stats.add_block(start, off, ticks);
+        i += 1;
     }
 }
 
 fn pop(ts: &mut ThreadState, t: u64, tree: &mut CallTree, per: &mut HashMap<u32, FunctionStats>, tables: &mut Tables) {
     let now = ts.cost;
     let Some(f) = ts.stack.pop() else { return };
+    // Loops still running when their frame ends: their time up to here (or up to a call made from them).
+    for &(_, li, lt, lc, _) in &f.loops {
+        let (et, ec) = f.pending_tail.filter(|p| p.0 == li).map_or((t, now), |p| (p.1, p.2));
+        tables.loops[li as usize].tail_ticks += (ticks_f64(et.saturating_sub(lt)) - (ec - lc)).max(0.0);
+    }
     if let Some(d) = ts.active.get_mut(&f.code) {
         *d = d.saturating_sub(1);
     }
-    if let Some((li, ticks)) = f.pending_tail {
-        tables.loops[li as usize].tail_ticks += ticks;
-    }
+
     // Not clamped per frame: a short frame's corrected time can come out slightly negative (the calibrated
     // cost is an average), and clamping each would bias the sums up; the totals are clamped when reported.
     let inclusive: [f64; 2] = std::array::from_fn(|i| ts.e[i] - f.entered_e[i]);

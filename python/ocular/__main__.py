@@ -55,7 +55,12 @@ def _run(opts: dict) -> int:
         def target() -> None:
             runpy.run_module(module, run_name="__main__", alter_sys=True)
 
-    rec = Recording(opts["output"], opts["mode"], opts["threshold"], opts["include"], opts["exclude"])
+    try:
+        rec = Recording(opts["output"], opts["mode"], opts["threshold"], opts["include"], opts["exclude"],
+                        window_period=opts["window_period"], window_length=opts["window_length"])
+    except ValueError as e:
+        print(f"python -m ocular run: {e}", file=sys.stderr)
+        return 2
     code = 0
     try:
         with rec:

@@ -162,8 +162,11 @@ def test_run_records_the_program_and_not_the_machinery_that_starts_it(tmp_path):
         ("<module>", "tiny.py"),
         ("f", "tiny.py"),
     ]
-    kinds = [k for (_, _, k, _, _, _) in f["events"]]
     # The first window (FORMAT.md 5.3) opens with the recording: every call of this short program is in it.
+    # Its stack holds only Ocular's own frames (code 0, not recorded): runpy's below them are left out.
+    stack = [c for (_, _, k, c, _, _) in f["events"] if k == "STACK"]
+    assert stack and set(stack) == {0}
+    kinds = [k for (_, _, k, _, _, _) in f["events"] if k != "STACK"]
     assert kinds == ["WINDOW", "PY_START", "PY_START", "PY_RETURN", "PY_RETURN"]
 
 

@@ -54,8 +54,14 @@ pub fn export(path: &Path, opts: ReadOptions, out: &mut dyn Write) -> anyhow::Re
             Item::Begin { tid, ticks, code: id } | Item::End { tid, ticks, code: id, .. } => {
                 let ph = if matches!(item, Item::Begin { .. }) { "B" } else { "E" };
                 let (n, ts) = (name(id), us(ticks));
+                // A slice cut by a window's edge (FORMAT.md 5.3) says so in its arguments (Perfetto
+                // merges an end event's args into the slice).
+                let args = match item {
+                    Item::End { call, .. } if call.clipped => ",\"args\":{\"clipped\":true}",
+                    _ => "",
+                };
                 emit(out, format_args!(
-                    "{{\"name\":{n},\"cat\":\"python\",\"ph\":\"{ph}\",\"ts\":{ts:.3},\"pid\":{pid},\"tid\":{tid}}}"
+                    "{{\"name\":{n},\"cat\":\"python\",\"ph\":\"{ph}\",\"ts\":{ts:.3},\"pid\":{pid},\"tid\":{tid}{args}}}"
                 ))
             }
             Item::Loop { tid, ticks, code: id, head, uops, cycles } => {

@@ -8,9 +8,18 @@ use std::path::Path;
 /// Folded stacks, `("outer;inner;leaf", exclusive nanoseconds)`, sorted.
 pub type Folded = Vec<(String, u64)>;
 
-/// Folded stacks, one entry per distinct stack (threads merged), and the reader's warnings.
+/// Folded stacks, one entry per distinct stack (threads merged), and the reader's warnings; with
+/// windows (FORMAT.md 5.3), a warning says that the widths are estimates.
 pub fn folded(path: &Path, opts: ReadOptions) -> anyhow::Result<(Folded, Vec<String>)> {
+    let (lines, warnings, _) = folded_with_note(path, opts)?;
+    Ok((lines, warnings))
+}
+
+fn folded_with_note(path: &Path, opts: ReadOptions) -> anyhow::Result<(Folded, Vec<String>, Option<String>)> {
     let a = crate::analysis::analyze(path, opts)?;
+    let note = a.windows.as_ref().filter(|w| w.estimated()).map(|w| {
+        w.describe(a.header.as_ref().map_or(1e9, |h| h.ticks_per_second)).replace("figures marked ~", "widths")
+    });
     let name = |id: &u32| a.code.get(id).map_or("?".to_string(), |c| c.qualname.replace(';', ":"));
     let mut lines: Folded = a
         .tree
@@ -22,12 +31,12 @@ pub fn folded(path: &Path, opts: ReadOptions) -> anyhow::Result<(Folded, Vec<Str
         })
         .collect();
     lines.sort();
-    Ok((lines, a.warnings))
+    Ok((lines, a.warnings, note))
 }
 
 /// Writes an SVG flame graph of `path` to `out`.
 pub fn svg(path: &Path, opts: ReadOptions, title: &str, out: &mut dyn Write) -> anyhow::Result<Vec<String>> {
-    let (lines, warnings) = folded(path, opts)?;
+    let (lines, warnings, note) = folded_with_note(path, opts)?;
     if lines.is_empty() {
         anyhow::bail!("{}: no function calls recorded, nothing to draw", path.display());
     }
@@ -35,6 +44,8 @@ pub fn svg(path: &Path, opts: ReadOptions, title: &str, out: &mut dyn Write) -> 
     let mut options = inferno::flamegraph::Options::default();
     options.title = title.to_string();
     options.count_name = "ns".to_string();
+    // Estimated widths say so on the picture itself, not only in a terminal.
+    options.subtitle = note;
     inferno::flamegraph::from_lines(&mut options, text.iter().map(String::as_str), out)?;
     Ok(warnings)
 }

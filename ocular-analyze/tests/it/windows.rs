@@ -67,7 +67,7 @@ fn windowed() -> (tempfile::TempDir, std::path::PathBuf) {
     w.thread(&ThreadInfo { thread_id: 7, name: "MainThread".into(), is_main: true }).unwrap();
     w.events(7, &e).unwrap();
     let n = e.len() as u64;
-    w.finish(Trailer { end_unix_ns: 0, end_monotonic_ns: 0, end_ticks: T0 + 11_050, events: n, lost: 0, chunks: 0 })
+    w.finish(Trailer { end_unix_ns: 0, end_monotonic_ns: 0, end_ticks: T0 + 11_000, events: n, lost: 0, chunks: 0 })
         .unwrap();
     (dir, path)
 }

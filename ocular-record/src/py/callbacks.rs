@@ -151,6 +151,16 @@ unsafe fn cold<const KIND: u8, const DEST: bool, const LOCATION: bool, const CAN
         if ts.is_null() {
             return none(); // not recording
         }
+        if (*ts).needs_stack {
+            (*ts).needs_stack = false;
+            const START: u8 = EventKind::PY_START as u8;
+            const RESUME: u8 = EventKind::PY_RESUME as u8;
+            const THROW: u8 = EventKind::PY_THROW as u8;
+            super::windows::attach_stack(ts, matches!(KIND, START | RESUME | THROW));
+            if (*ts).generation != state().generation {
+                return none();
+            }
+        }
         let tp = thread_pointer();
         if tp != 0 {
             EXIT.with(|g| g.0.set(tp));
@@ -221,6 +231,10 @@ unsafe fn record<
             } else {
                 let hits: &mut [u32] = &mut (*cs).hits;
                 if let Some(h) = hits.get_mut((off / 2) as usize) {
+                    if *h >= (*ts).threshold {
+                        // Re-armed by a window (restart_events): off again, unrecorded, like a loop head.
+                        return if CAN_DISABLE { disable() } else { none() };
+                    }
                     *h += 1;
                     stop_here = *h >= (*ts).threshold;
                 }

@@ -55,10 +55,19 @@ struct RunArgs {
     /// calls: function boundaries; adaptive: plus jumps and branches; precise: plus every instruction
     #[arg(long, default_value = "adaptive", value_parser = ["calls", "adaptive", "precise"])]
     mode: String,
-    /// Stop recording a jump, branch or instruction after N hits, and a function after N calls (0 =
-    /// gapless; calls mode records every call)
+    /// Stop recording a jump, branch or instruction after N hits (0 = gapless). With N > 0, calls are
+    /// recorded completely until a function reaches N calls, then in windows (see --window-period), from
+    /// which the analysis estimates every function's calls and time and marks them so; calls mode records
+    /// every call
     #[arg(long, value_name = "N", default_value_t = 500, allow_negative_numbers = true)]
     threshold: u32,
+    /// With a threshold: open a window in which every call is recorded every MS milliseconds on average
+    /// (jittered); more windows make estimates closer and cost more
+    #[arg(long, value_name = "MS", default_value_t = 10.0)]
+    window_period: f64,
+    /// With a threshold: how long each window lasts, in milliseconds (at most half the period)
+    #[arg(long, value_name = "MS", default_value_t = 1.0)]
+    window_length: f64,
     /// Record only code whose file or qualified name contains P (repeatable)
     #[arg(long, value_name = "P")]
     include: Vec<String>,
@@ -100,6 +109,8 @@ pub(super) fn parse_run<'py>(py: Python<'py>, argv: Vec<OsString>) -> PyResult<B
     d.set_item("output", run.output)?;
     d.set_item("mode", run.mode)?;
     d.set_item("threshold", run.threshold)?;
+    d.set_item("window_period", run.window_period / 1e3)?;
+    d.set_item("window_length", run.window_length / 1e3)?;
     d.set_item("include", run.include)?;
     d.set_item("exclude", run.exclude)?;
     d.set_item("quiet", run.quiet)?;

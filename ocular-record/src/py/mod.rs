@@ -133,6 +133,10 @@ struct Recorder {
     windows: Option<windows::Opener>,
     /// Later windows' length, in microseconds and in ticks.
     window_len: (u32, u64),
+    /// The thread that started the recording (`PyThreadState_GetID`) and the code of the frames it was in,
+    /// outermost first, up to the innermost one that is not Ocular's: what called `record` (or `python -m
+    /// ocular`'s machinery). Stacks taken in windows leave them out, as calls recorded from the start do.
+    base: (i64, Vec<Py<PyAny>>),
 }
 
 /// Direct-mapped cache of code object -> state, per thread: consecutive events alternate between a
@@ -150,6 +154,8 @@ struct ThreadState {
     threshold: u32,
     /// `PyThreadState_GetID` of the thread's interpreter state, to find its stack when a window opens.
     py_id: i64,
+    /// Attached inside a window: its stack follows the window's marker before its first event.
+    needs_stack: bool,
 }
 
 #[pyfunction]
@@ -276,7 +282,7 @@ fn start(
         keep: Vec::new(),
         recorded: Vec::new(),
         // Ocular's own Python code is never recorded; the header keeps the user's filters as given.
-        filter: Filter { include_only, exclude: exclude.into_iter().chain(internal).collect() },
+        filter: Filter { include_only, exclude: exclude.into_iter().chain(internal.iter().cloned()).collect() },
         threshold,
         thread_name,
         boot_code: boot_code.as_ptr() as usize,
@@ -289,6 +295,7 @@ fn start(
         windowed: threshold > 0 && options_mode != Mode::Calls,
         windows: None,
         window_len: (0, 0),
+        base: base_stack(py, &internal),
     };
     // SAFETY: GIL held; no Python call while the reference is alive.
     let st = unsafe { state() };
@@ -298,6 +305,36 @@ fn start(
     st.window = Window { seq: 0, opened: clock::ticks(), len_us: u32::MAX };
     WINDOW_END.store(u64::MAX, Ordering::Relaxed);
     Ok(())
+}
+
+/// The calling thread's frames up to the innermost that is not Ocular's own (see `Recorder::base`).
+fn base_stack(py: Python<'_>, internal: &[String]) -> (i64, Vec<Py<PyAny>>) {
+    // SAFETY: GIL held (we have `py`); every reference taken is released or owned by the result.
+    unsafe {
+        let me = ffi::PyThreadState_Get();
+        let mut codes = Vec::new();
+        let mut f = ffi::PyThreadState_GetFrame(me);
+        while !f.is_null() && codes.len() < 4096 {
+            codes.push(Bound::from_owned_ptr(py, ffi::PyFrame_GetCode(f).cast()).unbind());
+            let back = ffi::PyFrame_GetBack(f);
+            ffi::Py_DECREF(f.cast());
+            f = back;
+        }
+        if !f.is_null() {
+            ffi::Py_DECREF(f.cast());
+        }
+        let own = |c: &Py<PyAny>| {
+            c.bind(py)
+                .getattr(intern!(py, "co_filename"))
+                .and_then(|n| n.extract::<String>())
+                .is_ok_and(|n| internal.iter().any(|p| n.contains(p.as_str())))
+        };
+        // Innermost first: Ocular's frames (start, __enter__, ...) are not part of the base.
+        let inner = codes.iter().take_while(|c| own(c)).count();
+        let mut base: Vec<Py<PyAny>> = codes.into_iter().skip(inner).collect();
+        base.reverse();
+        (ffi::PyThreadState_GetID(me), base)
+    }
 }
 
 /// Stops recording: flushes every thread, snapshots specialized bytecode, writes the trailer. `names`
@@ -527,6 +564,7 @@ unsafe fn attach(ts: *mut ThreadState) -> *mut ThreadState {
             sink: std::ptr::null::<Discard>() as *const dyn Sink,
             threshold: 0,
             py_id: 0,
+            needs_stack: false,
         }));
         st.threads.push(new);
         callbacks::set_thread_state(new);
@@ -550,6 +588,7 @@ unsafe fn attach(ts: *mut ThreadState) -> *mut ThreadState {
         let w = st.window;
         let now = clock::ticks();
         let m = if now < WINDOW_END.load(Ordering::Relaxed) {
+            t.needs_stack = true;
             windows::marker(w.opened, EventKind::WINDOW, w.seq, w.len_us)
         } else {
             windows::marker(now, EventKind::WINDOW_END, w.seq, 0)

@@ -221,37 +221,16 @@ unsafe fn open(py: Python<'_>, generation: u64, due: u64) -> bool {
         let mut stacks: Vec<(i64, Stack)> = Vec::new();
         let mut tstate = ffi::PyInterpreterState_ThreadHead(ffi::PyInterpreterState_Get());
         while !tstate.is_null() {
-            let mut frames = Vec::new();
-            let mut f = ffi::PyThreadState_GetFrame(tstate);
-            while !f.is_null() && frames.len() < 4096 {
-                let code = ffi::PyFrame_GetCode(f);
-                let lasti = ffi::PyFrame_GetLasti(f);
-                frames.push((Bound::from_owned_ptr(py, code.cast()).unbind(), lasti.max(0) as u32));
-                let back = ffi::PyFrame_GetBack(f);
-                ffi::Py_DECREF(f.cast());
-                f = back;
-            }
-            if !f.is_null() {
-                ffi::Py_DECREF(f.cast());
-            }
+            let frames = frames_of(py, tstate);
             if !frames.is_empty() {
-                frames.reverse();
                 stacks.push((ffi::PyThreadState_GetID(tstate), frames));
             }
             tstate = ffi::PyThreadState_Next(tstate);
         }
-        // Code ids; a code object seen for the first time is described, which runs Python.
         let mut ids: Vec<(i64, Vec<(u32, u32)>)> = Vec::with_capacity(stacks.len());
-        for (tid, frames) in &stacks {
-            let mut v = Vec::with_capacity(frames.len());
-            for (code, off) in frames {
-                let cs = lookup(code.as_ptr());
-                let id = if cs.is_null() || (*cs).flags & RECORD == 0 { 0 } else { (*cs).id };
-                v.push((id, *off));
-            }
-            ids.push((*tid, v));
+        for (tid, frames) in stacks {
+            ids.push((tid, resolve(tid, frames, false)));
         }
-        drop(stacks);
         let st = state();
         if st.generation != generation {
             return false;
@@ -287,6 +266,87 @@ unsafe fn open(py: Python<'_>, generation: u64, due: u64) -> bool {
             }
         }
         true
+    }
+}
+
+/// A thread's frames, outermost first (at most 4096 of the innermost).
+///
+/// # Safety
+/// GIL held; `tstate` is a live thread state of this interpreter.
+unsafe fn frames_of(py: Python<'_>, tstate: *mut ffi::PyThreadState) -> Stack {
+    // SAFETY: (caller) GIL held; every reference taken here is released or owned by `frames`.
+    unsafe {
+        let mut frames = Vec::new();
+        let mut f = ffi::PyThreadState_GetFrame(tstate);
+        while !f.is_null() && frames.len() < 4096 {
+            let code = ffi::PyFrame_GetCode(f);
+            let lasti = ffi::PyFrame_GetLasti(f);
+            frames.push((Bound::from_owned_ptr(py, code.cast()).unbind(), lasti.max(0) as u32));
+            let back = ffi::PyFrame_GetBack(f);
+            ffi::Py_DECREF(f.cast());
+            f = back;
+        }
+        if !f.is_null() {
+            ffi::Py_DECREF(f.cast());
+        }
+        frames.reverse();
+        frames
+    }
+}
+
+/// The frames of thread `tid` that belong to the recording, as (code id, offset), outermost first: without
+/// the frames its starting thread was in when it started (`Recorder::base`: the program that called
+/// `record`, or `python -m ocular`'s own machinery), and without the innermost frame if `skip_top` (the
+/// frame an entry event is about to push). Code that is not recorded has id 0 (readers skip it). Code seen
+/// for the first time is described, which runs Python.
+///
+/// # Safety
+/// GIL held.
+unsafe fn resolve(tid: i64, mut frames: Stack, skip_top: bool) -> Vec<(u32, u32)> {
+    // SAFETY: (caller) GIL held; no reference into the state is kept across `lookup`.
+    unsafe {
+        if skip_top {
+            frames.pop();
+        }
+        let skip = match state().recorder.as_deref() {
+            Some(rec) if rec.base.0 == tid => {
+                frames.iter().zip(&rec.base.1).take_while(|(f, b)| f.0.as_ptr() == b.as_ptr()).count()
+            }
+            _ => 0,
+        };
+        let mut out = Vec::with_capacity(frames.len() - skip);
+        for (code, off) in frames.iter().skip(skip) {
+            let cs = lookup(code.as_ptr());
+            let id = if cs.is_null() || (*cs).flags & RECORD == 0 { 0 } else { (*cs).id };
+            out.push((id, *off));
+        }
+        out
+    }
+}
+
+/// A thread that starts recording inside a window (the first one included) gets its stack after the
+/// `WINDOW` marker, before its first event: frames entered before the recording saw them. `entering`: the
+/// event is a function entry, whose frame is already the innermost.
+///
+/// # Safety
+/// GIL held; `ts` is the calling thread's state, just attached.
+pub(super) unsafe fn attach_stack(ts: *mut super::ThreadState, entering: bool) {
+    // SAFETY: (caller) GIL held; the thread state is never freed; the state is looked up again after the
+    // Python that `resolve` may run.
+    unsafe {
+        let py = Python::assume_attached();
+        let me = ffi::PyThreadState_Get();
+        let tid = ffi::PyThreadState_GetID(me);
+        let frames = resolve(tid, frames_of(py, me), entering);
+        let st = state();
+        let Some(rec) = st.recorder.as_deref() else { return };
+        if (*ts).generation != st.generation {
+            return;
+        }
+        let at = st.window.opened;
+        for (depth, &(code, off)) in frames.iter().enumerate() {
+            (*ts).buf.push(RawEvent::new(at, code, off, depth as u32, EventKind::STACK as u8), rec.out.sink());
+        }
     }
 }
 

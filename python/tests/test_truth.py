@@ -1,0 +1,138 @@
+"""The default mode's figures against programs whose truth is known by construction.
+
+GIVEN functions of known relative cost, called far more often than the threshold, and a loop followed by a
+call; WHEN recorded in the default mode (adaptive, threshold 500: calls recorded in windows once a function
+reached 500 calls); THEN the function view and the loop's time agree with what the program did.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+import textwrap
+
+import pytest
+
+ANALYZE = os.environ.get("OCULAR_ANALYZE")
+pytestmark = pytest.mark.skipif(not ANALYZE, reason="OCULAR_ANALYZE (the analyzer binary) is not set")
+
+# heavy() runs 4x the iterations of light(), which main() calls twice as often: heavy has 2/3 of their
+# exclusive time, light 1/3 (less what a call costs, which the long loops keep small), and main almost none.
+# Every iteration costs the same: a float addition, over itertools.repeat (range() would hand the longer
+# loop ints above 255, which CPython allocates, and the shorter one cached small ints).
+FUNCTIONS = """
+from itertools import repeat
+
+def light():
+    s = 0.0
+    for _ in repeat(None, 300):
+        s += 1.5
+    return s
+
+def heavy():
+    s = 0.0
+    for _ in repeat(None, 1200):
+        s += 1.5
+    return s
+
+def main():
+    for _ in range(6000):
+        heavy()
+        light()
+        light()
+
+main()
+"""
+
+# The loop runs in the program's own measurement; the call after it is what the recorder sees next of its
+# frame. With `warm` first, the recording's first window has closed when the loop runs (it runs between
+# windows); without, it runs inside the first window.
+LOOP = """
+import sys, time
+
+def g():
+    return 1
+
+def warm():
+    return 2
+
+def main(warm_first):
+    if warm_first:
+        for _ in range(2000):
+            warm()
+    t = time.perf_counter()
+    s = 0
+    for i in range(N):
+        s += i * 2
+    took = time.perf_counter() - t
+    g()
+    print(took * 1e3)
+
+main(sys.argv[1] == "warm")
+"""
+
+
+def record(tmp_path, name, source, *args, mode="adaptive"):
+    script = tmp_path / f"{name}.py"
+    script.write_text(textwrap.dedent(source))
+    out = tmp_path / f"{name}-{mode}.ocl"
+    r = subprocess.run([sys.executable, "-m", "ocular", "run", "-q", "--mode", mode, "-o", str(out), str(script),
+                        *args], capture_output=True, text=True)
+    assert r.returncode == 0, r.stderr
+    return str(out), r.stdout
+
+
+def analyze(*args):
+    r = subprocess.run([ANALYZE, *args], capture_output=True, text=True)
+    assert r.returncode == 0, r.stderr
+    return r.stdout
+
+
+def stats(path):
+    return {row["function"]: row for row in json.loads(analyze("stats", path, "--json", "--top", "1000"))}
+
+
+def test_functions_called_past_the_threshold_keep_their_share_and_say_they_are_estimated(tmp_path):
+    path, _ = record(tmp_path, "functions", FUNCTIONS)
+    rows = stats(path)
+    heavy, light, main = rows["heavy"], rows["light"], rows["main"]
+    # Calls: 6,000 and 12,000, estimated from the windows (the first 500 of heavy are recorded exactly).
+    assert heavy["calls_estimated"] and light["calls_estimated"]
+    assert abs(heavy["calls"] - 6000) <= 0.15 * 6000, heavy
+    assert abs(light["calls"] - 12000) <= 0.15 * 12000, light
+    assert heavy["observed_calls"] < heavy["calls"]
+    # Time: heavy 2/3 of the two, by construction; nothing of it lands in main, the caller.
+    share = heavy["exclusive_ms"] / (heavy["exclusive_ms"] + light["exclusive_ms"])
+    assert 0.56 <= share <= 0.76, (heavy, light)
+    assert main["exclusive_ms"] < 0.1 * heavy["exclusive_ms"], main
+    assert heavy["estimated"] and main["estimated"]
+    # main holds the whole run, as its inclusive time.
+    assert main["inclusive_ms"] >= 0.9 * (heavy["exclusive_ms"] + light["exclusive_ms"])
+    # The text marks every estimate and says what part of the run they come from.
+    text = analyze("stats", path)
+    assert any(line.lstrip().startswith("~") and "heavy" in line for line in text.splitlines()), text
+    assert "figures marked ~ are estimates" in text
+
+
+def test_calls_mode_is_exact_and_says_nothing_is_estimated(tmp_path):
+    path, _ = record(tmp_path, "functions", FUNCTIONS, mode="calls")
+    rows = stats(path)
+    assert (rows["heavy"]["calls"], rows["light"]["calls"]) == (6000, 12000)
+    share = rows["heavy"]["exclusive_ms"] / (rows["heavy"]["exclusive_ms"] + rows["light"]["exclusive_ms"])
+    assert 0.6 <= share <= 0.72, "the construction itself: heavy has 2/3"
+    assert not any(r["estimated"] for r in rows.values())
+    assert "~" not in analyze("stats", path)
+
+
+@pytest.mark.parametrize("warm", ["warm", "cold"])
+def test_hot_keeps_a_loops_whole_time_when_a_call_follows_it(tmp_path, warm):
+    path, out = record(tmp_path, "loop", LOOP.replace("N", "1_000_000"), warm)
+    took_ms = float(out.split()[-1])
+    report = json.loads(analyze("hot", path, "--json", "--top", "5"))
+    loop = next(lp for lp in report["loops"] if lp["function"] == "main" and lp["iterations"] == 1000)
+    total_ms = loop["total_ns"] / 1e6
+    # The program's own measurement of the loop, recorder and all: within 10%.
+    assert abs(total_ms - took_ms) <= 0.1 * took_ms, (total_ms, took_ms, warm)
+    assert loop["sampled"], "only the first iterations were recorded, and the report says so"
