@@ -112,12 +112,56 @@ pub struct Report {
     pub truncated: Option<(u64, u64)>,
     /// The trailer, if the file was closed cleanly.
     pub trailer: Option<Trailer>,
+    /// Events counted in the `LOST` records read.
+    pub lost: u64,
+    /// The trailer's counts next to what was read before it, when they disagree (FORMAT.md 6.5).
+    pub mismatch: Option<Mismatch>,
+}
+
+/// What the trailer counts and what the reader found before it, for a file whose counts disagree: chunks
+/// were removed (or added) and renumbered, which sequence numbers alone do not show (FORMAT.md 6.5).
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct Mismatch {
+    /// Events in `EVENTS` chunks, by the trailer.
+    pub trailer_events: u64,
+    /// Events in `EVENTS` chunks, as read.
+    pub read_events: u64,
+    /// Chunks before the trailer, by the trailer.
+    pub trailer_chunks: u64,
+    /// Chunks before the trailer, as read.
+    pub read_chunks: u64,
+    /// Events in `LOST` records, by the trailer.
+    pub trailer_lost: u64,
+    /// Events in `LOST` records, as read.
+    pub read_lost: u64,
+}
+
+impl Mismatch {
+    fn describe(&self) -> String {
+        let parts: Vec<String> = [
+            ("events", self.trailer_events, self.read_events),
+            ("chunks", self.trailer_chunks, self.read_chunks),
+            ("lost events", self.trailer_lost, self.read_lost),
+        ]
+        .into_iter()
+        .filter(|(_, counted, read)| counted != read)
+        .map(|(what, counted, read)| {
+            let diff = if read < counted {
+                format!("{} missing", counted - read)
+            } else {
+                format!("{} more than counted", read - counted)
+            };
+            format!("{counted} {what} counted, {read} read ({diff})")
+        })
+        .collect();
+        parts.join("; ")
+    }
 }
 
 impl Report {
     /// Whether the file ended with a trailer and nothing was damaged.
     pub fn clean(&self) -> bool {
-        self.trailer.is_some() && self.damage.is_empty() && self.truncated.is_none()
+        self.trailer.is_some() && self.mismatch.is_none() && self.damage.is_empty() && self.truncated.is_none()
     }
 
     /// Human-readable warnings, one per problem, empty for a clean file.
@@ -131,6 +175,13 @@ impl Report {
         }
         for d in &self.damage {
             w.push(format!("{path}: skipped {} bytes at offset {}: {}", d.len, d.offset, d.reason));
+        }
+        if let Some(m) = &self.mismatch {
+            w.push(format!(
+                "{path}: the trailer does not match what the file holds: {}; chunks were removed from the file \
+                 (or added) after it was written",
+                m.describe()
+            ));
         }
         if self.unknown_chunks > 0 {
             w.push(format!(
@@ -491,13 +542,32 @@ impl<R: Read + Seek> Reader<R> {
                 Body::Snapshot(snaps)
             }
             kind::THREAD => Body::Thread(self.decode_one(offset)?),
-            kind::LOST => Body::Lost(self.decode_one(offset)?),
+            kind::LOST => {
+                let lost: Lost = self.decode_one(offset)?;
+                self.report.lost += lost.count;
+                Body::Lost(lost)
+            }
             // 2026-11-21, format 1.1: CALIBRATION added. A 1.0 file has none; readers use the header's
             // single event_cost_ticks for every kind then.
             kind::CALIBRATION => Body::Calibration(self.decode_one(offset)?),
             kind::TRAILER => {
                 let t: Trailer = self.decode_one(offset)?;
                 self.done = true;
+                // 2026-11-26: the counts are checked (FORMAT.md 6.5). A file with chunks removed and the rest
+                // renumbered has no sequence gap; only the trailer tells.
+                let m = Mismatch {
+                    trailer_events: t.events,
+                    read_events: self.report.events,
+                    trailer_chunks: t.chunks,
+                    // `accept` has counted the trailer itself.
+                    read_chunks: self.report.chunks - 1,
+                    trailer_lost: t.lost,
+                    read_lost: self.report.lost,
+                };
+                let agree = m.trailer_events == m.read_events
+                    && m.trailer_chunks == m.read_chunks
+                    && m.trailer_lost == m.read_lost;
+                self.report.mismatch = (!agree).then_some(m);
                 self.report.trailer = Some(t.clone());
                 Body::Trailer(t)
             }

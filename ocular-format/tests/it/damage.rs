@@ -189,3 +189,52 @@ fn salvage_resynchronises_after_garbage_in_the_middle() {
     assert_eq!((d.offset, d.len), (bounds[3].0 as u64, 1000 + 31));
     assert!(d.reason.starts_with("sync marker is aa aa aa aa"), "{}", d.reason);
 }
+
+#[test]
+fn a_chunk_removed_and_the_rest_renumbered_is_found_by_the_trailers_counts() {
+    // GIVEN a file with its second EVENTS chunk cut out and every later chunk renumbered: no sequence gap.
+    let (bytes, sent) = sample_file(true);
+    let bounds = chunk_bounds(&bytes);
+    assert_eq!(bytes[bounds[4].0 + 4], 2, "chunk 4 is an EVENTS chunk");
+    let mut data = bytes[..bounds[4].0].to_vec();
+    for (i, &(a, b)) in bounds[5..].iter().enumerate() {
+        let mut c = bytes[a..b].to_vec();
+        reseal(&mut c, 4 + i as u64);
+        data.extend(c);
+    }
+    // WHEN it is read, strictly
+    let all = read_all(&data, false).unwrap();
+    // THEN what is present is read, the trailer's counts are compared with it, and the file is not clean.
+    let (counted, read) = (sent.iter().map(|(_, e)| e.len()).sum::<usize>(), sent[0].1.len() + sent[2].1.len());
+    assert_eq!(all.event_count(), read);
+    assert!(all.trailer.is_some());
+    assert!(!all.report.clean());
+    let n = bounds.len() - 1;
+    assert_eq!(
+        all.report.warnings("mem.ocl"),
+        [format!(
+            "mem.ocl: the trailer does not match what the file holds: {counted} events counted, {read} read ({} \
+             missing); {n} chunks counted, {} read (1 missing); chunks were removed from the file (or added) after \
+             it was written",
+            counted - read,
+            n - 1
+        )]
+    );
+}
+
+#[test]
+fn a_lost_record_removed_is_found_by_the_trailers_counts() {
+    let (bytes, _) = sample_file(false);
+    let bounds = chunk_bounds(&bytes);
+    let lost = bounds.iter().position(|&(a, _)| bytes[a + 4] == 5).unwrap();
+    let mut data = bytes[..bounds[lost].0].to_vec();
+    for (i, &(a, b)) in bounds[lost + 1..].iter().enumerate() {
+        let mut c = bytes[a..b].to_vec();
+        reseal(&mut c, (lost + i) as u64);
+        data.extend(c);
+    }
+    let all = read_all(&data, false).unwrap();
+    let m = all.report.mismatch.expect("a mismatch");
+    assert_eq!((m.trailer_lost, m.read_lost, m.trailer_chunks - m.read_chunks), (17, 0, 1));
+    assert!(all.report.warnings("mem.ocl")[0].contains("; 17 lost events counted, 0 read (17 missing);"));
+}
