@@ -181,8 +181,9 @@ fn run(cli: Cli) -> anyhow::Result<()> {
                 (other, _) => anyhow::bail!("unknown --format {other:?}: use json or pftrace"),
             };
             let out_path = output.unwrap_or_else(|| file.with_extension(fmt));
+            crate::output::refuse_input(&file, &out_path)?;
             let opts = ReadOptions::with_salvage(salvage);
-            let (written, read, warnings) = write_output(&out_path, |w| {
+            let (written, read, warnings) = write_output(&file, &out_path, |w| {
                 Ok(if fmt == "pftrace" {
                     let ((p, r), w) = crate::export::pftrace::export(&file, opts, w)?;
                     (p, r, w)
@@ -212,8 +213,9 @@ fn run(cli: Cli) -> anyhow::Result<()> {
                 return Ok(());
             }
             let out_path = output.unwrap_or_else(|| file.with_extension("svg"));
+            crate::output::refuse_input(&file, &out_path)?;
             let title = format!("{} (exclusive time)", file.display());
-            let warnings = write_output(&out_path, |w| crate::export::flame::svg(&file, opts, &title, w))?;
+            let warnings = write_output(&file, &out_path, |w| crate::export::flame::svg(&file, opts, &title, w))?;
             warn(&warnings);
             eprintln!("wrote {}", out_path.display());
         }
@@ -251,23 +253,19 @@ fn print_report<T: serde::Serialize>(
     Ok(())
 }
 
-/// Writes the output file `path` with `write`; if that fails, removes the file, so that a failed export
-/// leaves nothing that looks whole.
+/// Writes the output file `path` (never the trace `input`) with `write`, through a temporary file renamed
+/// into place at the end: a failed export leaves nothing that looks whole, and whatever `path` was before.
 fn write_output<T>(
+    input: &std::path::Path,
     path: &std::path::Path,
     write: impl FnOnce(&mut std::io::BufWriter<std::fs::File>) -> anyhow::Result<T>,
 ) -> anyhow::Result<T> {
-    let f = std::fs::File::create(path).with_context(|| format!("cannot create {}", path.display()))?;
+    let (pending, f) = crate::output::Pending::create(input, path)?;
     let mut w = std::io::BufWriter::with_capacity(1 << 20, f);
-    let result = write(&mut w).and_then(|v| {
-        w.flush().with_context(|| format!("cannot write {}", path.display()))?;
-        Ok(v)
-    });
-    if result.is_err() {
-        drop(w);
-        let _ = std::fs::remove_file(path);
-    }
-    result
+    let v = write(&mut w)?;
+    w.into_inner().map_err(|e| e.into_error()).with_context(|| format!("cannot write {}", path.display()))?;
+    pending.commit()?;
+    Ok(v)
 }
 
 #[cfg(feature = "parquet")]

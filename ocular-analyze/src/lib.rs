@@ -12,6 +12,7 @@ pub mod dump;
 pub mod export;
 pub mod hot;
 pub mod info;
+pub mod output;
 pub mod progress;
 pub mod stats;
 pub mod table;

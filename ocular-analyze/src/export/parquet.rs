@@ -254,25 +254,31 @@ impl Job {
 struct ParquetWriters {
     dir: PathBuf,
     files: HashMap<Table, FileWriter<BufWriter<File>>>,
-    /// Every file created, to remove them all if the export fails.
-    created: Vec<PathBuf>,
+    /// Every file created, under a temporary name until the export succeeded (dropped, they are removed).
+    created: Vec<crate::output::Pending>,
+    /// The trace being read, which no output may be.
+    input: PathBuf,
 }
 
 impl ParquetWriters {
-    /// Writes every file's footer.
+    /// Writes every file's footer, then renames every file into place.
     fn finish(&mut self) -> anyhow::Result<()> {
         for (t, mut f) in std::mem::take(&mut self.files) {
             f.end(None).with_context(|| format!("cannot finish {}.parquet", t.name()))?;
+            let w = f.into_inner();
+            w.into_inner().map_err(|e| e.into_error()).with_context(|| format!("cannot write {}.parquet", t.name()))?;
+        }
+        for p in self.created.drain(..) {
+            p.commit()?;
         }
         Ok(())
     }
 
-    /// Closes and removes every file created: a failed export leaves no table that looks whole.
+    /// Closes and removes every file created: a failed export leaves no table that looks whole, and the
+    /// tables that were there before.
     fn discard(&mut self) {
         self.files.clear();
-        for path in self.created.drain(..) {
-            let _ = std::fs::remove_file(path);
-        }
+        self.created.clear();
     }
 
     fn write(&mut self, job: &Job) -> anyhow::Result<()> {
@@ -280,8 +286,8 @@ impl ParquetWriters {
             std::collections::hash_map::Entry::Occupied(o) => o.into_mut(),
             std::collections::hash_map::Entry::Vacant(v) => {
                 let path = self.dir.join(format!("{}.parquet", job.table.name()));
-                let f = File::create(&path).with_context(|| format!("cannot create {}", path.display()))?;
-                self.created.push(path);
+                let (pending, f) = crate::output::Pending::create(&self.input, &path)?;
+                self.created.push(pending);
                 let w = FileWriter::try_new(
                     BufWriter::with_capacity(1 << 20, f),
                     job.layout.schema.clone(),
@@ -359,10 +365,15 @@ impl Pipe {
 /// Exports `path` into `dir` (created if missing) as events.parquet, calls.parquet and code.parquet. On an
 /// error, the files it created are removed (and `dir`, if it created that too).
 pub fn export(path: &Path, opts: ReadOptions, dir: &Path) -> anyhow::Result<Summary> {
+    crate::output::refuse_input(path, dir)?;
+    for t in [Table::Code, Table::Calls, Table::Events] {
+        crate::output::refuse_input(path, &dir.join(format!("{}.parquet", t.name())))?;
+    }
     let new_dir = !dir.exists();
     std::fs::create_dir_all(dir).with_context(|| format!("cannot create directory {}", dir.display()))?;
     let (tx, rx) = std::sync::mpsc::sync_channel::<Arc<Job>>(1);
-    let mut w = ParquetWriters { dir: dir.to_owned(), files: HashMap::default(), created: Vec::new() };
+    let mut w =
+        ParquetWriters { dir: dir.to_owned(), files: HashMap::default(), created: Vec::new(), input: path.to_owned() };
     // Set by the reading side when the tables could not be built, before it closes the channel.
     let failed = Arc::new(AtomicBool::new(false));
     let build_failed = failed.clone();

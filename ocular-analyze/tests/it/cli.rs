@@ -124,6 +124,66 @@ fn a_failed_export_leaves_no_file() {
     }
 }
 
+#[test]
+fn a_failed_export_keeps_the_file_that_was_there_and_leaves_no_temporary() {
+    let (dir, bad) = undecodable_events();
+    let out_path = dir.path().join("out.json");
+    std::fs::write(&out_path, b"an earlier export").unwrap();
+    let out = run(&["export", "--perfetto", "-o", out_path.to_str().unwrap(), bad.to_str().unwrap()]);
+    assert_eq!(out.status.code(), Some(2));
+    assert_eq!(std::fs::read(&out_path).unwrap(), b"an earlier export");
+    let mut names: Vec<_> = std::fs::read_dir(dir.path()).unwrap().map(|e| e.unwrap().file_name()).collect();
+    names.sort();
+    assert_eq!(names, ["bad.ocl", "out.json"]);
+}
+
+#[test]
+fn an_output_that_is_the_input_is_refused_and_the_trace_kept() {
+    let dir = tempfile::tempdir().unwrap();
+    let input = dir.path().join("t.ocl");
+    std::fs::copy(testdata("v1.0/synthetic.ocl"), &input).unwrap();
+    let before = std::fs::read(&input).unwrap();
+    std::os::unix::fs::symlink(&input, dir.path().join("link.ocl")).unwrap();
+    for args in [
+        &["export", "--perfetto", "t.ocl", "-o", "t.ocl"][..],
+        &["export", "--perfetto", "t.ocl", "-o", "./t.ocl"],
+        &["export", "--perfetto", "--format", "pftrace", "t.ocl", "-o", "link.ocl"],
+        &["flamegraph", "t.ocl", "-o", "t.ocl"],
+        &["flamegraph", "link.ocl", "-o", "./t.ocl"],
+    ] {
+        let out =
+            Command::new(env!("CARGO_BIN_EXE_ocular-analyze")).args(args).current_dir(dir.path()).output().unwrap();
+        assert_eq!(out.status.code(), Some(2), "{args:?}");
+        let output = args[args.len() - 1];
+        let given = args[args.len() - 3];
+        assert_eq!(
+            text(&out.stderr),
+            format!(
+                "ocular-analyze: error: {output} is the input trace {given}: writing it would destroy the trace; \
+                 choose another output with -o\n"
+            ),
+            "{args:?}"
+        );
+        assert_eq!(std::fs::read(&input).unwrap(), before, "{args:?}");
+        assert!(std::fs::symlink_metadata(dir.path().join("link.ocl")).unwrap().file_type().is_symlink());
+        assert_eq!(std::fs::read_dir(dir.path()).unwrap().count(), 2, "{args:?} left a file");
+    }
+}
+
+#[cfg(feature = "parquet")]
+#[test]
+fn a_parquet_output_that_is_the_input_is_refused() {
+    let dir = tempfile::tempdir().unwrap();
+    let tables = dir.path().join("t.parquet");
+    std::fs::create_dir(&tables).unwrap();
+    let input = tables.join("events.parquet");
+    std::fs::copy(testdata("v1.0/synthetic.ocl"), &input).unwrap();
+    let out = run(&["export", "--parquet", "-o", tables.to_str().unwrap(), input.to_str().unwrap()]);
+    assert_eq!(out.status.code(), Some(2));
+    assert!(text(&out.stderr).contains("events.parquet is the input trace"), "{}", text(&out.stderr));
+    assert_eq!(std::fs::read(&input).unwrap(), std::fs::read(testdata("v1.0/synthetic.ocl")).unwrap());
+}
+
 #[cfg(feature = "parquet")]
 #[test]
 fn a_failed_parquet_export_leaves_no_files() {
