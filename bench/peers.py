@@ -79,6 +79,9 @@ WINDOW_VARIANTS = {
                                                                             "--window-length", "0.5"]),
     "ocular-adaptive-w10x2": ("Ocular adaptive, 2 ms windows every 10 ms", ["--window-length", "2"]),
     "ocular-adaptive-w10x0.5": ("Ocular adaptive, 0.5 ms windows every 10 ms", ["--window-length", "0.5"]),
+    "ocular-adaptive-w10x1": ("Ocular adaptive, 1 ms windows every 10 ms", ["--window-length", "1"]),
+    "ocular-adaptive-w5x0.25": ("Ocular adaptive, 0.25 ms windows every 5 ms", ["--window-period", "5",
+                                                                                "--window-length", "0.25"]),
 }
 for _name, (_label, _) in WINDOW_VARIANTS.items():
     TOOLS.setdefault(_name, (_label, "ocl"))

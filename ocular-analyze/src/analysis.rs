@@ -80,7 +80,8 @@ pub struct Windows {
     pub windows: u64,
     /// Total length of the later windows in ticks.
     pub window_ticks: u64,
-    /// What a tick inside a later window stands for: `sampled_ticks / window_ticks` (0 without any).
+    /// What a tick of the program inside a later window stands for: `sampled_ticks` over the windows'
+    /// length less the recorder's cost of the events in them (0 without any window).
     pub scale: f64,
 }
 
@@ -430,6 +431,9 @@ struct WindowLog {
     later: HashMap<u32, (u64, u64)>,
     /// The last tick of any event.
     end: u64,
+    /// The recorder's cost of the events inside later windows, every thread's: the program ran that much
+    /// less of itself there (one thread at a time, under the GIL).
+    window_cost: f64,
 }
 
 impl WindowLog {
@@ -450,8 +454,11 @@ impl WindowLog {
                 w.window_ticks += len.min(self.end - open);
             }
         }
-        if w.window_ticks > 0 {
-            w.scale = w.sampled_ticks as f64 / w.window_ticks as f64;
+        // What the program did inside the windows took their length less the recording's own cost: a
+        // window of a call-dense program holds fewer calls than the same time outside one.
+        let effective = w.window_ticks as f64 - self.window_cost.clamp(0.0, 0.9 * w.window_ticks as f64);
+        if effective > 0.0 {
+            w.scale = w.sampled_ticks as f64 / effective;
         }
         Some(w)
     }
@@ -485,7 +492,7 @@ pub fn analyze(path: &Path, opts: ReadOptions) -> ocular_format::Result<Analysis
             Body::Code(objs) => {
                 for o in objs {
                     let i = tables.indexes.len() as u32;
-                    tables.indexes.push(CodeIndex::new(instructions(&o, &header, 0, u32::MAX)));
+                    tables.indexes.push(CodeIndex::new(instructions(&o, &header, 0, u32::MAX), &o, &header));
                     tables.index_of.insert(o.id, i);
                     a.code.insert(o.id, o);
                 }
@@ -610,7 +617,10 @@ fn step(
     ts.cost += c;
     match ts.phase {
         Phase::Complete => ts.e[0] -= c,
-        Phase::Sampled => ts.e[1] -= c,
+        Phase::Sampled => {
+            ts.e[1] -= c;
+            log.window_cost += c;
+        }
         Phase::Gap => {}
     }
     ts.last_ticks = t;
@@ -648,6 +658,12 @@ fn step(
             let Some(depth) = ts.sampling else { return };
             if id == 0 {
                 return; // a frame of code that is not recorded: not on the analysis' stacks either
+            }
+            let index = tables.indexes.get(tables.code_index(id) as usize);
+            if index.is_some_and(|i| i.resume.contains(&off)) {
+                // The window opened at this frame's start (its RESUME, a safe point): it was entered at
+                // the opening, and the window's lead ran in its callers.
+                ts.advance(t);
             }
             if ts.stack.get(depth).is_some_and(|f| f.code == id) {
                 // The same activation as before the gap, as far as can be told. Its loops' unrecorded time
@@ -923,16 +939,23 @@ fn pop(ts: &mut ThreadState, t: u64, tree: &mut CallTree, per: &mut HashMap<u32,
 struct CodeIndex {
     offsets: Vec<u32>,
     position: Vec<u32>,
+    /// Offsets of its RESUME instructions (where a frame starts, or resumes after a yield).
+    resume: Vec<u32>,
 }
 
 impl CodeIndex {
-    fn new(offsets: Vec<u32>) -> Self {
+    fn new(offsets: Vec<u32>, co: &CodeObject, header: &Header) -> Self {
         let units = offsets.last().map_or(0, |&o| o as usize / 2 + 1);
         let mut position = vec![u32::MAX; units];
         for (i, &o) in offsets.iter().enumerate() {
             position[o as usize / 2] = i as u32;
         }
-        CodeIndex { offsets, position }
+        let resume = offsets
+            .iter()
+            .copied()
+            .filter(|&o| co.bytecode.get(o as usize).is_some_and(|&op| header.opcodes.name(op) == "RESUME"))
+            .collect();
+        CodeIndex { offsets, position, resume }
     }
 
     /// The position of the instruction at byte offset `o`, if an instruction starts there.

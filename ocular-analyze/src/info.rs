@@ -171,6 +171,15 @@ impl std::fmt::Display for Info {
         for (k, n) in &self.events_by_kind {
             writeln!(f, "  {k:<18} {n}")?;
         }
+        if let Some(&n) = self.events_by_kind.get("WINDOW") {
+            // FORMAT.md 5.3: markers, one per thread per window.
+            writeln!(
+                f,
+                "calls         recorded whole until a function's first {} calls, then in windows ({} window markers): \
+                 function figures after the first window are estimates (stats marks them ~)",
+                self.deinstrument_threshold, n
+            )?;
+        }
         writeln!(f, "threads       {}", self.threads.len())?;
         for t in &self.threads {
             let name = if t.name.is_empty() { "(unnamed)" } else { &t.name };

@@ -225,7 +225,7 @@ class Recording:
         buffer_events: int = 65536,
         max_buffers: int = 64,
         window_period: float = 0.01,
-        window_length: float = 0.001,
+        window_length: float = 0.0005,
     ) -> None:
         _interp.check_supported()
         if mode not in MODES:

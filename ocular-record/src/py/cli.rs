@@ -66,7 +66,7 @@ struct RunArgs {
     #[arg(long, value_name = "MS", default_value_t = 10.0)]
     window_period: f64,
     /// With a threshold: how long each window lasts, in milliseconds (at most half the period)
-    #[arg(long, value_name = "MS", default_value_t = 1.0)]
+    #[arg(long, value_name = "MS", default_value_t = 0.5)]
     window_length: f64,
     /// Record only code whose file or qualified name contains P (repeatable)
     #[arg(long, value_name = "P")]
