@@ -33,9 +33,9 @@ pub struct FunctionStats {
     pub exclusive: f64,
     /// Calls actually recorded (equal to `calls` unless `estimated`).
     pub observed_calls: u64,
-    /// Part of the times is scaled up from windows: they are estimates.
+    /// Part of the run was seen through windows only: the figures are estimates.
     pub estimated: bool,
-    /// Part of the calls is scaled up from windows: `calls` is an estimate.
+    /// The same for `calls` (a separate field, so that a later format can tell them apart).
     pub calls_estimated: bool,
     /// [complete part, window part] of calls, inclusive and exclusive ticks, before scaling.
     parts: Parts,
@@ -58,14 +58,17 @@ impl FunctionStats {
     }
 
     /// Sets the reported figures from the parts, the window part scaled by `scale`.
-    fn finish(&mut self, scale: f64) {
+    /// Sets the reported figures from the parts, the window part scaled by `scale`. `sampled`: part of
+    /// the run was only seen through windows, so every figure is an estimate (a function that ran only
+    /// between windows there adds nothing, which is an estimate too).
+    fn finish(&mut self, scale: f64, sampled: bool) {
         let p = &self.parts;
         self.observed_calls = p.calls[0] + p.calls[1];
         self.calls = p.calls[0] + (p.calls[1] as f64 * scale).round() as u64;
         self.inclusive = p.inclusive[0] + p.inclusive[1] * scale;
         self.exclusive = p.exclusive[0] + p.exclusive[1] * scale;
-        self.calls_estimated = p.calls[1] > 0;
-        self.estimated = self.calls_estimated || p.inclusive[1] != 0.0 || p.exclusive[1] != 0.0;
+        self.calls_estimated = sampled;
+        self.estimated = sampled;
     }
 }
 
@@ -86,9 +89,9 @@ pub struct Windows {
 }
 
 impl Windows {
-    /// Whether any figure is an estimate.
+    /// Whether the figures are estimates: part of the run was seen through windows only.
     pub fn estimated(&self) -> bool {
-        self.windows > 0
+        self.sampled_ticks > 0
     }
 
     /// A one-line account of what was recorded completely and what is estimated.
@@ -102,16 +105,17 @@ impl Windows {
         if self.windows == 0 {
             return format!(
                 "calls recorded completely for the first {:.1} ms ({share:.0}% of the run); the remaining {:.1} ms \
-                 had no window: figures cover the first part only",
+                 had no window: figures (marked ~) hold the first part only",
                 ms(self.complete_ticks),
                 ms(self.sampled_ticks)
             );
         }
         format!(
-            "calls recorded completely for the first {:.1} ms ({share:.0}% of the run), then in {} windows \
+            "calls recorded completely for the first {:.1} ms ({share:.0}% of the run), then in {} window{} \
              ({:.1} ms, {:.1}% of the remaining {:.1} ms) scaled by {:.1}: figures marked ~ are estimates",
             ms(self.complete_ticks),
             self.windows,
+            if self.windows == 1 { "" } else { "s" },
             ms(self.window_ticks),
             self.window_ticks as f64 / self.sampled_ticks as f64 * 100.0,
             ms(self.sampled_ticks),
@@ -536,11 +540,12 @@ pub fn analyze(path: &Path, opts: ReadOptions) -> ocular_format::Result<Analysis
     }
     let windows = log.summary(header.start_ticks);
     let scale = windows.as_ref().map_or(0.0, |w| w.scale);
+    let sampled = windows.as_ref().is_some_and(|w| w.sampled_ticks > 0);
     a.windows = windows;
     a.tree.finish(scale);
     for per in a.per_thread.values_mut() {
         for s in per.values_mut() {
-            s.finish(scale);
+            s.finish(scale, sampled);
         }
     }
     // Threads merged: the per-thread statistics summed (kept per thread during the pass: one update per
