@@ -556,7 +556,7 @@ pub fn analyze(path: &Path, opts: ReadOptions) -> ocular_format::Result<Analysis
         }
     }
     for s in a.functions.values_mut() {
-        s.finish(scale);
+        s.finish(scale, sampled);
     }
     for (key, mut stats) in tables.loop_keys.into_iter().zip(tables.loops) {
         if !stats.blocks.is_empty() {

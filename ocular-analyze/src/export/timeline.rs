@@ -200,27 +200,20 @@ impl Timeline {
                                 close_window(th, tid, ticks, &code, &mut f)?;
                                 th.open = false;
                             }
-                            Some(EventKind::STACK) if th.open && id != 0 => {
+                            // A frame found on a window's stack began before the window: clipped.
+                            Some(
+                                k @ (EventKind::STACK
+                                | EventKind::PY_START
+                                | EventKind::PY_RESUME
+                                | EventKind::PY_THROW),
+                            ) if th.open && id != 0 => {
                                 let call = Call {
                                     id: calls,
                                     parent: th.stack.last().map(|fr| fr.call.id),
                                     start: ticks,
                                     depth: th.stack.len() as u32,
                                     window: th.window,
-                                    clipped: true,
-                                };
-                                calls += 1;
-                                th.stack.push(Frame { code: id, call, loops: Vec::new() });
-                                f(&code, Item::Begin { tid, ticks, code: id })?;
-                            }
-                            Some(EventKind::PY_START | EventKind::PY_RESUME | EventKind::PY_THROW) if th.open => {
-                                let call = Call {
-                                    id: calls,
-                                    parent: th.stack.last().map(|fr| fr.call.id),
-                                    start: ticks,
-                                    depth: th.stack.len() as u32,
-                                    window: th.window,
-                                    clipped: false,
+                                    clipped: k == EventKind::STACK,
                                 };
                                 calls += 1;
                                 th.stack.push(Frame { code: id, call, loops: Vec::new() });
