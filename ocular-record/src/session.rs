@@ -300,7 +300,15 @@ struct WriterJob {
 impl WriterJob {
     fn fail(&mut self, e: impl ToString) {
         self.out.error.get_or_insert_with(|| e.to_string());
-        self.writer = None;
+        if let Some(w) = self.writer.take() {
+            // What reached the disk, for the report: the size once the writer is closed (its buffer's
+            // last flush attempted), not 0 as if nothing had been written.
+            let file = w.get_ref().get_ref().try_clone();
+            drop(w);
+            if let Ok(m) = file.and_then(|f| f.metadata()) {
+                self.out.bytes = m.len();
+            }
+        }
     }
 
     fn write(&mut self, f: impl FnOnce(&mut Writer<BufWriter<File>>) -> ocular_format::Result<()>) -> bool {
@@ -384,14 +392,55 @@ pub struct Session {
     pool: Arc<Pool>,
     writer: Option<JoinHandle<Outcome>>,
     path: PathBuf,
+    /// The file's descriptor, owned by the writer thread: a forked child closes its copy (see `forget`).
+    #[cfg(unix)]
+    fd: std::os::unix::io::RawFd,
+}
+
+/// Takes the session's lock on `file`, or says that another recording holds it.
+#[cfg(unix)]
+fn lock(file: &File) -> std::io::Result<()> {
+    use std::os::unix::io::AsRawFd;
+    // SAFETY: a valid descriptor, owned by `file` for the duration of the call.
+    if unsafe { libc::flock(file.as_raw_fd(), libc::LOCK_EX | libc::LOCK_NB) } == 0 {
+        return Ok(());
+    }
+    let e = std::io::Error::last_os_error();
+    if e.kind() == std::io::ErrorKind::WouldBlock {
+        return Err(std::io::Error::new(
+            std::io::ErrorKind::WouldBlock,
+            "another recording is writing it; record to another path, or wait until that recording ends",
+        ));
+    }
+    // File systems without flock (some network ones) record without the lock, as before it existed.
+    Ok(())
+}
+
+#[cfg(not(unix))]
+fn lock(_: &File) -> std::io::Result<()> {
+    Ok(())
 }
 
 impl Session {
     /// Creates the file, writes its header, and starts the `ocular-writer` thread. Errors (a directory
     /// that does not exist, no permission) surface here, before anything is recorded.
+    ///
+    /// The file is locked (`flock`, advisory) for as long as the session writes it: a second recording to
+    /// the same path, in this process or another, fails here with "another recording is writing it" and
+    /// leaves the file alone (it is truncated only once the lock is held). Two recordings into one file
+    /// made it unreadable. The lock goes with the file's last descriptor: at the end of the session, or
+    /// when the process dies, so a crash leaves no stale lock behind.
     pub fn start(path: &Path, header: &Header, cfg: Config) -> ocular_format::Result<Session> {
         let name = path.display().to_string();
-        let file = File::create(path).map_err(|error| ocular_format::Error::Io { path: name.clone(), error })?;
+        let io = |error| ocular_format::Error::Io { path: name.clone(), error };
+        let file = std::fs::OpenOptions::new().write(true).create(true).truncate(false).open(path).map_err(io)?;
+        lock(&file).map_err(io)?;
+        // Not a device (/dev/full, /dev/null): those cannot be truncated, nor need it.
+        if file.metadata().map_err(io)?.is_file() {
+            file.set_len(0).map_err(io)?;
+        }
+        #[cfg(unix)]
+        let fd = std::os::unix::io::AsRawFd::as_raw_fd(&file);
         let mut writer = Writer::new(BufWriter::with_capacity(1 << 20, file), &name, header, WriterOptions::default())?;
         writer.flush()?;
         let pool = Arc::new(Pool::new(cfg));
@@ -409,8 +458,16 @@ impl Session {
                 }
                 job.out
             })
-            .map_err(|error| ocular_format::Error::Io { path: name, error })?;
-        Ok(Session { tx, code: Mutex::new(Vec::new()), pool, writer: Some(handle), path: path.to_owned() })
+            .map_err(io)?;
+        Ok(Session {
+            tx,
+            code: Mutex::new(Vec::new()),
+            pool,
+            writer: Some(handle),
+            path: path.to_owned(),
+            #[cfg(unix)]
+            fd,
+        })
     }
 
     /// The file being written.
@@ -478,10 +535,19 @@ impl Session {
     }
 
     /// Leaves the session without touching the file or joining the writer: for a forked child, where the
-    /// writer thread does not exist and the file belongs to the parent.
+    /// writer thread does not exist and the file belongs to the parent. The child's copy of the file's
+    /// descriptor is closed: it shares the parent's lock, which would otherwise outlive the parent's
+    /// recording for as long as the child runs.
     pub fn forget(mut self) {
         if let Some(h) = self.writer.take() {
             std::mem::forget(h);
+        }
+        // SAFETY: the descriptor belongs to the writer thread's `File`, which never runs nor drops in the
+        // child (the thread does not exist there), so nothing else closes or uses it. Closing one copy
+        // leaves the lock to the parent's, which `flock` shares across descriptors of one open file.
+        #[cfg(unix)]
+        unsafe {
+            libc::close(self.fd);
         }
         std::mem::forget(self);
     }

@@ -185,3 +185,43 @@ fn the_writer_thread_is_named() {
     }
     std::fs::remove_dir_all(path.parent().unwrap()).unwrap();
 }
+
+#[test]
+fn a_second_session_on_the_same_path_fails_and_the_first_file_stays_whole() {
+    let (_dir, path) = tmp();
+    let header = ocular_format::testing::header();
+    let first = Session::start(&path, &header, Config { buffer_events: 100, max_buffers: 64 }).unwrap();
+    let mut tb = ThreadBuffer::new(1);
+    for i in 0..250u64 {
+        tb.push(ev(10 * i, 2), &first);
+    }
+    // flock locks belong to the open file description: a second open in this process conflicts as
+    // another process's would.
+    let err = Session::start(&path, &header, Config::default()).unwrap_err();
+    assert_eq!(
+        err.to_string(),
+        format!(
+            "{}: another recording is writing it; record to another path, or wait until that recording ends",
+            path.display()
+        )
+    );
+    for i in 250..300u64 {
+        tb.push(ev(10 * i, 2), &first);
+    }
+    tb.flush(&first);
+    let out = first.finish(ClockPoint::now());
+    assert_eq!((out.events, out.error), (300, None));
+    let mut r = Reader::open_with(&path, ReadOptions::default()).unwrap();
+    let mut n = 0;
+    while let Some(c) = r.next_chunk().unwrap() {
+        if let Body::Events(e) = c.body {
+            n += e.len();
+        }
+    }
+    assert_eq!(n, 300);
+    assert!(r.report().clean());
+    // Once the first recording ended, the path is free again.
+    let again = Session::start(&path, &header, Config::default()).unwrap();
+    assert!(again.finish(ClockPoint::now()).error.is_none());
+    std::fs::remove_dir_all(path.parent().unwrap()).unwrap();
+}
