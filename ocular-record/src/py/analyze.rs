@@ -104,21 +104,25 @@ pub(super) fn stats(py: Python<'_>, path: PathBuf, per_thread: bool, salvage: bo
 #[pyfunction]
 pub(super) fn export_chrome(py: Python<'_>, path: PathBuf, out: PathBuf) -> PyResult<u64> {
     py.detach(|| {
-        let f = std::fs::File::create(&out).map_err(|e| os_err(format!("cannot create {}: {e}", out.display())))?;
+        // Never over the trace, and renamed into place once whole (see ocular_analyze::output).
+        let (pending, f) =
+            ocular_analyze::output::Pending::create(&path, &out).map_err(|e| os_err(format!("{e:#}")))?;
         let mut w = std::io::BufWriter::with_capacity(1 << 20, f);
         let (counts, _) = ocular_analyze::export::chrome::export(&path, ReadOptions::default(), &mut w)
             .map_err(|e| os_err(format!("{e:#}")))?;
-        std::io::Write::flush(&mut w).map_err(os_err)?;
+        w.into_inner().map_err(|e| os_err(e.into_error()))?;
+        pending.commit().map_err(|e| os_err(format!("{e:#}")))?;
         Ok(counts.events)
     })
 }
 
 /// `cli(argv) -> int`: runs `ocular-analyze` with `argv` (without the program name); returns its exit code.
 #[pyfunction]
-pub(super) fn cli(py: Python<'_>, argv: Vec<String>) -> i32 {
+/// Arguments are OS strings, as Python holds them: a path that is not UTF-8 reaches the analyzer whole.
+pub(super) fn cli(py: Python<'_>, argv: Vec<std::ffi::OsString>) -> i32 {
     py.detach(|| {
         ocular_analyze::progress::enable();
-        ocular_analyze::cli::run_from(std::iter::once("ocular-analyze".to_string()).chain(argv))
+        ocular_analyze::cli::run_from(std::iter::once("ocular-analyze".into()).chain(argv))
     })
 }
 
