@@ -23,7 +23,9 @@ ANALYZE_COMMANDS = ("info", "hot", "stats", "export", "flamegraph", "dump")
 
 
 def _run(opts: dict) -> int:
-    """Runs the program `opts` describes (from the extension's parser, see ``_native().parse_run``)."""
+    """Runs the program `opts` describes (from the extension's parser, see ``_native().parse_run``).
+    Whatever keeps the program from starting is found before recording starts: it gets one line on
+    stderr, a non-zero exit code, and no trace is written."""
     module = opts["module"]
     if module is None and not opts["argv"]:
         print("python -m ocular run: give a script to run, or -m MODULE", file=sys.stderr)
@@ -33,9 +35,23 @@ def _run(opts: dict) -> int:
         if not os.path.exists(script):
             print(f"python -m ocular run: {script}: no such file", file=sys.stderr)
             return 2
-        sys.path[0] = os.path.dirname(os.path.abspath(script))
+        program = script
     else:
         sys.path[0] = os.getcwd()
+        error, program = _find_module(module)
+        if error:
+            print(f"python -m ocular run: {error}", file=sys.stderr)
+            return 1
+    if program is not None and _same_file(opts["output"], program):
+        print(f"python -m ocular run: the trace {os.fsdecode(opts['output'])} would overwrite the program "
+              f"{program}: choose another output with -o", file=sys.stderr)
+        return 2
+    if module is None:
+        missing = _missing_main(script)
+        if missing:
+            print(f"python -m ocular run: {missing}", file=sys.stderr)
+            return 1
+        sys.path[0] = os.path.dirname(os.path.abspath(script))
     sys.argv = list(opts["argv"])
     # Everything but the program itself is done before recording starts, so the trace (and the cost of
     # recording) is the program's: reading and compiling the script, and runpy's imports (pkgutil brings
@@ -61,17 +77,85 @@ def _run(opts: dict) -> int:
     except ValueError as e:
         print(f"python -m ocular run: {e}", file=sys.stderr)
         return 2
+    try:
+        rec.start()
+    except OSError as e:
+        # The message names the file: a missing directory, no permission, another recording writing it.
+        print(f"python -m ocular run: cannot write the trace: {e}", file=sys.stderr)
+        return 2
+    # A child the program forks (os.fork) and that returns here must not report its parent's file.
+    parent = os.getpid()
     code = 0
     try:
-        with rec:
-            try:
-                target()
-            except SystemExit as e:
-                code = _exit_code(e.code)
+        try:
+            target()
+        except SystemExit as e:
+            code = _exit_code(e.code)
     finally:
-        if not opts["quiet"] and not rec.running and rec.tool_id >= 0:
-            print(f"ocular: wrote {rec.summary()}", file=sys.stderr)
+        if os.getpid() == parent:
+            rec.stop()
+            if not opts["quiet"]:
+                print(f"ocular: wrote {rec.summary()}", file=sys.stderr)
     return code
+
+
+def _same_file(a: str | bytes, b: str | bytes) -> bool:
+    """Whether `a` and `b` are one file (by device and inode, following symlinks); False if either is
+    missing."""
+    try:
+        return os.path.samefile(a, b)
+    except OSError:
+        return False
+
+
+def _find_module(name: str) -> tuple[str | None, str | None]:
+    """Finds module `name` as ``python -m`` would, without running any of it when it can: (the error
+    ``python -m`` would print, or None; the module's file, or None)."""
+    import importlib.util
+
+    try:
+        # Parents are looked up without being imported, so that their code runs (and is recorded) with
+        # the program; only when that finds nothing does importlib's own lookup, which imports them, decide.
+        spec = _spec_without_import(name) or importlib.util.find_spec(name)
+    except Exception as e:  # noqa: BLE001 - as python -m reports any error of the lookup
+        return f"Error while finding module specification for {name!r} ({type(e).__name__}: {e})", None
+    if spec is None:
+        return f"No module named {name}", None
+    if spec.submodule_search_locations is not None:
+        if name == "__main__" or name.endswith(".__main__"):
+            return "Cannot use package as __main__ module", None
+        error, origin = _find_module(name + ".__main__")
+        if error:
+            return f"{error}; {name!r} is a package and cannot be directly executed", None
+        return None, origin
+    return None, spec.origin if spec.has_location else None
+
+
+def _spec_without_import(name: str):
+    import importlib.machinery
+    import importlib.util
+
+    parent, _, _ = name.rpartition(".")
+    if not parent:
+        return importlib.util.find_spec(name)  # a top-level name: nothing is imported
+    pspec = _spec_without_import(parent)
+    if pspec is None or pspec.submodule_search_locations is None:
+        return None
+    loaded = sys.modules.get(parent)
+    path = getattr(loaded, "__path__", None) or pspec.submodule_search_locations
+    return importlib.machinery.PathFinder.find_spec(name, list(path))
+
+
+def _missing_main(path: str) -> str | None:
+    """For a directory or zip file: python's error if it has no ``__main__`` module."""
+    if not (os.path.isdir(path) or not path.endswith((".py", ".pyw")) and _is_zip(path)):
+        return None
+    import pkgutil
+
+    importer = pkgutil.get_importer(path)
+    if importer is not None and importer.find_spec("__main__") is None:
+        return f"can't find '__main__' module in {path!r}"
+    return None
 
 
 def _script(path: str) -> "Callable[[], None]":
@@ -142,13 +226,45 @@ def _export_parquet(args: list[str]) -> int:
     p.add_argument("file")
     ns = p.parse_args(args)
     out = ns.output or os.path.splitext(ns.file)[0] + ".parquet"
+    names = ("events", "calls", "code")
+    paths = {name: os.path.join(out, f"{name}.parquet") for name in names}
+    for o in (out, *paths.values()):
+        if _same_file(ns.file, o):
+            raise OcularError(f"{o} is the input trace {ns.file}: writing it would destroy the trace; "
+                              f"choose another output with -o")
+    if os.path.exists(out) and not os.path.isdir(out):
+        raise OcularError(f"{out} exists and is not a directory: --parquet writes a directory of tables; "
+                          f"choose another output with -o")
     trace = load(ns.file, salvage=ns.salvage)
+    new_dir = not os.path.exists(out)
     os.makedirs(out, exist_ok=True)
     rows = {}
-    for name in ("events", "calls", "code"):
-        df = getattr(trace, name)()
-        df.write_parquet(os.path.join(out, f"{name}.parquet"))
-        rows[name] = df.height
+    # Each table is written beside its final name and renamed into place once all are whole: a failed
+    # export leaves the tables that were there before, and removes only what it created.
+    written = []
+    done = False
+    try:
+        for name in names:
+            df = getattr(trace, name)()
+            tmp = os.path.join(out, f".{name}.parquet.{os.getpid()}.tmp")
+            written.append(tmp)
+            df.write_parquet(tmp)
+            rows[name] = df.height
+        for name, tmp in zip(names, written):
+            os.replace(tmp, paths[name])
+        written.clear()
+        done = True
+    finally:
+        for tmp in written:
+            try:
+                os.remove(tmp)
+            except OSError:
+                pass
+        if not done and new_dir:
+            try:
+                os.rmdir(out)
+            except OSError:
+                pass
     print(f"wrote {out}: events.parquet ({rows['events']} rows), calls.parquet ({rows['calls']} rows), "
           f"code.parquet ({rows['code']} rows)", file=sys.stderr)
     return 0
@@ -159,7 +275,7 @@ def main(argv: list[str] | None = None) -> int:
     if argv and argv[0] in ANALYZE_COMMANDS:
         try:
             return _analyze(argv)
-        except OcularError as e:
+        except (OcularError, OSError) as e:
             print(f"python -m ocular: error: {e}", file=sys.stderr)
             return 2
     from ._interp import check_supported
@@ -176,11 +292,6 @@ def main(argv: list[str] | None = None) -> int:
     except OcularError as e:
         print(f"python -m ocular: error: {e}", file=sys.stderr)
         return 2
-    except OSError as e:
-        if e.filename is None and str(opts["output"]) in str(e):
-            print(f"python -m ocular: error: cannot write the trace: {e}", file=sys.stderr)
-            return 2
-        raise
 
 
 if __name__ == "__main__":
