@@ -191,3 +191,22 @@ def test_the_summary_counts_the_bytes_on_disk_after_a_write_error(tmp_path):
     size = os.path.getsize(tmp_path / "big.ocl")
     assert size > 0
     assert f" {size:,} bytes" in summary[0], (size, summary)
+
+
+def test_a_forked_child_that_outlives_its_parent_does_not_hold_the_lock(tmp_path):
+    # GIVEN a program whose forked child runs on after the parent's recording ended
+    (tmp_path / "forker.py").write_text(
+        "import os, time, pathlib\nif os.fork() == 0:\n"
+        "    while not pathlib.Path('stop').exists():\n        time.sleep(0.01)\n    os._exit(0)\n")
+    (tmp_path / "w.py").write_text(HELLO)
+    # (Output to a file: the child keeps the pipes open.)
+    with open(tmp_path / "err.txt", "w") as err:
+        r = subprocess.run([sys.executable, "-W", "ignore::DeprecationWarning", "-m", "ocular", "run", "-q", "-o",
+                            "f.ocl", "forker.py"], stdout=err, stderr=err, cwd=tmp_path, timeout=60)
+    try:
+        assert r.returncode == 0, (tmp_path / "err.txt").read_text()
+        # WHEN the path is recorded to again while the child lives, THEN it is free
+        again = run_ocular("run", "-q", "-o", "f.ocl", "w.py", cwd=tmp_path)
+        assert again.returncode == 0, again.stderr
+    finally:
+        (tmp_path / "stop").touch()
