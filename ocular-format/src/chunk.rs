@@ -20,6 +20,9 @@ pub const MAX_RAW_LEN: u32 = 256 << 20;
 pub const MAX_CHUNK_EVENTS: u32 = 1 << 22;
 /// Most records in one metadata chunk.
 pub const MAX_CHUNK_RECORDS: u32 = 1 << 20;
+/// Most events an EVENTS chunk may claim per stored byte (FORMAT.md 3.1), so that a reader's work follows the
+/// bytes it has rather than what a header claims.
+pub const MAX_EVENTS_PER_STORED_BYTE: u64 = 64;
 
 /// The 16-byte preamble at offset 0.
 #[derive(Clone, Copy, Debug, FromBytes, IntoBytes, KnownLayout, Immutable, Unaligned)]
@@ -96,6 +99,29 @@ impl ChunkHeader {
         }
         if self.codec & 0x0f == codec::NONE && stored != raw {
             return Err(format!("uncompressed chunk has stored length {stored} != raw length {raw}"));
+        }
+        if self.kind.get() == kind::EVENTS {
+            // 2026-11-26: work bounded by the bytes stored (FORMAT.md 3.1, "Work follows the bytes"): a 77 KB
+            // file of chunks claiming 4 M events each made `info` decode for 27 s.
+            let (stored, raw, count) = (stored as u64, raw as u64, count as u64);
+            if count > MAX_EVENTS_PER_STORED_BYTE * stored {
+                return Err(format!(
+                    "EVENTS chunk claims {count} events in {stored} stored bytes, more than the \
+                     {MAX_EVENTS_PER_STORED_BYTE} per byte a reader decodes"
+                ));
+            }
+            match self.codec >> 4 {
+                0 if raw != 24 * count => {
+                    return Err(format!("raw EVENTS chunk of {count} events has raw length {raw}, not {}", 24 * count));
+                }
+                1 if raw > 10 + 41 * count => {
+                    return Err(format!(
+                        "columnar EVENTS chunk of {count} events has raw length {raw}, more than the {} it can take",
+                        10 + 41 * count
+                    ));
+                }
+                _ => {}
+            }
         }
         Ok(())
     }

@@ -1,6 +1,12 @@
 //! The streaming writer: turns per-thread event buffers and metadata records into chunks.
 
-use crate::chunk::{codec, kind, ChunkHeader, Preamble, MAGIC, MAJOR, MAX_CHUNK_EVENTS, MINOR, SYNC};
+use crate::chunk::{
+    codec, kind, ChunkHeader, Preamble, MAGIC, MAJOR, MAX_CHUNK_EVENTS, MAX_EVENTS_PER_STORED_BYTE, MINOR, SYNC,
+};
+
+/// Events per raw-records chunk when a columnar chunk would be too compressible (FORMAT.md 3.1): 48 MiB,
+/// under the stored-length limit.
+const RAW_FALLBACK_EVENTS: usize = 1 << 21;
 use crate::error::{Error, Result};
 use crate::event::RawEvent;
 use crate::meta::{Calibration, CodeObject, CodeRecord, CodeSnapshot, Header, Lost, ThreadInfo, Trailer};
@@ -133,17 +139,27 @@ impl<W: Write> Writer<W> {
         self.flush_code()?;
         for part in events.chunks(MAX_CHUNK_EVENTS as usize) {
             self.encoder.encode(part, &mut self.raw);
-            let (first, last) = (part[0].ticks.get(), part[part.len() - 1].ticks.get());
-            self.emit(
-                Place {
-                    kind: kind::EVENTS,
-                    transform: codec::COLUMNAR,
-                    thread_id,
-                    ts: (first, last),
-                    count: part.len() as u32,
-                },
-                Zstd::Events,
-            )?;
+            let place = |part: &[RawEvent], transform| Place {
+                kind: kind::EVENTS,
+                transform,
+                thread_id,
+                ts: (part[0].ticks.get(), part[part.len() - 1].ticks.get()),
+                count: part.len() as u32,
+            };
+            let compress = self.compress(Zstd::Events)?;
+            let stored = if compress { self.stored.len() } else { self.raw.len() } as u64;
+            if part.len() as u64 <= MAX_EVENTS_PER_STORED_BYTE * stored {
+                self.write_chunk(place(part, codec::COLUMNAR), compress)?;
+            } else {
+                // Events that repeat exactly (equal timestamps) compress past what a reader decodes per stored
+                // byte (FORMAT.md 3.1): stored as raw records, which always fit, in pieces under the
+                // stored-length limit.
+                for piece in part.chunks(RAW_FALLBACK_EVENTS) {
+                    self.raw.clear();
+                    self.raw.extend_from_slice(piece.as_bytes());
+                    self.write_chunk(place(piece, codec::NONE), false)?;
+                }
+            }
             self.events += part.len() as u64;
         }
         Ok(())
@@ -297,6 +313,12 @@ impl<W: Write> Writer<W> {
 
     /// Compresses `self.raw` if asked and allowed, and writes header + payload as one chunk.
     fn emit(&mut self, place: Place, how: Zstd) -> Result<()> {
+        let compress = self.compress(how)?;
+        self.write_chunk(place, compress)
+    }
+
+    /// Compresses `self.raw` into `self.stored` if asked and allowed; whether the chunk is to be compressed.
+    fn compress(&mut self, how: Zstd) -> Result<bool> {
         let mut compress = self.opts.compress && how != Zstd::No;
         if compress {
             self.stored.clear();
@@ -315,7 +337,7 @@ impl<W: Write> Writer<W> {
             // A small payload can grow by zstd's frame header: then it is stored as it is.
             compress = self.stored.len() < self.raw.len();
         }
-        self.write_chunk(place, compress)
+        Ok(compress)
     }
 
     /// Writes header + payload as one chunk: `self.stored` (zstd) if `compressed`, else `self.raw`.

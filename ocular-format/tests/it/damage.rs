@@ -238,3 +238,64 @@ fn a_lost_record_removed_is_found_by_the_trailers_counts() {
     assert_eq!((m.trailer_lost, m.read_lost, m.trailer_chunks - m.read_chunks), (17, 0, 1));
     assert!(all.report.warnings("mem.ocl")[0].contains("; 17 lost events counted, 0 read (17 missing);"));
 }
+
+/// An EVENTS chunk (FORMAT.md 3.1) with the given codec, count and payload, sealed with a right CRC.
+fn events_chunk(seq: u64, codec: u8, count: u32, raw_len: usize, payload: &[u8]) -> Vec<u8> {
+    let mut c = vec![0u8; 56];
+    c[..4].copy_from_slice(b"OCCH");
+    c[4..6].copy_from_slice(&2u16.to_le_bytes());
+    c[6] = codec;
+    c[8..12].copy_from_slice(&(payload.len() as u32).to_le_bytes());
+    c[12..16].copy_from_slice(&(raw_len as u32).to_le_bytes());
+    c[16..24].copy_from_slice(&100u64.to_le_bytes());
+    c[32..48].copy_from_slice(&[0x10, 0x27, 0, 0, 0, 0, 0, 0, 0x10, 0x27, 0, 0, 0, 0, 0, 0]);
+    c[48..52].copy_from_slice(&count.to_le_bytes());
+    c.extend_from_slice(payload);
+    reseal(&mut c, seq);
+    c
+}
+
+#[test]
+fn chunks_claiming_more_events_than_their_bytes_can_hold_are_refused_before_decoding() {
+    // GIVEN a small file of chunks that claim 4 M events each: a columnar payload whose columns all have
+    // width 0 (10 bytes say "4 M identical events"), and raw records that zstd squeezes 96 MB into a few KB.
+    let (bytes, _) = sample_file(true);
+    let bounds = chunk_bounds(&bytes);
+    let n = 1u32 << 22;
+    let columnar = [1, 0, 0, 0, 0, 0, 0, 0, 0, 0];
+    let zeros = zstd::bulk::compress(&vec![0u8; 24 * n as usize], 19).unwrap();
+    for (codec, raw_len, payload, limit) in [(0x10, columnar.len(), &columnar[..], "10"), (0x01, 24 << 22, &zeros, "")]
+    {
+        let mut data = bytes[..bounds[3].0].to_vec();
+        let at = data.len();
+        for seq in 3..40 {
+            data.extend(events_chunk(seq, codec, n, raw_len, payload));
+        }
+        // WHEN it is read, THEN the first chunk is refused from its header, strictly ...
+        let err = read_all(&data, false).unwrap_err().to_string();
+        let stored = payload.len();
+        assert_eq!(
+            err,
+            format!(
+                "mem.ocl: corrupt chunk at offset {at}: EVENTS chunk claims {n} events in {stored} stored bytes, more \
+                 than the 64 per byte a reader decodes"
+            ),
+            "{limit}"
+        );
+        // ... and in salvage mode every one is skipped without decoding an event.
+        let all = read_all(&data, true).unwrap();
+        assert_eq!(all.report.events, 0);
+        assert!(all.report.damage[0].reason.starts_with("EVENTS chunk claims 4194304 events in"), "{:?}", all.report);
+    }
+    // A raw length that does not follow from the count is refused before decompressing.
+    let mut data = bytes[..bounds[3].0].to_vec();
+    data.extend(events_chunk(3, 0x11, 64, 256 << 20, &zeros));
+    let err = read_all(&data, false).unwrap_err().to_string();
+    assert!(
+        err.ends_with(&format!(
+            "columnar EVENTS chunk of 64 events has raw length {}, more than the 2634 it can take",
+            256 << 20
+        )),
+        "{err}"
+    );
+}

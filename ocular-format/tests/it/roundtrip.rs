@@ -1,6 +1,6 @@
 //! What goes in comes out: every record kind, several threads, big buffers, followed files.
 
-use crate::util::{chunk_bounds, read_all, reseal, sample_file};
+use crate::util::{chunk_bounds, loop_events, read_all, reseal, sample_file};
 use ocular_format::*;
 use std::io::Write;
 
@@ -47,7 +47,17 @@ fn header_round_trips() {
 #[test]
 fn buffers_larger_than_a_chunk_are_split_in_order() {
     let n = MAX_CHUNK_EVENTS_PLUS;
-    let events: Vec<RawEvent> = (0..n as u64).map(|i| RawEvent::new(i * 3, 1, (i % 50) as u32 * 2, 0, 6)).collect();
+    // Times with a clock's jitter: exactly periodic ones compress past what a reader decodes per byte and
+    // would be stored as raw records (FORMAT.md 3.1).
+    let jitter = |i: u64| {
+        // splitmix64's finaliser: noise without a pattern zstd can find.
+        let mut z = i.wrapping_add(0x9e37_79b9_7f4a_7c15);
+        z = (z ^ (z >> 30)).wrapping_mul(0xbf58_476d_1ce4_e5b9);
+        z = (z ^ (z >> 27)).wrapping_mul(0x94d0_49bb_1331_11eb);
+        (z ^ (z >> 31)) & 7
+    };
+    let events: Vec<RawEvent> =
+        (0..n as u64).map(|i| RawEvent::new(i * 30 + jitter(i), 1, (i % 50) as u32 * 2, 0, 6)).collect();
     let mut w = Writer::new(
         Vec::new(),
         "m",
@@ -240,4 +250,22 @@ fn skip_events_reads_the_metadata_and_counts_but_still_checks_events_chunks() {
         }
     };
     assert!(err.contains(&format!("offset {start}")) && err.contains("CRC"), "{err}");
+}
+
+#[test]
+fn events_too_alike_to_compress_within_the_readers_bound_are_stored_as_raw_records() {
+    // Equal timestamps at one location: the columnar layout says it in a few bytes, more events per stored
+    // byte than a reader decodes (FORMAT.md 3.1). The writer stores raw records instead, and they read back.
+    let same: Vec<RawEvent> = (0..300_000).map(|_| RawEvent::new(5_000, 1, 8, 0, EventKind::LINE as u8)).collect();
+    let mut w =
+        Writer::new(Vec::new(), "<memory>", &ocular_format::testing::header(), WriterOptions::default()).unwrap();
+    w.events(100, &same).unwrap();
+    w.events(100, &loop_events(1, 6_000, 50)).unwrap();
+    let bytes = w.finish(crate::util::trailer()).unwrap();
+    let all = read_all(&bytes, false).unwrap();
+    assert_eq!(all.events, [(100, same), (100, loop_events(1, 6_000, 50))]);
+    assert!(all.report.clean());
+    let codecs: Vec<u8> =
+        chunk_bounds(&bytes).iter().filter(|(a, _)| bytes[a + 4] == 2).map(|(a, _)| bytes[a + 6]).collect();
+    assert_eq!(codecs, [0x00, 0x11]);
 }
