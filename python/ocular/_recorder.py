@@ -60,22 +60,25 @@ def _mask(names: Iterable[str]) -> int:
 
 
 def claim_tool_id() -> tuple[int, str | None]:
-    """PROFILER_ID if free, else a free id among 3 and 4 (with a note saying so); ToolIdInUse otherwise."""
+    """Tool id 3 if free, else 4, else sys.monitoring.PROFILER_ID (2), with a note saying so; ToolIdInUse
+    when all three are taken. 3 and 4 are ids no tool of the standard library claims: with PROFILER_ID,
+    cProfile or profile started while Ocular records would fail ("Another profiling tool is already
+    active"). Never 0 (debugger), 1 (coverage) or 5 (optimizer)."""
     mon = sys.monitoring
-    holder = mon.get_tool(mon.PROFILER_ID)
-    if holder is None:
-        mon.use_tool_id(mon.PROFILER_ID, "ocular")
-        return mon.PROFILER_ID, None
-    for tid in (3, 4):  # not 0 (debugger), 1 (coverage), 5 (optimizer)
+    for tid in (3, 4):
         if mon.get_tool(tid) is None:
             mon.use_tool_id(tid, "ocular")
-            return tid, (
-                f"sys.monitoring.PROFILER_ID ({mon.PROFILER_ID}) is in use by {holder!r}; "
-                f"Ocular records with tool id {tid} instead"
-            )
+            return tid, None
+    if mon.get_tool(mon.PROFILER_ID) is None:
+        mon.use_tool_id(mon.PROFILER_ID, "ocular")
+        return mon.PROFILER_ID, (
+            f"tool id 3 is in use by {mon.get_tool(3)!r} and tool id 4 by {mon.get_tool(4)!r}; Ocular records "
+            f"with sys.monitoring.PROFILER_ID ({mon.PROFILER_ID}) instead, so cProfile cannot start until it stops"
+        )
     raise ToolIdInUse(
-        f"cannot record: sys.monitoring.PROFILER_ID ({mon.PROFILER_ID}) is in use by {holder!r}, "
-        f"tool id 3 by {mon.get_tool(3)!r} and tool id 4 by {mon.get_tool(4)!r}; stop one of them first"
+        f"cannot record: tool id 3 is in use by {mon.get_tool(3)!r}, tool id 4 by {mon.get_tool(4)!r} and "
+        f"sys.monitoring.PROFILER_ID ({mon.PROFILER_ID}) by {mon.get_tool(mon.PROFILER_ID)!r}; stop one of them "
+        f"first"
     )
 
 

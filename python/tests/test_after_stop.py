@@ -1,6 +1,6 @@
 """A recording leaves the interpreter as it found it: the locations Ocular switched off (DISABLE) during a
 default-mode recording are switched back on however the recording ends, so a tool started afterwards on
-the same tool id (cProfile, a second recording) sees every event, and a tool running across the
+the same tool id (a plain sys.monitoring tool, a second recording) or cProfile sees every event, and a tool running across the
 recording (coverage.py) still reports every line."""
 
 import collections
@@ -91,8 +91,9 @@ def test_cprofile_after_a_default_mode_recording_counts_every_call(ocl, ending):
     # GIVEN a default-mode recording of drive(): tiny_leaf's calls are switched off past the threshold
     ENDINGS[ending](ocl)
     assert 0 < recorded_calls(ocl) < CALLS
-    # WHEN cProfile then takes the same tool id THEN it sees every call
-    assert sys.monitoring.get_tool(sys.monitoring.PROFILER_ID) is None
+    # WHEN a tool then takes Ocular's tool id (3), or cProfile its own, THEN it sees every call
+    assert sys.monitoring.get_tool(3) is None
+    assert tool_calls(3) == CALLS
     assert cprofile_calls() == CALLS
 
 
@@ -115,10 +116,32 @@ def test_cprofile_after_a_recording_that_ended_with_an_exception_then_a_calls_mo
     assert cprofile_calls() == CALLS
 
 
-def test_a_start_that_fails_hands_the_tool_id_back_clean(tmp_path):
-    # GIVEN locations of PROFILER_ID switched off and left so by a tool that freed the id without restarting
+def tool_calls(tool, func=drive):
+    """How many calls of tiny_leaf a plain sys.monitoring tool on id `tool` sees in func()."""
     mon = sys.monitoring
-    tool = mon.PROFILER_ID
+    seen = [0]
+
+    def start(code, offset):
+        if code is tiny_leaf.__code__:
+            seen[0] += 1
+
+    mon.use_tool_id(tool, "counter")
+    mon.register_callback(tool, mon.events.PY_START, start)
+    mon.set_events(tool, mon.events.PY_START)
+    try:
+        func()
+    finally:
+        mon.set_events(tool, 0)
+        mon.register_callback(tool, mon.events.PY_START, None)
+        mon.free_tool_id(tool)
+    return seen[0]
+
+
+def test_a_start_that_fails_hands_the_tool_id_back_clean(tmp_path):
+    # GIVEN locations of tool id 3 (Ocular's first choice) switched off and left so by a tool that freed the
+    # id without restarting
+    mon = sys.monitoring
+    tool = 3
     mon.use_tool_id(tool, "leaves-locations-off")
     mon.register_callback(tool, mon.events.PY_START, lambda code, offset: mon.DISABLE)
     mon.set_events(tool, mon.events.PY_START)
@@ -131,6 +154,7 @@ def test_a_start_that_fails_hands_the_tool_id_back_clean(tmp_path):
         ocular.record(str(tmp_path / "missing" / "run.ocl")).start()
     # THEN the id is handed back with its locations switched on
     assert mon.get_tool(tool) is None
+    assert tool_calls(tool) == CALLS
     assert cprofile_calls() == CALLS
 
 
@@ -164,7 +188,7 @@ def test_cprofile_in_a_forked_child_counts_every_call(ocl):
             t.drive()
             pid = os.fork()
             if pid == 0:
-                ok = sys.monitoring.get_tool(sys.monitoring.PROFILER_ID) is None
+                ok = sys.monitoring.get_tool(3) is None
                 print("child", ok, t.cprofile_calls(), flush=True)
                 os._exit(0)
             os.waitpid(pid, 0)
