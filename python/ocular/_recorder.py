@@ -409,6 +409,10 @@ class Recording:
 
         @functools.wraps(func)
         def wrapper(*args: Any, **kwargs: Any) -> Any:
+            # A recursive call (or one from another thread) while this recording runs is inside it already:
+            # only the outermost call starts and stops the recording.
+            if self._running:
+                return func(*args, **kwargs)
             with self:
                 return func(*args, **kwargs)
 

@@ -63,3 +63,32 @@ def test_tool_id_4_then_profiler_id_when_3_is_taken(ocl, tmp_path):
             if mon.get_tool(t) is not None:
                 mon.free_tool_id(t)
     assert mon.get_tool(mon.PROFILER_ID) is None
+
+
+# -- item 11: the decorator on a recursive function -----------------------------------------------------
+
+
+def _starts(path, name):
+    """PY_START events of functions called `name` in an .ocl file."""
+    from ocular import _ocular
+
+    f = _ocular.read(path, False)
+    code = f["code"]
+    return sum(1 for _, _, kind, cid, _, _ in f["events"]
+               if kind == "PY_START" and cid in code and code[cid][0].rsplit(".", 1)[-1] == name)
+
+
+def test_the_decorator_on_a_recursive_function_records_the_outermost_call(ocl):
+    rec = ocular.record(ocl, mode="calls")
+
+    @rec
+    def fact(n):
+        return 1 if n <= 1 else n * fact(n - 1)
+
+    assert fact(6) == 720  # raised AlreadyRecording at the first recursive call
+    assert not rec.running
+    # The inner calls are in the outer call's recording: 6 starts of fact.
+    assert _starts(ocl, "fact") == 6
+    # A later call records again, from the start.
+    assert fact(3) == 6
+    assert _starts(ocl, "fact") == 3
