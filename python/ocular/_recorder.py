@@ -325,8 +325,8 @@ class Recording:
             os.register_at_fork(after_in_child=_after_fork_in_child)
             _fork_hook_installed = True
         if threading.current_thread() is threading.main_thread():
-            # SIGTERM's default action kills the process without unwinding: turn it into SystemExit so the
-            # file gets its trailer. Only when nobody else handles SIGTERM.
+            # SIGTERM's default action kills the process at once: complete the file first, then take that
+            # default action (_sigterm). Only when nobody else handles SIGTERM.
             if _signal.getsignal(_signal.SIGTERM) == _signal.SIG_DFL:
                 self._old_sigterm = _signal.signal(_signal.SIGTERM, _sigterm)
         atexit.register(self._stop_at_exit)
@@ -431,7 +431,18 @@ class Recording:
 
 
 def _sigterm(signum: int, frame: object) -> None:
-    raise SystemExit(128 + signum)
+    """SIGTERM while recording: complete the trace, then die of the signal as the program would have without
+    Ocular (no unwinding, no wait for non-daemon threads, the signal's exit status). Raising SystemExit
+    instead let a program with a non-daemon thread run on: shutdown waits for such threads."""
+    rec = _active
+    if rec is not None:
+        try:
+            rec.stop()
+        except Exception as e:  # noqa: BLE001 - the program is ending: report rather than raise
+            print(f"ocular: stopping the recording on SIGTERM failed: {e}", file=sys.stderr)
+    _signal.signal(signum, _signal.SIG_DFL)
+    # raise() delivers to this thread before it returns (os.kill may pick another thread and return first).
+    _signal.raise_signal(signum)
 
 
 def _patterns(p: str | Iterable[str] | None) -> list[str]:

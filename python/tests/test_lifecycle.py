@@ -276,7 +276,8 @@ def test_sigterm_stops_the_child_with_a_complete_file(tmp_path):
     time.sleep(0.3)
     p.send_signal(signal.SIGTERM)
     p.wait(timeout=20)
-    assert p.returncode == 128 + signal.SIGTERM, p.stderr.read()
+    # As without Ocular: the process dies of the signal (after the trace is completed).
+    assert p.returncode == -signal.SIGTERM, p.stderr.read()
     from ocular import _ocular
 
     f = _ocular.read(str(out))

@@ -92,3 +92,41 @@ def test_the_decorator_on_a_recursive_function_records_the_outermost_call(ocl):
     # A later call records again, from the start.
     assert fact(3) == 6
     assert _starts(ocl, "fact") == 3
+
+
+# -- item 9: SIGTERM ---------------------------------------------------------------------------------------
+
+
+def test_sigterm_ends_a_program_with_a_non_daemon_thread_as_without_ocular(tmp_path):
+    # GIVEN a program whose non-daemon thread would run for a minute, recorded by python -m ocular run
+    script = tmp_path / "worker.py"
+    script.write_text(textwrap.dedent("""
+        import threading, time
+        def work():
+            deadline = time.time() + 60
+            while time.time() < deadline:
+                sum(range(1000))
+        t = threading.Thread(target=work)
+        t.start()
+        print("ready", flush=True)
+        t.join()
+    """))
+    out = tmp_path / "worker.ocl"
+    p = subprocess.Popen([sys.executable, "-m", "ocular", "run", "-q", "-o", str(out), str(script)],
+                         stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    try:
+        assert p.stdout.readline() == "ready\n"
+        # WHEN it gets SIGTERM
+        p.send_signal(signal.SIGTERM)
+        # THEN it dies of the signal as plain Python does (it ran on for the thread's minute before) ...
+        p.wait(timeout=15)
+    finally:
+        p.kill()
+        p.wait()
+    assert p.returncode == -signal.SIGTERM, p.stderr.read()
+    # ... with the trace completed.
+    from ocular import _ocular
+
+    f = _ocular.read(str(out))
+    assert f["clean"], f["warnings"]
+    assert any(q == "work" for (q, _, _, _) in f["code"].values())
