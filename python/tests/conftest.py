@@ -24,8 +24,8 @@ WINDOW_MARKERS = {"WINDOW", "WINDOW_END", "STACK"}
 class Reference:
     """What a plain-Python sys.monitoring tool sees: the same events Ocular asks for, with the same
     de-instrumentation rule (return DISABLE at the N-th hit of a jump/branch/instruction location), and,
-    with a threshold, function boundaries recorded only in the recording's first window: until the first
-    code object reaches N calls (FORMAT.md 5.3; the tests that use it make the later windows never come)."""
+    with a threshold, function boundaries recorded only in the recording's first window: until 100 x N
+    calls were recorded (FORMAT.md 5.3; the tests that use it make the later windows never come)."""
 
     def __init__(self, event_names, threshold=0, tool=4):
         self.names = event_names
@@ -33,7 +33,7 @@ class Reference:
         self.tool = tool
         self.events = collections.defaultdict(list)  # native thread id -> [(kind, qualname, offset, dest)]
         self.hits = collections.Counter()
-        self.calls = collections.Counter()  # code -> PY_START events
+        self.calls_seen = 0  # PY_START events
         self.window_open = True
 
     def _cb(self, name):
@@ -45,12 +45,12 @@ class Reference:
             if code.co_filename != WORKLOADS_FILE:
                 return None if name in NO_DISABLE else mon.DISABLE
             if self.threshold and not location:
-                # Every function boundary until a code object's N-th call (recorded), none after it.
+                # Every function boundary until the recording's 100 x N-th call (recorded), none after it.
                 if not self.window_open:
                     return None if name in NO_DISABLE else mon.DISABLE
                 if name == "PY_START":
-                    self.calls[code] += 1
-                    self.window_open = self.calls[code] < self.threshold
+                    self.calls_seen += 1
+                    self.window_open = self.calls_seen < 100 * self.threshold
             dest = rest[0] if has_dest else 0
             if location and self.threshold and name == "JUMP" and dest < offset:
                 # Backward jumps: twice the threshold, counted per loop head; past it, off unrecorded.

@@ -50,14 +50,14 @@ def test_modes_record_their_event_kinds(ocl):
     assert kinds["precise"] == kinds["calls"] | {"INSTRUCTION"}
 
 
-def test_threshold_stops_each_location_after_n_hits_and_calls_at_the_first_nth_call(ocl):
-    # window_period: no window after the first one (which closes at the first code object's 7th call). The
-    # reference starts first: its own set-up runs Python, whose calls would count towards the first window.
+def test_threshold_stops_each_location_after_n_hits_and_calls_after_the_first_window(ocl):
+    # window_period: no window after the first one, which closes at the recording's 700th call (100 x the
+    # threshold). The reference starts first: its own set-up runs Python, whose calls would count.
     with Reference(event_names("adaptive"), threshold=7) as ref:
         with ocular.record(ocl, mode="adaptive", deinstrument_threshold=7, window_period=1e4):
             for _ in range(20):
                 workloads.loop(30)
-            workloads.fib(12)
+            workloads.fib(14)  # 1,219 calls: the first window ends inside
             workloads.use_gen(30)
             workloads.exceptions(10)
             workloads.two_back_edges(100)
@@ -66,8 +66,9 @@ def test_threshold_stops_each_location_after_n_hits_and_calls_at_the_first_nth_c
     (tid,) = f["workload"]
     assert f["workload"][tid] == ref.events[tid]
     c = counts(f["workload"])
-    assert c[("loop", "PY_START")] == 7 and c[("loop", "PY_RETURN")] == 6, "7 calls; the 7th closed the window"
-    assert c[("fib", "PY_START")] == 0, "no function boundary after the first window"
+    assert c[("loop", "PY_START")] == 20 and c[("loop", "PY_RETURN")] == 20, "every call in the first window"
+    assert c[("fib", "PY_START")] == 700 - 20, "the recording's 700th call closed the first window"
+    assert c[("use_gen", "PY_START")] == c[("two_back_edges", "PY_START")] == 0, "no call after it"
     per_location = {}
     for kind, qual, off, dest in f["workload"][next(iter(f["workload"]))]:
         if kind in ("JUMP", "BRANCH"):

@@ -5,7 +5,8 @@
 
 use super::windows::close_first_window;
 use super::{
-    attach, lookup, name_thread, state, thread_ending, CodeState, ThreadState, BOOT, CODE_CACHE, RECORD, WINDOW_END,
+    attach, lookup, name_thread, state, thread_ending, CodeState, ThreadState, BOOT, CODE_CACHE, FIRST_CALLS,
+    FIRST_LIMIT, RECORD, WINDOW_END,
 };
 use crate::clock;
 use ocular_format::{EventKind, RawEvent};
@@ -210,8 +211,11 @@ unsafe fn record<
                 return if CAN_DISABLE { disable() } else { none() };
             }
             if KIND == EventKind::PY_START as u8 {
-                (*cs).calls += 1;
-                first_full = (*cs).calls == (*ts).threshold;
+                // The first window lasts for a number of calls: what recording every call costs stays
+                // bounded (~100 ns a call), and a program of fewer calls is recorded whole.
+                let n = FIRST_CALLS.load(Ordering::Relaxed) + 1;
+                FIRST_CALLS.store(n, Ordering::Relaxed);
+                first_full = n == FIRST_LIMIT.load(Ordering::Relaxed);
             }
         }
         if THRESH && LOCATION {

@@ -66,6 +66,16 @@ struct Window {
 /// `u64::MAX` while the first window is open. Written with the GIL held, read by the callbacks.
 pub(super) static WINDOW_END: AtomicU64 = AtomicU64::new(u64::MAX);
 
+/// Calls recorded since the recording started (compared only while the first window is open), and the
+/// number at which the first window ends: `FIRST_WINDOW_CALLS_PER_HIT` times the threshold (FORMAT.md
+/// 5.3). Written with the GIL held.
+pub(super) static FIRST_CALLS: AtomicU64 = AtomicU64::new(0);
+pub(super) static FIRST_LIMIT: AtomicU64 = AtomicU64::new(0);
+
+/// 50,000 calls at the default threshold of 500: a few milliseconds of recording every call, whatever
+/// the program.
+pub(super) const FIRST_WINDOW_CALLS_PER_HIT: u64 = 100;
+
 /// The global state.
 ///
 /// # Safety
@@ -100,9 +110,6 @@ struct CodeState {
     hits: Box<[u32]>,
     /// Backward jumps per loop head (destination / 2), allocated at the code object's first one.
     heads: Box<[u32]>,
-    /// With a threshold (adaptive and precise modes): recorded calls (PY_START). The first code object
-    /// to reach the threshold ends the recording's first window.
-    calls: u32,
 }
 
 const RECORD: u8 = 1;
@@ -304,6 +311,8 @@ fn start(
     // The first window opens with the recording.
     st.window = Window { seq: 0, opened: clock::ticks(), len_us: u32::MAX };
     WINDOW_END.store(u64::MAX, Ordering::Relaxed);
+    FIRST_CALLS.store(0, Ordering::Relaxed);
+    FIRST_LIMIT.store(u64::from(threshold) * FIRST_WINDOW_CALLS_PER_HIT, Ordering::Relaxed);
     Ok(())
 }
 
@@ -505,14 +514,14 @@ unsafe fn lookup(code: *mut ffi::PyObject) -> *mut CodeState {
                     s.code(vec![c]);
                 }
             }
-            CodeState { id, flags, hits: vec![0; units].into_boxed_slice(), heads: Box::new([]), calls: 0 }
+            CodeState { id, flags, hits: vec![0; units].into_boxed_slice(), heads: Box::new([]) }
         }
         Err(e) => {
             // Never let an exception escape into the user's program: note it, skip this code object.
             if rec.errors.len() < 10 {
                 rec.errors.push(format!("cannot describe a code object: {e}"));
             }
-            CodeState { id: 0, flags: boot, hits: Box::new([]), heads: Box::new([]), calls: 0 }
+            CodeState { id: 0, flags: boot, hits: Box::new([]), heads: Box::new([]) }
         }
     };
     rec.keep.push(obj.unbind());
