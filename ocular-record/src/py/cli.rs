@@ -56,7 +56,7 @@ struct RunArgs {
     #[arg(long, default_value = "adaptive", value_parser = ["calls", "adaptive", "precise"])]
     mode: String,
     /// Stop recording a jump, branch or instruction after N hits (0 = gapless). With N > 0, calls are
-    /// recorded completely until a function reaches N calls, then in windows (see --window-period), from
+    /// recorded completely for the first 100 x N calls, then in windows (see --window-period), from
     /// which the analysis estimates every function's calls and time and marks them so; calls mode records
     /// every call
     #[arg(long, value_name = "N", default_value_t = 500, allow_negative_numbers = true)]

@@ -57,8 +57,8 @@ struct Window {
     seq: u32,
     /// Ticks when it opened.
     opened: u64,
-    /// Length in microseconds; `u32::MAX` for the first window, which ends when a code object reaches
-    /// the threshold's number of calls.
+    /// Length in microseconds; `u32::MAX` for the first window, which ends after the recording's first
+    /// 100 x threshold calls.
     len_us: u32,
 }
 

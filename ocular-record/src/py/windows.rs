@@ -1,7 +1,7 @@
 //! Windows (FORMAT.md 5.3): in a thresholded recording, function boundaries are recorded only inside
 //! windows, so that what the file holds of calls is complete per window and can be weighed by the time the
-//! window stands for. The first window opens with the recording and closes when a code object reaches the
-//! threshold's number of calls (`close_first_window`, from the callbacks); after it, a thread of Ocular's
+//! window stands for. The first window opens with the recording and closes after its first 100 x threshold
+//! calls (`close_first_window`, from the callbacks); after it, a thread of Ocular's
 //! own ("ocular-windows") schedules one every `period` (jittered, so that no periodic behaviour of the
 //! program lines up with it) for `length`. Opening a window writes a `WINDOW` marker and every thread's
 //! stack into each thread's stream, moves `WINDOW_END`, and calls `sys.monitoring.restart_events()` so
