@@ -74,6 +74,7 @@ TOOLS = {
 # list): window period and length in ms ("first": the first window only, no later ones).
 WINDOW_VARIANTS = {
     "ocular-adaptive-first": ("Ocular adaptive, first window only", ["--window-period", "1e7"]),
+    "ocular-precise-first": ("Ocular precise, first window only", ["--window-period", "1e7"]),
     "ocular-adaptive-w20": ("Ocular adaptive, 1 ms windows every 20 ms", ["--window-period", "20"]),
     "ocular-adaptive-w5": ("Ocular adaptive, 0.5 ms windows every 5 ms", ["--window-period", "5",
                                                                             "--window-length", "0.5"]),

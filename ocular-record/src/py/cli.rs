@@ -63,8 +63,9 @@ struct RunArgs {
     threshold: u32,
     /// With a threshold: open a window in which every call is recorded every MS milliseconds on average
     /// (jittered); more windows make estimates closer and cost more
-    #[arg(long, value_name = "MS", default_value_t = 10.0)]
-    window_period: f64,
+    /// [default: 10, or 50 in precise mode]
+    #[arg(long, value_name = "MS")]
+    window_period: Option<f64>,
     /// With a threshold: how long each window lasts, in milliseconds (at most half the period)
     #[arg(long, value_name = "MS", default_value_t = 0.5)]
     window_length: f64,
@@ -109,7 +110,7 @@ pub(super) fn parse_run<'py>(py: Python<'py>, argv: Vec<OsString>) -> PyResult<B
     d.set_item("output", run.output)?;
     d.set_item("mode", run.mode)?;
     d.set_item("threshold", run.threshold)?;
-    d.set_item("window_period", run.window_period / 1e3)?;
+    d.set_item("window_period", run.window_period.map(|ms| ms / 1e3))?;
     d.set_item("window_length", run.window_length / 1e3)?;
     d.set_item("include", run.include)?;
     d.set_item("exclude", run.exclude)?;
