@@ -283,6 +283,9 @@ struct ThreadState {
     clock_at: Option<u64>,
     /// While a window's STACK events arrive: how many frames of the stack they have confirmed.
     sampling: Option<usize>,
+    /// The loops of generator and coroutine frames that yielded, by code id, until they resume: a yield
+    /// suspends a loop, it does not end it.
+    suspended: HashMap<u32, Vec<(u32, u32, u64, f64, u64)>>,
 }
 
 impl ThreadState {
@@ -698,6 +701,11 @@ fn step(
             }
             call_from_loop(ts, t, tables);
             push(ts, id, t, off, tables, tree);
+            if kind == EventKind::PY_RESUME {
+                if let Some(loops) = ts.suspended.remove(&id) {
+                    ts.stack.last_mut().expect("pushed").loops = loops;
+                }
+            }
         }
         EventKind::PY_RETURN | EventKind::PY_YIELD | EventKind::PY_UNWIND => {
             // An exit without its entry (recording started inside the function) is ignored; an exit of a
@@ -707,6 +715,12 @@ fn step(
                     pop(ts, t, tree, per, tables);
                 }
                 block(ts, t, off, precise, tables, true);
+                if kind == EventKind::PY_YIELD {
+                    let top = ts.stack.last_mut().expect("found above");
+                    top.pending_tail = None;
+                    let loops = std::mem::take(&mut top.loops);
+                    ts.suspended.insert(id, loops);
+                }
                 pop(ts, t, tree, per, tables);
             }
         }

@@ -203,27 +203,43 @@ impl std::fmt::Display for HotReport {
             writeln!(f)?;
             let sampled = if l.sampled { " (first ones only: de-instrumented at the threshold)" } else { "" };
             let unrecorded = if l.unrecorded_ns > 0.0 && l.sampled {
+                let all = if l.ns_per_iteration > 0.0 {
+                    format!("; ~{:.0} iterations in all at that rate", l.total_ns / l.ns_per_iteration)
+                } else {
+                    String::new()
+                };
                 format!(
                     " ({:.3} ms of it after the threshold stopped recording the loop, timed from its last recorded \
-                     event to its frame's next event outside it; ~{:.0} iterations in all at that rate)",
+                     event to its frame's next event outside it{all})",
                     l.unrecorded_ns / 1e6,
-                    if l.ns_per_iteration > 0.0 { l.total_ns / l.ns_per_iteration } else { 0.0 }
                 )
             } else {
                 String::new()
             };
+            // No iteration timed (every one was the first of its run): say so rather than print 0 ns.
+            let per = if l.ticks_per_iteration > 0.0 {
+                format!(
+                    "{:.1} ns/iteration ({:.0} ticks{})",
+                    l.ns_per_iteration,
+                    l.ticks_per_iteration,
+                    if l.timing == "quiet" {
+                        format!(", from {} quiet iterations", l.quiet_iterations)
+                    } else {
+                        String::new()
+                    }
+                )
+            } else {
+                "no iteration timed".to_string()
+            };
             writeln!(
                 f,
-                "#{} {}  {}:{}-{}\n   {} iterations{sampled}, {:.1} ns/iteration ({:.0} ticks{}), {:.3} ms in total{unrecorded}",
+                "#{} {}  {}:{}-{}\n   {} iterations{sampled}, {per}, {:.3} ms in total{unrecorded}",
                 i + 1,
                 l.function,
                 l.file,
                 l.first_line,
                 l.last_line,
                 l.iterations,
-                l.ns_per_iteration,
-                l.ticks_per_iteration,
-                if l.timing == "quiet" { format!(", from {} quiet iterations", l.quiet_iterations) } else { String::new() },
                 l.total_ns / 1e6
             )?;
             for (k, ins) in l.instructions.iter().enumerate() {

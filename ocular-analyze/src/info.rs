@@ -171,14 +171,17 @@ impl std::fmt::Display for Info {
         for (k, n) in &self.events_by_kind {
             writeln!(f, "  {k:<18} {n}")?;
         }
-        if let Some(&n) = self.events_by_kind.get("WINDOW") {
-            // FORMAT.md 5.3: markers, one per thread per window.
-            writeln!(
-                f,
-                "calls         recorded whole until a function's first {} calls, then in windows ({} window markers): \
-                 function figures after the first window are estimates (stats marks them ~)",
-                self.deinstrument_threshold, n
-            )?;
+        if self.events_by_kind.contains_key("WINDOW") {
+            // FORMAT.md 5.3: the first window is the run's first 100 x threshold calls.
+            let first = u64::from(self.deinstrument_threshold) * 100;
+            match self.events_by_kind.get("WINDOW_END") {
+                None => writeln!(f, "calls         all recorded (the run made fewer than the first window's {first})")?,
+                Some(_) => writeln!(
+                    f,
+                    "calls         the first {first} recorded, then in windows: function figures are estimates \
+                     (stats marks them ~)"
+                )?,
+            }
         }
         writeln!(f, "threads       {}", self.threads.len())?;
         for t in &self.threads {
