@@ -224,6 +224,10 @@ impl LoopStats {
 /// A loop's identity: code id and the offset of its head (the backward jumps' destination).
 pub type LoopKey = (u32, u32);
 
+/// A loop running in a frame: head offset, the loop's position in the pass's loop table, and ticks,
+/// running cost sum and thread event count at the last backward jump to it.
+type LoopRun = (u32, u32, u64, f64, u64);
+
 struct Frame {
     code: u32,
     /// Position of the code object's [`CodeIndex`] in the pass's table (`u32::MAX`: unknown code).
@@ -241,7 +245,7 @@ struct Frame {
     prev: Option<(u64, f64, u32)>,
     /// Per loop head in this frame: head offset, the loop's position in the pass's loop table, and ticks,
     /// running cost sum and thread event count at the last backward jump to it.
-    loops: Vec<(u32, u32, u64, f64, u64)>,
+    loops: Vec<LoopRun>,
     /// A call made while the frame's last event was inside a loop: (loop position, ticks and running cost
     /// sum at the call). If the frame's next event is inside the loop, the call was inside it and the
     /// iteration's time holds it; if it is outside, the loop ended before the call, which is then where its
@@ -285,7 +289,7 @@ struct ThreadState {
     sampling: Option<usize>,
     /// The loops of generator and coroutine frames that yielded, by code id, until they resume: a yield
     /// suspends a loop, it does not end it.
-    suspended: HashMap<u32, Vec<(u32, u32, u64, f64, u64)>>,
+    suspended: HashMap<u32, Vec<LoopRun>>,
 }
 
 impl ThreadState {
