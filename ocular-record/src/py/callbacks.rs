@@ -246,7 +246,7 @@ unsafe fn record<
         }
         (*ts).buf.push(RawEvent::new(t, (*cs).id, off, arg, KIND), &*(*ts).sink);
         if THRESH && !LOCATION && first_full {
-            // A code object reached the threshold's number of calls: the first window ends here.
+            // The recording reached the first window's number of calls: the first window ends here.
             close_first_window(t + 1);
         }
         if CAN_DISABLE && stop_here {

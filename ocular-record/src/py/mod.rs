@@ -318,32 +318,23 @@ fn start(
 
 /// The calling thread's frames up to the innermost that is not Ocular's own (see `Recorder::base`).
 fn base_stack(py: Python<'_>, internal: &[String]) -> (i64, Vec<Py<PyAny>>) {
-    // SAFETY: GIL held (we have `py`); every reference taken is released or owned by the result.
-    unsafe {
+    // SAFETY: GIL held (we have `py`), so the calling thread has a live thread state.
+    let (me, frames) = unsafe {
         let me = ffi::PyThreadState_Get();
-        let mut codes = Vec::new();
-        let mut f = ffi::PyThreadState_GetFrame(me);
-        while !f.is_null() && codes.len() < 4096 {
-            codes.push(Bound::from_owned_ptr(py, ffi::PyFrame_GetCode(f).cast()).unbind());
-            let back = ffi::PyFrame_GetBack(f);
-            ffi::Py_DECREF(f.cast());
-            f = back;
-        }
-        if !f.is_null() {
-            ffi::Py_DECREF(f.cast());
-        }
-        let own = |c: &Py<PyAny>| {
-            c.bind(py)
-                .getattr(intern!(py, "co_filename"))
-                .and_then(|n| n.extract::<String>())
-                .is_ok_and(|n| internal.iter().any(|p| n.contains(p.as_str())))
-        };
-        // Innermost first: Ocular's frames (start, __enter__, ...) are not part of the base.
-        let inner = codes.iter().take_while(|c| own(c)).count();
-        let mut base: Vec<Py<PyAny>> = codes.into_iter().skip(inner).collect();
-        base.reverse();
-        (ffi::PyThreadState_GetID(me), base)
+        (ffi::PyThreadState_GetID(me), windows::frames_of(py, me))
+    };
+    let own = |c: &Py<PyAny>| {
+        c.bind(py)
+            .getattr(intern!(py, "co_filename"))
+            .and_then(|n| n.extract::<String>())
+            .is_ok_and(|n| internal.iter().any(|p| n.contains(p.as_str())))
+    };
+    // Outermost first: Ocular's innermost frames (start, __enter__, ...) are not part of the base.
+    let mut codes: Vec<Py<PyAny>> = frames.into_iter().map(|(code, _)| code).collect();
+    while codes.last().is_some_and(own) {
+        codes.pop();
     }
+    (me, codes)
 }
 
 /// Stops recording: flushes every thread, snapshots specialized bytecode, writes the trailer. `names`

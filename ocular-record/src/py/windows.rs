@@ -31,7 +31,7 @@ use std::sync::mpsc;
 use std::time::Duration;
 
 /// A thread's frames, outermost first: (code object, last instruction offset in bytes).
-type Stack = Vec<(Py<PyAny>, u32)>;
+pub(super) type Stack = Vec<(Py<PyAny>, u32)>;
 
 /// A marker event of the window kinds (FORMAT.md 5.3).
 pub(super) fn marker(ticks: u64, kind: EventKind, seq: u32, arg: u32) -> RawEvent {
@@ -273,7 +273,7 @@ unsafe fn open(py: Python<'_>, generation: u64, due: u64) -> bool {
 ///
 /// # Safety
 /// GIL held; `tstate` is a live thread state of this interpreter.
-unsafe fn frames_of(py: Python<'_>, tstate: *mut ffi::PyThreadState) -> Stack {
+pub(super) unsafe fn frames_of(py: Python<'_>, tstate: *mut ffi::PyThreadState) -> Stack {
     // SAFETY: (caller) GIL held; every reference taken here is released or owned by `frames`.
     unsafe {
         let mut frames = Vec::new();
