@@ -8,9 +8,13 @@
 //!        └──────────── Pool (free buffers) <─────────┘
 //! ```
 //!
-//! The channel is unbounded, but every event buffer in it comes from the pool, which never holds more than
-//! `max_buffers`: memory is bounded, and the recording thread never blocks on the disk. When the pool is
-//! empty the events are dropped, counted, and written as a LOST record once buffers come back.
+//! The channel is unbounded, but every event buffer in it comes from the pool. Each recording thread may
+//! always hold one buffer (the one it fills); besides those, at most `max_buffers` exist (full ones queued
+//! for the writer, and spares), so memory is bounded by `(max_buffers + threads) * buffer_events * 24`
+//! bytes and grows with the threads that record, never with the disk's delay. When the writer falls so far
+//! behind that the pool has nothing to give, a thread either drops its events (counted, and written as a
+//! LOST record once buffers come back: the program never waits for the disk) or, with [`OnFull::Wait`],
+//! waits for the writer to hand one back.
 
 use crate::clock::ClockPoint;
 use ocular_format::{
@@ -21,7 +25,7 @@ use std::io::BufWriter;
 use std::path::{Path, PathBuf};
 use std::sync::atomic::{AtomicUsize, Ordering};
 use std::sync::mpsc::{channel, Sender};
-use std::sync::{Arc, Mutex};
+use std::sync::{Arc, Condvar, Mutex};
 use std::thread::JoinHandle;
 
 /// Free buffers kept ready for the recording threads, allocated off their path.
@@ -30,21 +34,34 @@ const SPARES: usize = 3;
 /// A buffer of events, owned by one thread while it fills it.
 pub type Buffer = Box<[RawEvent]>;
 
+/// What a recording thread does when the writer has fallen so far behind that no buffer is free.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub enum OnFull {
+    /// Drop its events, count them, and record when (a LOST record): the program never waits.
+    #[default]
+    Drop,
+    /// Wait for the writer to hand a buffer back: nothing is lost, the program runs at the disk's pace.
+    Wait,
+}
+
 /// Sizes of the buffers.
 #[derive(Clone, Copy, Debug)]
 pub struct Config {
     /// Events per buffer (one full buffer is one EVENTS chunk).
     pub buffer_events: usize,
-    /// Buffers that may exist at once; beyond this, events are dropped and counted.
+    /// Buffers that may exist besides the one each recording thread fills: full ones waiting for the
+    /// writer, and spares. Beyond this, [`Config::on_full`] decides.
     pub max_buffers: usize,
+    /// Drop or wait when no buffer is free.
+    pub on_full: OnFull,
 }
 
 impl Default for Config {
     fn default() -> Self {
         // 64 Ki events = 1.5 MiB per buffer, larger than a core's L2, so a buffer the writer reads does not
-        // bounce between the two cores' caches (measured: BENCHMARKS.md); 64 buffers = 96 MiB at most,
-        // reached only if the disk cannot keep up.
-        Config { buffer_events: 64 * 1024, max_buffers: 64 }
+        // bounce between the two cores' caches (measured: BENCHMARKS.md); 64 buffers = 96 MiB besides the
+        // threads' own, reached only if the disk cannot keep up.
+        Config { buffer_events: 64 * 1024, max_buffers: 64, on_full: OnFull::Drop }
     }
 }
 
@@ -52,14 +69,25 @@ impl Default for Config {
 #[derive(Debug)]
 pub struct Pool {
     free: Mutex<Vec<Buffer>>,
+    /// Signalled when a buffer is given back (for threads that wait, [`OnFull::Wait`]).
+    returned: Condvar,
     allocated: AtomicUsize,
+    /// Buffers a recording thread is filling: each thread may hold one beyond `max_buffers`.
+    held: AtomicUsize,
     cfg: Config,
 }
 
 impl Pool {
-    /// An empty pool that will allocate up to `cfg.max_buffers` buffers on demand.
+    /// An empty pool that will allocate buffers on demand: one for each thread that fills one, and up to
+    /// `cfg.max_buffers` more.
     pub fn new(cfg: Config) -> Self {
-        Pool { free: Mutex::new(Vec::new()), allocated: AtomicUsize::new(0), cfg }
+        Pool {
+            free: Mutex::new(Vec::new()),
+            returned: Condvar::new(),
+            allocated: AtomicUsize::new(0),
+            held: AtomicUsize::new(0),
+            cfg,
+        }
     }
 
     /// A free buffer, allocating one if the limit allows; `None` when all are in flight.
@@ -70,11 +98,46 @@ impl Pool {
         self.allocate()
     }
 
+    /// A buffer for a recording thread that holds none, to fill until it gives it back with
+    /// [`Pool::release`]. The thread's own buffer does not count against `max_buffers`, so any number of
+    /// threads can record; with [`OnFull::Wait`] it waits (with the GIL: the writer needs none) until the
+    /// writer gives one back, instead of returning `None`.
+    pub fn take_held(&self) -> Option<Buffer> {
+        self.held.fetch_add(1, Ordering::Relaxed);
+        if let Some(b) = self.take() {
+            return Some(b);
+        }
+        if self.cfg.on_full == OnFull::Wait {
+            let mut free = self.free.lock().unwrap_or_else(|e| e.into_inner());
+            loop {
+                if let Some(b) = free.pop() {
+                    return Some(b);
+                }
+                // The timeout only guards against a writer that died without giving buffers back.
+                let (f, timeout) = self
+                    .returned
+                    .wait_timeout(free, std::time::Duration::from_secs(1))
+                    .unwrap_or_else(|e| e.into_inner());
+                free = f;
+                if timeout.timed_out() && free.is_empty() {
+                    break;
+                }
+            }
+        }
+        self.held.fetch_sub(1, Ordering::Relaxed);
+        None
+    }
+
+    /// A recording thread gave back (submitted) the buffer it held.
+    pub fn release(&self) {
+        self.held.fetch_sub(1, Ordering::Relaxed);
+    }
+
     /// A new buffer if the limit allows, its pages written so the allocating thread takes the page
     /// faults (calloc'd memory would fault later, on the recording thread, one fault per 170 events).
     fn allocate(&self) -> Option<Buffer> {
         let n = self.allocated.fetch_add(1, Ordering::Relaxed);
-        if n >= self.cfg.max_buffers {
+        if n >= self.cfg.max_buffers.saturating_add(self.held.load(Ordering::Relaxed)) {
             self.allocated.fetch_sub(1, Ordering::Relaxed);
             return None;
         }
@@ -101,6 +164,9 @@ impl Pool {
     /// Returns a buffer for reuse.
     pub fn give(&self, b: Buffer) {
         self.free.lock().unwrap_or_else(|e| e.into_inner()).push(b);
+        if self.cfg.on_full == OnFull::Wait {
+            self.returned.notify_one();
+        }
     }
 
     /// Buffers allocated so far.
@@ -555,9 +621,10 @@ impl Session {
 
 impl Sink for Session {
     fn take(&self) -> Option<Buffer> {
-        self.pool.take()
+        self.pool.take_held()
     }
     fn submit(&self, thread_id: u64, buf: Buffer, len: usize) {
+        self.pool.release();
         if let Err(e) = self.send(Msg::Events { thread_id, buf, len }) {
             // Only possible after the writer stopped; the buffer comes back for reuse.
             if let Msg::Events { buf, .. } = e.0 {
@@ -579,7 +646,7 @@ pub struct Discard {
 impl Discard {
     /// A discarding sink with buffers of `buffer_events`.
     pub fn new(buffer_events: usize) -> Self {
-        Discard { pool: Pool::new(Config { buffer_events, max_buffers: 2 }) }
+        Discard { pool: Pool::new(Config { buffer_events, max_buffers: 2, on_full: OnFull::Drop }) }
     }
 }
 

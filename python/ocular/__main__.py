@@ -73,7 +73,9 @@ def _run(opts: dict) -> int:
 
     try:
         rec = Recording(opts["output"], opts["mode"], opts["threshold"], opts["include"], opts["exclude"],
-                        window_period=opts["window_period"], window_length=opts["window_length"])
+                        window_period=opts["window_period"], window_length=opts["window_length"],
+                        buffer_events=opts["buffer_events"], max_buffers=opts["max_buffers"],
+                        on_full=opts["on_full"])
     except ValueError as e:
         print(f"python -m ocular run: {e}", file=sys.stderr)
         return 2
@@ -226,7 +228,7 @@ def _export_parquet(args: list[str]) -> int:
     p.add_argument("file")
     ns = p.parse_args(args)
     out = ns.output or os.path.splitext(ns.file)[0] + ".parquet"
-    names = ("events", "calls", "code")
+    names = ("events", "calls", "code", "lost")
     paths = {name: os.path.join(out, f"{name}.parquet") for name in names}
     for o in (out, *paths.values()):
         if _same_file(ns.file, o):
@@ -266,7 +268,7 @@ def _export_parquet(args: list[str]) -> int:
             except OSError:
                 pass
     print(f"wrote {out}: events.parquet ({rows['events']} rows), calls.parquet ({rows['calls']} rows), "
-          f"code.parquet ({rows['code']} rows)", file=sys.stderr)
+          f"code.parquet ({rows['code']} rows), lost.parquet ({rows['lost']} rows)", file=sys.stderr)
     return 0
 
 

@@ -232,6 +232,7 @@ class Recording:
         *,
         buffer_events: int = 65536,
         max_buffers: int = 64,
+        on_full: str = "drop",
         window_period: float | None = None,
         window_length: float = 0.0005,
     ) -> None:
@@ -244,6 +245,8 @@ class Recording:
             )
         if buffer_events < 1 or max_buffers < 1:
             raise ValueError("buffer_events and max_buffers must be at least 1")
+        if on_full not in ("drop", "wait"):
+            raise ValueError(f"on_full must be 'drop' or 'wait', not {on_full!r}")
         if window_period is None:
             # Each window re-arms every location switched off since the last one, and in precise mode those
             # are every instruction that ran: windows there are rarer (bench-peers' programs, CPython 3.13:
@@ -263,6 +266,7 @@ class Recording:
         self.exclude = _patterns(exclude)
         self.buffer_events = buffer_events
         self.max_buffers = max_buffers
+        self.on_full = on_full
         self.tool_id: int = -1
         self.events = 0
         self.lost = 0
@@ -320,7 +324,8 @@ class Recording:
             main = threading.main_thread()
             nat.start(self.path, header, self.mode, self.deinstrument_threshold, self.include_only,
                       self.exclude, self.buffer_events, self.max_buffers, cost,
-                      _interp.boot_thread_name, boot, main.native_id or 0, main.name, [_OWN_CODE], per_kind)
+                      _interp.boot_thread_name, boot, main.native_id or 0, main.name, [_OWN_CODE], per_kind,
+                      self.on_full)
         except BaseException:
             release_tool_id(tool, self._events)
             raise
@@ -390,8 +395,12 @@ class Recording:
                           skip_file_prefixes=(_OWN_CODE,))
         if self.lost:
             warnings.warn(
-                f"Ocular dropped {self.lost} events (all {self.max_buffers} buffers were waiting for the disk); "
-                f"the file records how many and when. Raise max_buffers or use a higher deinstrument_threshold.",
+                f"Ocular dropped {self.lost:,} events: " + (
+                    "they came after the write error. " if self.error else
+                    f"the writer thread fell {self.max_buffers} buffers behind the program (compressing and "
+                    f"writing); the file records how many and when. Pass on_full='wait' (the program waits "
+                    f"for the writer instead), raise max_buffers, or record less (a higher "
+                    f"deinstrument_threshold, include_only)."),
                 RuntimeWarning,
                 skip_file_prefixes=(_OWN_CODE,),
             )
@@ -479,11 +488,17 @@ def record(
 
     mode: "calls" (function boundaries), "adaptive" (plus JUMP/BRANCH: basic blocks), or "precise" (plus
     every INSTRUCTION). deinstrument_threshold: stop recording a jump, branch or instruction after that
-    many hits (0 = gapless). With a threshold, function boundaries are recorded completely until a function
-    reaches that many calls, then inside windows of ``window_length`` seconds every ``window_period``
+    many hits (0 = gapless). With a threshold, function boundaries are recorded completely for the run's
+    first 100 x threshold calls, then inside windows of ``window_length`` seconds every ``window_period``
     seconds (on average, jittered), from which the analysis estimates each function's calls and time,
     saying so; calls mode records every call. include_only / exclude: substrings of a code object's file
     name or qualified name, decided once per code object.
+
+    buffer_events, max_buffers, on_full: each recording thread fills a buffer of ``buffer_events`` events
+    (24 bytes each); up to ``max_buffers`` more wait for the writer thread, so memory stays under
+    ``(max_buffers + threads) * buffer_events * 24`` bytes (1.5 MiB per thread and 96 MiB by default).
+    If the writer falls that far behind, ``on_full="drop"`` (the default) drops events, counted and
+    located in the file, and ``on_full="wait"`` makes the program wait for the writer instead.
     """
     return Recording(path, mode, deinstrument_threshold, include_only, exclude, **kwargs)
 

@@ -30,7 +30,7 @@ enum Command {
     #[command(long_about = "Run a script (or -m module) under the recorder; its exit code, sys.argv and \
                             __main__ are kept. The trace holds the program's code only: the script is \
                             compiled before recording starts.")]
-    Run(RunArgs),
+    Run(Box<RunArgs>),
     /// Summarize a trace (python -m ocular info --help)
     Info,
     /// The hottest loops, disassembled (python -m ocular hot --help)
@@ -69,6 +69,18 @@ struct RunArgs {
     /// With a threshold: how long each window lasts, in milliseconds (at most half the period)
     #[arg(long, value_name = "MS", default_value_t = 0.5)]
     window_length: f64,
+    /// Events per buffer: each recording thread fills one (24 bytes an event), then hands it to the
+    /// writer thread
+    #[arg(long, value_name = "N", default_value_t = 65536, value_parser = clap::value_parser!(u32).range(1..))]
+    buffer_events: u32,
+    /// Full buffers that may wait for the writer thread, besides each thread's own: memory stays under
+    /// (N + threads) x buffer-events x 24 bytes
+    #[arg(long, value_name = "N", default_value_t = 64, value_parser = clap::value_parser!(u32).range(1..))]
+    max_buffers: u32,
+    /// When the writer falls max-buffers behind: drop events (counted, and located in the file) or make
+    /// the program wait for the writer
+    #[arg(long, default_value = "drop", value_parser = ["drop", "wait"])]
+    on_full: String,
     /// Record only code whose file or qualified name contains P (repeatable)
     #[arg(long, value_name = "P")]
     include: Vec<String>,
@@ -87,14 +99,14 @@ struct RunArgs {
 }
 
 /// `parse_run(argv) -> dict | int`: `python -m ocular`'s arguments (without the program name) as the
-/// options of a `run` (`output`, `mode`, `threshold`, `include`, `exclude`, `quiet`, `module` (None or
-/// the module's name), `argv` (what the program sees as sys.argv)), or the exit code after clap printed
-/// help, or a usage error. Arguments are OS strings, as Python holds them (undecodable bytes included).
+/// options of a `run` (`output`, `mode`, `threshold`, the window and buffer options, `include`,
+/// `exclude`, `quiet`, `module` (None or the module's name), `argv` (what the program sees as sys.argv)),
+/// or the exit code after clap printed help, or a usage error. Arguments are OS strings, as Python holds them (undecodable bytes included).
 #[pyfunction]
 pub(super) fn parse_run<'py>(py: Python<'py>, argv: Vec<OsString>) -> PyResult<Bound<'py, PyAny>> {
     let argv = std::iter::once(OsString::from("python -m ocular")).chain(crate::argv::split_attached_module(argv));
     let run = match Cli::try_parse_from(argv) {
-        Ok(Cli { command: Command::Run(run) }) => run,
+        Ok(Cli { command: Command::Run(run) }) => *run,
         Ok(_) => {
             // An analyzer command would have gone to the analyzer; reached only without its arguments.
             let _ = Cli::command().print_help();
@@ -112,6 +124,9 @@ pub(super) fn parse_run<'py>(py: Python<'py>, argv: Vec<OsString>) -> PyResult<B
     d.set_item("threshold", run.threshold)?;
     d.set_item("window_period", run.window_period.map(|ms| ms / 1e3))?;
     d.set_item("window_length", run.window_length / 1e3)?;
+    d.set_item("buffer_events", run.buffer_events)?;
+    d.set_item("max_buffers", run.max_buffers)?;
+    d.set_item("on_full", run.on_full)?;
     d.set_item("include", run.include)?;
     d.set_item("exclude", run.exclude)?;
     d.set_item("quiet", run.quiet)?;

@@ -14,7 +14,7 @@ mod windows;
 
 use crate::clock::{self, ClockPoint};
 use crate::filter::Filter;
-use crate::session::{Config, Discard, Session, Sink, ThreadBuffer};
+use crate::session::{Config, Discard, OnFull, Session, Sink, ThreadBuffer};
 use ocular_format::{CodeObject, CodeSnapshot, EventKind, Header, Mode, OpcodeTable, Options, ThreadInfo};
 use pyo3::exceptions::{PyOSError, PyRuntimeError, PyValueError};
 use pyo3::ffi;
@@ -231,7 +231,7 @@ fn header_from(d: &Bound<'_, PyDict>, options: Options, cost: f64) -> PyResult<H
 #[pyfunction]
 #[pyo3(signature = (path, header, mode, threshold, include_only, exclude, buffer_events, max_buffers,
                     event_cost_ticks, thread_name, boot_code, main_native_id, main_name, internal,
-                    calibration=Vec::new()))]
+                    calibration=Vec::new(), on_full="drop"))]
 #[allow(clippy::too_many_arguments)]
 fn start(
     py: Python<'_>,
@@ -250,6 +250,7 @@ fn start(
     main_name: String,
     internal: Vec<String>,
     calibration: Vec<(u8, f64)>,
+    on_full: &str,
 ) -> PyResult<()> {
     // SAFETY: GIL held (we have `py`); no Python call while the reference is alive.
     if unsafe { state() }.recorder.is_some() {
@@ -258,6 +259,11 @@ fn start(
     if buffer_events == 0 || max_buffers == 0 {
         return Err(PyValueError::new_err("buffer_events and max_buffers must be at least 1"));
     }
+    let on_full = match on_full {
+        "drop" => OnFull::Drop,
+        "wait" => OnFull::Wait,
+        other => return Err(PyValueError::new_err(format!("on_full must be 'drop' or 'wait', not {other:?}"))),
+    };
     let options_mode = mode_from(mode)?;
     let options = Options {
         mode: options_mode,
@@ -270,7 +276,7 @@ fn start(
     let out = match path {
         Some(p) => {
             let h = header_from(header, options, event_cost_ticks)?;
-            let cfg = Config { buffer_events, max_buffers };
+            let cfg = Config { buffer_events, max_buffers, on_full };
             let session = py.detach(|| Session::start(&p, &h, cfg)).map_err(|e| PyOSError::new_err(e.to_string()))?;
             if !calibration.is_empty() {
                 session.calibration(ocular_format::Calibration { costs: calibration });

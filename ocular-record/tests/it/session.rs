@@ -25,7 +25,7 @@ struct Scripted {
 impl Scripted {
     fn new(buffer_events: usize, available: usize) -> Self {
         Scripted {
-            pool: Pool::new(Config { buffer_events, max_buffers: usize::MAX }),
+            pool: Pool::new(Config { buffer_events, max_buffers: usize::MAX, ..Config::default() }),
             available: RefCell::new(available),
             submitted: RefCell::default(),
             lost: RefCell::default(),
@@ -113,7 +113,8 @@ fn rewind_and_discard_keep_nothing() {
 fn a_session_writes_every_thread_in_order_and_closes_cleanly() {
     let (_dir, path) = tmp();
     let header = ocular_format::testing::header();
-    let session = Session::start(&path, &header, Config { buffer_events: 100, max_buffers: 64 }).unwrap();
+    let session =
+        Session::start(&path, &header, Config { buffer_events: 100, max_buffers: 64, ..Config::default() }).unwrap();
     session.thread(ThreadInfo { thread_id: 1, name: "MainThread".into(), is_main: true });
     let mut a = ThreadBuffer::new(1);
     let mut b = ThreadBuffer::new(2);
@@ -190,7 +191,8 @@ fn the_writer_thread_is_named() {
 fn a_second_session_on_the_same_path_fails_and_the_first_file_stays_whole() {
     let (_dir, path) = tmp();
     let header = ocular_format::testing::header();
-    let first = Session::start(&path, &header, Config { buffer_events: 100, max_buffers: 64 }).unwrap();
+    let first =
+        Session::start(&path, &header, Config { buffer_events: 100, max_buffers: 64, ..Config::default() }).unwrap();
     let mut tb = ThreadBuffer::new(1);
     for i in 0..250u64 {
         tb.push(ev(10 * i, 2), &first);
@@ -224,4 +226,46 @@ fn a_second_session_on_the_same_path_fails_and_the_first_file_stays_whole() {
     let again = Session::start(&path, &header, Config::default()).unwrap();
     assert!(again.finish(ClockPoint::now()).error.is_none());
     std::fs::remove_dir_all(path.parent().unwrap()).unwrap();
+}
+
+#[test]
+fn each_thread_holds_a_buffer_beyond_max_buffers() {
+    // Two buffers may wait for the writer; a hundred threads each fill their own all the same (counting the
+    // threads' own buffers against the limit left 37 of 100 threads with none).
+    let pool = Pool::new(Config { buffer_events: 4, max_buffers: 2, ..Config::default() });
+    let held: Vec<Buffer> = (0..100).map(|i| pool.take_held().unwrap_or_else(|| panic!("thread {i}"))).collect();
+    assert_eq!(pool.allocated(), 100);
+    // Buffers submitted to the writer are what max_buffers bounds: while two wait, a thread that
+    // submitted its own gets a new one...
+    let mut queued = Vec::new();
+    let mut held = held.into_iter();
+    for _ in 0..2 {
+        queued.push(held.next().unwrap());
+        pool.release();
+    }
+    assert!(pool.take_held().is_some(), "2 waiting for the writer: within max_buffers");
+    // ... and with a third waiting, it finds none until the writer gives one back.
+    queued.push(held.next().unwrap());
+    pool.release();
+    assert!(pool.take_held().is_none(), "3 waiting for the writer: beyond max_buffers");
+    pool.give(queued.pop().unwrap());
+    assert!(pool.take_held().is_some(), "a buffer the writer gave back");
+}
+
+#[test]
+fn with_on_full_wait_a_thread_waits_for_the_writer_instead_of_dropping() {
+    use ocular_record::session::OnFull;
+    let pool = std::sync::Arc::new(Pool::new(Config { buffer_events: 4, max_buffers: 1, on_full: OnFull::Wait }));
+    let mine = pool.take_held().unwrap();
+    let spare = pool.take().unwrap();
+    pool.release();
+    let waiting = {
+        let pool = pool.clone();
+        std::thread::spawn(move || pool.take_held().is_some())
+    };
+    std::thread::sleep(std::time::Duration::from_millis(50));
+    assert!(!waiting.is_finished(), "no buffer: the thread must wait");
+    pool.give(mine);
+    assert!(waiting.join().unwrap(), "it got the buffer the writer gave back");
+    drop(spare);
 }
