@@ -394,6 +394,61 @@ pub struct Analysis {
     pub warnings: Vec<String>,
     /// The recording's windows, if it has them (FORMAT.md 5.3): then function figures are estimates.
     pub windows: Option<Windows>,
+    /// Threads that lost events (the recorder had no free buffer for them), by thread id.
+    pub losses: Vec<Loss>,
+}
+
+/// Events a thread lost: the recorder had no free buffer for them (FORMAT.md 6.3), so the thread's
+/// figures miss those stretches. Reported by every command, and in JSON, Parquet and `ocular.load()`.
+#[derive(Clone, Debug, Default, PartialEq, serde::Serialize)]
+pub struct Loss {
+    /// Native thread id.
+    pub thread_id: u64,
+    /// Events dropped.
+    pub lost: u64,
+    /// Events recorded.
+    pub recorded: u64,
+    /// `lost / (lost + recorded)`.
+    pub share: f64,
+    /// When, in ms after the recording's start: (first, last) dropped event of each stretch (the first
+    /// 256 stretches).
+    pub ranges_ms: Vec<(f64, f64)>,
+}
+
+/// The losses a reader found, per thread.
+pub fn losses(report: &ocular_format::Report) -> Vec<Loss> {
+    report
+        .losses
+        .values()
+        .map(|l| Loss {
+            thread_id: l.thread_id,
+            lost: l.count,
+            recorded: report.thread_events.get(&l.thread_id).copied().unwrap_or(0),
+            share: report.lost_share(l.thread_id),
+            ranges_ms: l
+                .ranges
+                .iter()
+                .map(|&(a, b)| (report.ms_after_start(a).unwrap_or(0.0), report.ms_after_start(b).unwrap_or(0.0)))
+                .collect(),
+        })
+        .collect()
+}
+
+impl Analysis {
+    /// The share of events lost in `thread_id`, or in every thread with 0.
+    pub fn lost_share(&self, thread_id: u64) -> f64 {
+        let (lost, recorded) = self
+            .losses
+            .iter()
+            .filter(|l| thread_id == 0 || l.thread_id == thread_id)
+            .fold((0, 0), |(a, b), l| (a + l.lost, b + l.recorded));
+        if lost == 0 {
+            return 0.0;
+        }
+        // Merged: the events of threads that lost none count too.
+        let recorded = if thread_id == 0 { self.events } else { recorded };
+        lost as f64 / (lost + recorded) as f64
+    }
 }
 
 impl Analysis {
@@ -576,6 +631,7 @@ pub fn analyze(path: &Path, opts: ReadOptions) -> ocular_format::Result<Analysis
     crate::progress::end();
     let name = path.display().to_string();
     a.warnings = r.report().warnings(&name);
+    a.losses = losses(r.report());
     a.header = Some(header);
     Ok(a)
 }

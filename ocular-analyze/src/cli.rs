@@ -93,7 +93,8 @@ enum Command {
     ///
     /// --parquet writes a directory with events.parquet (one row per event: thread_id, ts_ns, tsc, event,
     /// function, file, line, offset, opcode, specialized, ...), calls.parquet (one row per function call:
-    /// start_ns, end_ns, depth, parent, ...) and code.parquet, for polars or pandas:
+    /// start_ns, end_ns, depth, parent, ...), code.parquet, and lost.parquet (one row per stretch of events
+    /// the recorder dropped; empty when none were), for polars or pandas:
     /// pl.read_parquet("run.parquet/events.parquet"). (Needs a build with `--features parquet`.)
     ///
     /// Examples:
@@ -275,11 +276,13 @@ fn export_parquet(file: &std::path::Path, opts: ReadOptions, dir: &std::path::Pa
     warn(&summary.warnings);
     let rows = |t: &str| summary.rows.get(t).copied().unwrap_or(0);
     eprintln!(
-        "wrote {}: events.parquet ({} rows), calls.parquet ({} rows), code.parquet ({} rows) from {} recorded events",
+        "wrote {}: events.parquet ({} rows), calls.parquet ({} rows), code.parquet ({} rows), lost.parquet ({} rows) \
+         from {} recorded events",
         dir.display(),
         rows("events"),
         rows("calls"),
         rows("code"),
+        rows("lost"),
         summary.events_read
     );
     Ok(())

@@ -75,6 +75,8 @@ pub struct HotReport {
     pub correction: String,
     /// Loops, hottest first.
     pub loops: Vec<HotLoop>,
+    /// Threads that lost events (their loops' figures miss those stretches).
+    pub lost: Vec<crate::analysis::Loss>,
 }
 
 /// Quiet iterations needed before `ns_per_iteration` uses them.
@@ -161,6 +163,7 @@ pub fn report(a: &Analysis, top: usize) -> HotReport {
         Mode::Calls => ("calls", "none: calls mode records no jumps, so no loops are found"),
     };
     HotReport {
+        lost: a.losses.clone(),
         mode: mode.into(),
         cost_kind: cost_kind.into(),
         correction: match &a.calibration {

@@ -69,6 +69,12 @@ pub struct ThreadSummary {
     pub name: String,
     /// Events recorded.
     pub events: u64,
+    /// Events the recorder dropped in this thread (it had no free buffer).
+    pub lost: u64,
+    /// `lost / (lost + events)`.
+    pub lost_share: f64,
+    /// When they were dropped, in ms after the start: (first, last) of each stretch.
+    pub lost_ranges_ms: Vec<(f64, f64)>,
 }
 
 /// Reads `path` once and summarizes it.
@@ -127,7 +133,19 @@ pub fn summarize(path: impl AsRef<Path>, opts: ReadOptions) -> ocular_format::Re
             .filter(|(_, &n)| n > 0)
             .map(|(k, &n)| (kind_name(k as u8).into_owned(), n))
             .collect(),
-        threads: threads.into_iter().map(|(id, (name, events))| ThreadSummary { id, name, events }).collect(),
+        threads: {
+            let losses = crate::analysis::losses(&report);
+            for l in &losses {
+                threads.entry(l.thread_id).or_default();
+            }
+            threads
+                .into_iter()
+                .map(|(id, (name, events))| {
+                    let l = losses.iter().find(|l| l.thread_id == id).cloned().unwrap_or_default();
+                    ThreadSummary { id, name, events, lost: l.lost, lost_share: l.share, lost_ranges_ms: l.ranges_ms }
+                })
+                .collect()
+        },
         code_objects: code,
         snapshots: snaps,
         chunks: report.chunks,
@@ -186,7 +204,18 @@ impl std::fmt::Display for Info {
         writeln!(f, "threads       {}", self.threads.len())?;
         for t in &self.threads {
             let name = if t.name.is_empty() { "(unnamed)" } else { &t.name };
-            writeln!(f, "  {:<10} {name:<24} {} events", t.id, t.events)?;
+            if t.lost > 0 {
+                writeln!(
+                    f,
+                    "  {:<10} {name:<24} {} events, {} lost ({:.1}%)",
+                    t.id,
+                    t.events,
+                    t.lost,
+                    t.lost_share * 100.0
+                )?;
+            } else {
+                writeln!(f, "  {:<10} {name:<24} {} events", t.id, t.events)?;
+            }
         }
         writeln!(f, "code objects  {} ({} with a specialized snapshot)", self.code_objects, self.snapshots)?;
         writeln!(f, "lost events   {}", self.lost_events)?;

@@ -51,6 +51,9 @@ pub struct Row {
     pub calls_estimated: bool,
     /// Calls actually recorded (equal to `calls` unless `estimated`).
     pub observed_calls: u64,
+    /// The share of its thread's events (of every thread's, merged) that the recorder dropped: above 0,
+    /// the figures miss those stretches (the reader's warnings say when).
+    pub lost_share: f64,
 }
 
 /// Rows for every function, merged over threads or per thread, in the order `sort` asks for (per thread,
@@ -76,6 +79,7 @@ pub fn rows(a: &Analysis, per_thread: bool, sort: SortBy) -> Vec<Row> {
                 estimated: s.estimated,
                 calls_estimated: s.calls_estimated,
                 observed_calls: s.observed_calls,
+                lost_share: a.lost_share(tid),
             });
         }
     };

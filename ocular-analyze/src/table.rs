@@ -46,6 +46,9 @@ pub enum Table {
     Calls,
     /// One row per code object.
     Code,
+    /// One row per stretch of events a thread lost (the recorder had no free buffer): empty when nothing
+    /// was lost.
+    Lost,
 }
 
 impl Table {
@@ -55,6 +58,7 @@ impl Table {
             Table::Events => "events",
             Table::Calls => "calls",
             Table::Code => "code",
+            Table::Lost => "lost",
         }
     }
 }
@@ -259,12 +263,21 @@ struct Metadata {
     header: Header,
     code: HashMap<u32, CodeObject>,
     snapshots: HashMap<u32, Vec<u8>>,
+    losses: Vec<crate::analysis::Loss>,
+    /// The first pass's warnings, for a build that reads no events.
+    warnings: Vec<String>,
 }
 
 fn metadata(path: &Path, opts: ReadOptions) -> ocular_format::Result<Metadata> {
     let mut r = Reader::open_with(path, ReadOptions { skip_events: true, ..opts })?;
     let header = r.header().clone();
-    let mut m = Metadata { header, code: HashMap::default(), snapshots: HashMap::default() };
+    let mut m = Metadata {
+        header,
+        code: HashMap::default(),
+        snapshots: HashMap::default(),
+        losses: Vec::new(),
+        warnings: Vec::new(),
+    };
     while let Some(c) = r.next_chunk()? {
         match c.body {
             Body::Code(objs) => m.code.extend(objs.into_iter().map(|o| (o.id, o))),
@@ -272,6 +285,8 @@ fn metadata(path: &Path, opts: ReadOptions) -> ocular_format::Result<Metadata> {
             _ => {}
         }
     }
+    m.losses = crate::analysis::losses(r.report());
+    m.warnings = r.report().warnings(&path.display().to_string());
     Ok(m)
 }
 
@@ -457,6 +472,31 @@ fn code_table(m: &Metadata, d: &mut Dictionaries) -> Batch {
     }
 }
 
+/// One row per stretch of lost events: the thread, how many its stretches lost in all, and when.
+fn lost_table(losses: &[crate::analysis::Loss]) -> Batch {
+    let (mut thread, mut lost, mut recorded, mut start, mut end) =
+        (Vec::new(), Vec::new(), Vec::new(), Vec::new(), Vec::new());
+    for l in losses {
+        for &(a, b) in &l.ranges_ms {
+            thread.push(l.thread_id);
+            lost.push(l.lost);
+            recorded.push(l.recorded);
+            start.push((a * 1e6) as i64);
+            end.push((b * 1e6) as i64);
+        }
+    }
+    Batch {
+        rows: thread.len(),
+        columns: vec![
+            ("thread_id", Column::U64(thread)),
+            ("thread_lost", Column::U64(lost)),
+            ("thread_recorded", Column::U64(recorded)),
+            ("start_ns", Column::I64(start)),
+            ("end_ns", Column::I64(end)),
+        ],
+    }
+}
+
 /// Builds the requested tables of `path` into `sink`, `batch_rows` rows at a time.
 pub fn build(
     path: &Path,
@@ -483,9 +523,15 @@ pub fn build(
         count(&mut summary, Table::Code, &b);
         sink.batch(Table::Code, b)?;
     }
+    if tables.contains(&Table::Lost) {
+        let b = lost_table(&meta.losses);
+        count(&mut summary, Table::Lost, &b);
+        sink.batch(Table::Lost, b)?;
+    }
     let want_events = tables.contains(&Table::Events);
     let want_calls = tables.contains(&Table::Calls);
     if !want_events && !want_calls {
+        summary.warnings = meta.warnings.clone();
         return Ok(summary);
     }
     // Reserved a batch ahead (up to the default size: a caller may ask for one batch of everything).

@@ -43,7 +43,7 @@ pub use meta::{
     Calibration, Clock, CodeObject, CodeSnapshot, Header, Lost, Mode, OpcodeTable, Options, Position, ThreadInfo,
     Trailer,
 };
-pub use reader::{Body, Chunk, ChunkInfo, Damage, Mismatch, ReadOptions, Reader, Report};
+pub use reader::{Body, Chunk, ChunkInfo, Damage, Mismatch, ReadOptions, Reader, Report, ThreadLoss, MAX_LOSS_RANGES};
 pub use writer::{Writer, WriterOptions};
 
 /// Reads a whole in-memory file, in salvage mode and then strictly, discarding results. The fuzz target

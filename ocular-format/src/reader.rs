@@ -116,6 +116,107 @@ pub struct Report {
     pub lost: u64,
     /// The trailer's counts next to what was read before it, when they disagree (FORMAT.md 6.5).
     pub mismatch: Option<Mismatch>,
+    /// Per thread that lost events (its `LOST` records), by thread id.
+    pub losses: std::collections::BTreeMap<u64, ThreadLoss>,
+    /// Events read per thread (for the share a thread lost).
+    pub thread_events: HashMap<u64, u64>,
+    /// The header's start ticks and tick rate, to say when losses happened.
+    clock: Option<(u64, f64)>,
+}
+
+/// Where a thread lost events: the recorder had no buffer for them (FORMAT.md 6.3).
+#[derive(Clone, Debug, Default, PartialEq, serde::Serialize)]
+pub struct ThreadLoss {
+    /// Native thread id.
+    pub thread_id: u64,
+    /// Events dropped.
+    pub count: u64,
+    /// When, as (first, last) ticks of each `LOST` record, merged where they touch; the first
+    /// [`MAX_LOSS_RANGES`] only.
+    pub ranges: Vec<(u64, u64)>,
+    /// `LOST` records beyond [`MAX_LOSS_RANGES`], counted but not kept.
+    pub more_ranges: u64,
+}
+
+/// Loss ranges kept per thread: a file of many `LOST` records costs the reader no more than this.
+pub const MAX_LOSS_RANGES: usize = 256;
+
+impl Report {
+    /// The share of `thread_id`'s events that were lost, from 0 to 1.
+    pub fn lost_share(&self, thread_id: u64) -> f64 {
+        let lost = self.losses.get(&thread_id).map_or(0, |l| l.count);
+        let read = self.thread_events.get(&thread_id).copied().unwrap_or(0);
+        if lost == 0 {
+            0.0
+        } else {
+            lost as f64 / (lost + read) as f64
+        }
+    }
+
+    /// Milliseconds after the recording's start of `ticks`, if the header was read.
+    pub fn ms_after_start(&self, ticks: u64) -> Option<f64> {
+        let (start, tps) = self.clock?;
+        (tps > 0.0).then(|| ticks.saturating_sub(start) as f64 * 1e3 / tps)
+    }
+
+    /// One line per thread that lost events (the eight that lost most, then one line for the rest): how
+    /// many, what share, and when.
+    pub fn loss_lines(&self) -> Vec<String> {
+        let mut losses: Vec<&ThreadLoss> = self.losses.values().collect();
+        losses.sort_by(|a, b| b.count.cmp(&a.count).then(a.thread_id.cmp(&b.thread_id)));
+        let ms = |t: u64| match self.ms_after_start(t) {
+            Some(m) if m < 10.0 => format!("{m:.3} ms"),
+            Some(m) => format!("{m:.1} ms"),
+            None => format!("tick {t}"),
+        };
+        let mut lines: Vec<String> = losses
+            .iter()
+            .take(8)
+            .map(|l| {
+                let made = l.count + self.thread_events.get(&l.thread_id).copied().unwrap_or(0);
+                let stretches = l.ranges.len() as u64 + l.more_ranges;
+                let (a, b) = (l.ranges.first().map_or(0, |r| r.0), l.ranges.iter().map(|r| r.1).max().unwrap_or(0));
+                let when = if stretches == 1 {
+                    format!("from {} to {}", ms(a), ms(b))
+                } else {
+                    format!("in {stretches} stretches between {} and {}", ms(a), ms(b))
+                };
+                format!(
+                    "thread {} lost {} of its {} events ({:.1}%) {when} after the start: the recorder had no free \
+                     buffer (its writer fell behind), so that thread's figures miss them",
+                    l.thread_id,
+                    l.count,
+                    made,
+                    self.lost_share(l.thread_id) * 100.0
+                )
+            })
+            .collect();
+        if losses.len() > 8 {
+            let rest = &losses[8..];
+            lines.push(format!(
+                "{} more threads lost {} events in all (info --json lists every thread)",
+                rest.len(),
+                rest.iter().map(|l| l.count).sum::<u64>()
+            ));
+        }
+        lines
+    }
+
+    fn add_loss(&mut self, lost: &Lost) {
+        self.lost += lost.count;
+        let l = self
+            .losses
+            .entry(lost.thread_id)
+            .or_insert_with(|| ThreadLoss { thread_id: lost.thread_id, ..ThreadLoss::default() });
+        l.count += lost.count;
+        let (a, b) = (lost.first_ticks.min(lost.last_ticks), lost.first_ticks.max(lost.last_ticks));
+        let n = l.ranges.len();
+        match l.ranges.last_mut() {
+            Some(last) if a <= last.1 && b >= last.0 => *last = (last.0.min(a), last.1.max(b)),
+            _ if n < MAX_LOSS_RANGES => l.ranges.push((a, b)),
+            _ => l.more_ranges += 1,
+        }
+    }
 }
 
 /// What the trailer counts and what the reader found before it, for a file whose counts disagree: chunks
@@ -195,6 +296,10 @@ impl Report {
                  (offset {})",
                 self.bytes
             ));
+        }
+        // After the damage: what the recorder itself could not write.
+        for line in self.loss_lines() {
+            w.push(format!("{path}: {line}"));
         }
         w
     }
@@ -334,6 +439,7 @@ impl<R: Read + Seek> Reader<R> {
         }
         r.unpack(&h, 16)?;
         let header: Header = r.decode_one(16)?;
+        r.report.clock = Some((header.start_ticks, header.ticks_per_second));
         r.header = Some(header);
         r.accept(&h);
         Ok(r)
@@ -468,6 +574,9 @@ impl<R: Read + Seek> Reader<R> {
             };
             return Ok(Chunk { info, body: Body::Skipped(why) });
         }
+        if info.kind == kind::EVENTS {
+            *self.report.thread_events.entry(info.thread_id).or_default() += info.count as u64;
+        }
         if info.kind == kind::EVENTS && self.opts.skip_events {
             self.report.events += info.count as u64;
             return Ok(Chunk { info, body: Body::Events(&[]) });
@@ -544,7 +653,7 @@ impl<R: Read + Seek> Reader<R> {
             kind::THREAD => Body::Thread(self.decode_one(offset)?),
             kind::LOST => {
                 let lost: Lost = self.decode_one(offset)?;
-                self.report.lost += lost.count;
+                self.report.add_loss(&lost);
                 Body::Lost(lost)
             }
             // 2026-11-21, format 1.1: CALIBRATION added. A 1.0 file has none; readers use the header's

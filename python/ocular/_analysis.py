@@ -34,7 +34,7 @@ class Trace:
     """An ``.ocl`` file, ready to be analyzed. Made by :func:`ocular.load`.
 
     - ``info()``, ``hot(top=10)``, ``stats()``: the reports of ``ocular-analyze info|hot|stats --json``.
-    - ``events()``, ``calls()``, ``code()``: polars DataFrames (the columns of ``ocular-analyze export
+    - ``events()``, ``calls()``, ``code()``, ``lost()``: polars DataFrames (the columns of ``ocular-analyze export
       --parquet``; text columns are categorical); ``events_pandas()`` and friends: the same as pandas.
     """
 
@@ -76,7 +76,9 @@ class Trace:
 
     def stats(self, per_thread: bool = False) -> list[dict[str, Any]]:
         """Per function: calls, inclusive and exclusive ms (recorder cost subtracted), mean us, file:line."""
-        return _call(_ext().stats, self.path, per_thread=per_thread, salvage=self.salvage)
+        rows, warns = _call(_ext().stats, self.path, per_thread=per_thread, salvage=self.salvage)
+        _warn(warns)
+        return rows
 
     def _arrow(self, name: str):
         table, warns = _call(_ext().table, self.path, name, salvage=self.salvage)
@@ -106,6 +108,12 @@ class Trace:
         """One row per code object: code_id, function, name, file, first_line, last_line, instructions,
         bytecode, specialized_bytecode (polars DataFrame)."""
         return self._polars("code")
+
+    def lost(self):
+        """One row per stretch of events the recorder dropped (it had no free buffer): thread_id,
+        thread_lost and thread_recorded (the thread's totals), start_ns, end_ns. Empty when nothing was lost,
+        which ``info()["lost_events"]`` also says (polars DataFrame)."""
+        return self._polars("lost")
 
     def events_pandas(self):
         """:meth:`events` as a pandas DataFrame (needs pandas and pyarrow)."""

@@ -152,7 +152,7 @@ def test_python_m_ocular_mirrors_ocular_analyze(tmp_path):
     r = _pyocular("export", "--parquet", "-o", str(out), LOOPS)
     assert r.returncode == 0, r.stderr
     assert r.stderr.startswith(f"wrote {out}: events.parquet (4241 rows), calls.parquet (304 rows)"), r.stderr
-    assert sorted(os.listdir(out)) == ["calls.parquet", "code.parquet", "events.parquet"]
+    assert sorted(os.listdir(out)) == ["calls.parquet", "code.parquet", "events.parquet", "lost.parquet"]
     r = _pyocular("export", "--perfetto", "-o", str(tmp_path / "t.json"), LOOPS)
     assert r.returncode == 0 and (tmp_path / "t.json").exists(), r.stderr
 

@@ -77,7 +77,7 @@ def test_export_parquet_writes_the_tables_and_no_temporary(trace):
     pytest.importorskip("polars")
     r = run_ocular("export", "--parquet", "t.ocl", cwd=trace.parent)
     assert r.returncode == 0, r.stderr
-    assert names(trace.parent / "t.parquet") == ["calls.parquet", "code.parquet", "events.parquet"]
+    assert names(trace.parent / "t.parquet") == ["calls.parquet", "code.parquet", "events.parquet", "lost.parquet"]
 
 
 def test_export_parquet_of_a_missing_trace_is_one_line(tmp_path):
@@ -133,7 +133,7 @@ def test_a_second_recording_to_the_same_path_fails_and_the_first_file_is_whole(t
 @pytest.mark.parametrize("args, message", [
     (("-m", "missing_module_xyz"), "No module named missing_module_xyz"),
     (("-m", "json.missing_xyz"), "No module named json.missing_xyz"),
-    (("-m", "json"), "No module named json.__main__; 'json' is a package and cannot be directly executed"),
+    (("-m", "email"), "No module named email.__main__; 'email' is a package and cannot be directly executed"),
     (("nomain",), "can't find '__main__' module in 'nomain'"),
 ])
 def test_a_program_that_cannot_start_is_one_line_and_writes_no_trace(tmp_path, args, message):

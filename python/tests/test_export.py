@@ -96,7 +96,7 @@ def test_pftrace_times_are_the_calls_tables(trace, parquet_dir):
 def test_pftrace_names_functions_threads_and_loops(trace):
     P, t = trace
     names = {n.iid: n.name for p in t.packet if p.HasField("interned_data") for n in p.interned_data.event_names}
-    assert sorted(names.values()) == ["calls", "count", "g", "loop", "main", "nested"]
+    assert sorted(names.values()) == ["calls", "count", "events lost", "g", "loop", "main", "nested"]
     threads = {p.track_descriptor.thread.thread_name for p in t.packet if p.track_descriptor.HasField("thread")}
     assert threads == {"MainThread"}
     process = [p.track_descriptor.process.process_name for p in t.packet if p.track_descriptor.HasField("process")]
@@ -106,7 +106,7 @@ def test_pftrace_names_functions_threads_and_loops(trace):
     # Annotation names are interned once per sequence, in its first packet.
     ann_names = {n.iid: n.name for p in t.packet if p.HasField("interned_data")
                  for n in p.interned_data.debug_annotation_names}
-    assert sorted(ann_names.values()) == ["cycles", "uops"]
+    assert sorted(ann_names.values()) == ["cycles", "lost", "uops"]
     ann = {ann_names[a.name_iid]: a.uint_value for a in instants[1].debug_annotations}
     assert ann["uops"] == 7 and ann["cycles"] > 0
 

@@ -1,6 +1,8 @@
 """Reliability: a recording gets out of the program's way (tool ids, recursion, SIGTERM); issue 15."""
 
+import json
 import os
+import re
 import signal
 import subprocess
 import sys
@@ -130,3 +132,134 @@ def test_sigterm_ends_a_program_with_a_non_daemon_thread_as_without_ocular(tmp_p
     f = _ocular.read(str(out))
     assert f["clean"], f["warnings"]
     assert any(q == "work" for (q, _, _, _) in f["code"].values())
+
+
+# -- item 2: many threads -------------------------------------------------------------------------------
+
+
+def _many_threads(n, calls):
+    """n threads alive at once, each making `calls` calls of its own function: the truth by construction."""
+    import threading
+
+    def f():
+        return 1
+
+    start = threading.Barrier(n)
+    end = threading.Barrier(n)
+
+    def work():
+        start.wait()
+        for _ in range(calls):
+            f()
+        end.wait()
+
+    threads = [threading.Thread(target=work, name=f"w{i}") for i in range(n)]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join()
+
+
+def test_a_hundred_live_threads_lose_nothing_with_default_buffers(ocl):
+    # Each live thread held a buffer counted against max_buffers (64): 37 of 100 threads had none of
+    # their 3,000 calls.
+    with ocular.record(ocl, mode="calls") as rec:
+        _many_threads(100, 3000)
+    assert rec.lost == 0
+    calls = ocular.load(ocl).calls()
+    per_thread = calls.filter(calls["function"] == "_many_threads.<locals>.f").group_by("thread_id").len()
+    assert per_thread.height == 100
+    assert per_thread["len"].to_list() == [3000] * 100
+
+
+def test_a_full_pool_can_make_the_program_wait_instead_of_dropping(ocl):
+    # Two buffers of 64 events for 20 threads: with on_full="drop" the writer cannot keep up and events
+    # are dropped; with "wait" every thread waits for a buffer and nothing is lost.
+    with ocular.record(ocl, mode="calls", buffer_events=64, max_buffers=1, on_full="wait") as rec:
+        _many_threads(20, 2000)
+    assert rec.lost == 0
+    calls = ocular.load(ocl).calls()
+    per_thread = calls.filter(calls["function"] == "_many_threads.<locals>.f").group_by("thread_id").len()
+    assert per_thread["len"].to_list() == [2000] * 20
+
+
+def test_on_full_is_checked():
+    with pytest.raises(ValueError, match="on_full must be 'drop' or 'wait', not 'block'"):
+        ocular.record("x.ocl", on_full="block")
+
+
+# -- item 3: losses are said by every command -----------------------------------------------------------
+
+
+def run_ocular(*args):
+    return subprocess.run([sys.executable, "-m", "ocular", *args], capture_output=True, text=True)
+
+
+@pytest.fixture(scope="module")
+def lossy(tmp_path_factory):
+    """A trace that lost events: 20 threads share one spare 64-event buffer, and the writer falls behind."""
+    import warnings
+
+    path = str(tmp_path_factory.mktemp("lossy") / "lossy.ocl")
+    with warnings.catch_warnings(record=True) as w:
+        warnings.simplefilter("always")
+        with ocular.record(path, mode="calls", buffer_events=64, max_buffers=1) as rec:
+            _many_threads(20, 2000)
+    assert rec.lost > 0, "the writer kept up: nothing was lost, so nothing can be reported"
+    assert any("Ocular dropped" in str(x.message) and "on_full='wait'" in str(x.message) for x in w)
+    return path, rec
+
+
+def test_info_says_which_threads_lost_how_many_and_when(lossy):
+    path, rec = lossy
+    info = ocular.load(path).info()
+    assert info["lost_events"] == rec.lost
+    lossy_threads = [t for t in info["threads"] if t["lost"]]
+    assert sum(t["lost"] for t in lossy_threads) == rec.lost
+    for t in lossy_threads:
+        assert t["lost_share"] == pytest.approx(t["lost"] / (t["lost"] + t["events"]))
+        assert t["lost_ranges_ms"] and all(0 <= a <= b for a, b in t["lost_ranges_ms"])
+    assert any(" lost " in w and "%) " in w and " ms after the start" in w for w in info["warnings"])
+
+
+def test_stats_hot_and_tables_warn_of_losses_and_carry_them(lossy):
+    path, rec = lossy
+    t = ocular.load(path)
+    said = (r"thread \d+ lost \d+ of its \d+ events \(\d+\.\d%\) (from|in \d+ stretches between) [\d.]+ ms "
+            r"(to|and) [\d.]+ ms after the start")
+    with pytest.warns(UserWarning) as w:
+        rows = t.stats()
+    assert re.search(said, str(w[0].message)), str(w[0].message)
+    assert re.search(r"\d+ more threads lost \d+ events in all", str(w[-1].message)), str(w[-1].message)
+    assert all(0 < r["lost_share"] < 1 for r in rows)
+    with pytest.warns(UserWarning, match="lost"):
+        report = t.hot()
+    assert sum(x["lost"] for x in report["lost"]) == rec.lost
+    with pytest.warns(UserWarning, match="lost"):
+        lost = t.lost()
+    import polars as pl
+
+    per_thread = lost.group_by("thread_id").agg(pl.col("thread_lost").first())
+    assert per_thread["thread_lost"].sum() == rec.lost
+    assert (lost["end_ns"] >= lost["start_ns"]).all()
+
+
+def test_the_cli_reports_losses_on_stderr_and_in_every_export(lossy, tmp_path):
+    path, rec = lossy
+    for args in (["stats", path], ["hot", path], ["info", path]):
+        r = run_ocular(*args)
+        assert r.returncode == 0, r.stderr
+        assert "warning:" in r.stderr and " lost " in r.stderr, (args, r.stderr)
+    r = run_ocular("stats", path, "--json")
+    assert all(row["lost_share"] > 0 for row in json.loads(r.stdout))
+    out = tmp_path / "t.json"
+    assert run_ocular("export", "--perfetto", path, "-o", str(out)).returncode == 0
+    slices = [e for e in json.loads(out.read_text())["traceEvents"] if e.get("name") == "events lost"]
+    assert sum(e["args"]["lost"] for e in slices) == rec.lost
+    pq = tmp_path / "t.parquet"
+    r = run_ocular("export", "--parquet", path, "-o", str(pq))
+    assert r.returncode == 0, r.stderr
+    import polars as pl
+
+    lost = pl.read_parquet(pq / "lost.parquet")
+    assert lost.group_by("thread_id").agg(pl.col("thread_lost").first())["thread_lost"].sum() == rec.lost

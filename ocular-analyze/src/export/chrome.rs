@@ -51,6 +51,14 @@ pub fn export(path: &Path, opts: ReadOptions, out: &mut dyn Write) -> anyhow::Re
         };
         match item {
             Item::Thread { .. } | Item::Events { .. } => Ok(()),
+            // A stretch without events shows as a slice of its own, so no one reads the gap as idle time.
+            Item::Lost { tid, first, last, count } => {
+                let (ts, dur) = (us(first), (us(last) - us(first)).max(0.001));
+                emit(out, format_args!(
+                    "{{\"name\":\"events lost\",\"cat\":\"ocular\",\"ph\":\"X\",\"ts\":{ts:.3},\"dur\":{dur:.3},\"pid\":{pid},\
+                     \"tid\":{tid},\"args\":{{\"lost\":{count}}}}}"
+                ))
+            }
             Item::Begin { tid, ticks, code: id } | Item::End { tid, ticks, code: id, .. } => {
                 let ph = if matches!(item, Item::Begin { .. }) { "B" } else { "E" };
                 let (n, ts) = (name(id), us(ticks));

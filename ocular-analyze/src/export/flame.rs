@@ -17,9 +17,19 @@ pub fn folded(path: &Path, opts: ReadOptions) -> anyhow::Result<(Folded, Vec<Str
 
 fn folded_with_note(path: &Path, opts: ReadOptions) -> anyhow::Result<(Folded, Vec<String>, Option<String>)> {
     let a = crate::analysis::analyze(path, opts)?;
-    let note = a.windows.as_ref().filter(|w| w.estimated()).map(|w| {
+    let mut note = a.windows.as_ref().filter(|w| w.estimated()).map(|w| {
         w.describe(a.header.as_ref().map_or(1e9, |h| h.ticks_per_second)).replace("figures marked ~", "widths")
     });
+    if !a.losses.is_empty() {
+        let lost = format!(
+            "{:.1}% of events were lost (the recorder had no free buffer): widths miss those stretches",
+            a.lost_share(0) * 100.0
+        );
+        note = Some(match note {
+            Some(n) => format!("{n}; {lost}"),
+            None => lost,
+        });
+    }
     let name = |id: &u32| a.code.get(id).map_or("?".to_string(), |c| c.qualname.replace(';', ":"));
     let mut lines: Folded = a
         .tree

@@ -1,6 +1,6 @@
-//! Parquet export (feature `parquet`): `events.parquet`, `calls.parquet` and `code.parquet` in a directory,
-//! the tables of [`crate::table`], written batch by batch with polars (one row group per batch, so memory
-//! does not grow with the trace). Text columns are polars `Enum`s built from the tables' dictionary codes,
+//! Parquet export (feature `parquet`): `events.parquet`, `calls.parquet`, `code.parquet` and `lost.parquet`
+//! in a directory, the tables of [`crate::table`], written batch by batch with polars (one row group per
+//! batch, so memory does not grow with the trace). Text columns are polars `Enum`s built from the tables' dictionary codes,
 //! so they are written as Parquet dictionary pages without hashing a string per row; polars reads them back
 //! as `Enum`, pandas (pyarrow) as `category`. Integer columns are written `DELTA_BINARY_PACKED`:
 //! timestamps rise by small steps, and ids, offsets and lines change little from row to row, so they take
@@ -362,11 +362,12 @@ impl Pipe {
     }
 }
 
-/// Exports `path` into `dir` (created if missing) as events.parquet, calls.parquet and code.parquet. On an
+/// Exports `path` into `dir` (created if missing) as events.parquet, calls.parquet, code.parquet and
+/// lost.parquet. On an
 /// error, the files it created are removed (and `dir`, if it created that too).
 pub fn export(path: &Path, opts: ReadOptions, dir: &Path) -> anyhow::Result<Summary> {
     crate::output::refuse_input(path, dir)?;
-    for t in [Table::Code, Table::Calls, Table::Events] {
+    for t in [Table::Code, Table::Calls, Table::Events, Table::Lost] {
         crate::output::refuse_input(path, &dir.join(format!("{}.parquet", t.name())))?;
     }
     let new_dir = !dir.exists();
@@ -388,8 +389,13 @@ pub fn export(path: &Path, opts: ReadOptions, dir: &Path) -> anyhow::Result<Summ
         written
     })?;
     let mut pipe = Pipe { tx, layouts: HashMap::default(), last: None, enums: Enums::default() };
-    let built =
-        table::build(path, opts, &[Table::Code, Table::Calls, Table::Events], table::DEFAULT_BATCH_ROWS, &mut pipe);
+    let built = table::build(
+        path,
+        opts,
+        &[Table::Code, Table::Lost, Table::Calls, Table::Events],
+        table::DEFAULT_BATCH_ROWS,
+        &mut pipe,
+    );
     pipe.help();
     failed.store(built.is_err(), Ordering::Release);
     drop(pipe);

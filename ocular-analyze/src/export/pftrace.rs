@@ -159,6 +159,10 @@ const LOOP_IID: u64 = 1;
 /// Interned debug annotation names, declared in the first packet (no string per loop event).
 const UOPS_IID: u64 = 1;
 const CYCLES_IID: u64 = 2;
+/// Interned name of the instant that marks events the recorder dropped (above every code id + 1), and of
+/// its count annotation.
+const LOST_IID: u64 = 1 << 40;
+const LOST_COUNT_IID: u64 = 3;
 
 struct Out<'a> {
     w: &'a mut dyn Write,
@@ -222,10 +226,14 @@ impl Sequences {
                             track_event_defaults: Some(TrackEventDefaults { track_uuid: Some(tid) }),
                         }),
                         interned_data: Some(InternedData {
-                            event_names: vec![EventName { iid: Some(LOOP_IID), name: Some("loop".into()) }],
+                            event_names: vec![
+                                EventName { iid: Some(LOOP_IID), name: Some("loop".into()) },
+                                EventName { iid: Some(LOST_IID), name: Some("events lost".into()) },
+                            ],
                             debug_annotation_names: vec![
                                 DebugAnnotationName { iid: Some(UOPS_IID), name: Some("uops".into()) },
                                 DebugAnnotationName { iid: Some(CYCLES_IID), name: Some("cycles".into()) },
+                                DebugAnnotationName { iid: Some(LOST_COUNT_IID), name: Some("lost".into()) },
                             ],
                         }),
                         ..Default::default()
@@ -278,6 +286,12 @@ pub fn export(path: &Path, opts: ReadOptions, out: &mut dyn Write) -> anyhow::Re
     let mut seqs = Sequences { by_tid: Default::default() };
     let (read, warnings) = timeline.run(|code, item| match item {
         Item::Events { .. } => Ok(()),
+        // Where a thread's events were dropped: an instant at the first, with how many.
+        Item::Lost { tid, first, count, .. } => {
+            let mut te = track_event(INSTANT, Some(LOST_IID));
+            te.debug_annotations.push(annotation(LOST_COUNT_IID, count));
+            seqs.event(&mut o, tid, ns(first), te, None)
+        }
         Item::Thread { tid, name } => o.packet(DESCRIPTORS, None, thread_track(pid, tid, process_uuid, name)),
         Item::Begin { tid, ticks, code: id } => {
             let qualname = || code.get(&id).map_or_else(|| "?".into(), |c| c.qualname.clone());

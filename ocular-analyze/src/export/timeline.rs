@@ -36,6 +36,18 @@ pub enum Item<'a> {
         /// The raw records.
         events: &'a [RawEvent],
     },
+    /// The recorder dropped `count` of a thread's events between `first` and `last` (a LOST record,
+    /// FORMAT.md 6.3): it had no free buffer for them.
+    Lost {
+        /// Native thread id.
+        tid: u64,
+        /// Ticks of the first dropped event.
+        first: u64,
+        /// Ticks of the last.
+        last: u64,
+        /// How many.
+        count: u64,
+    },
     /// A function activation starts.
     Begin {
         /// Native thread id.
@@ -172,6 +184,10 @@ impl Timeline {
                 }
                 Body::Thread(t) => {
                     names.insert(t.thread_id, t.name);
+                }
+                Body::Lost(l) => {
+                    let (first, last) = (l.first_ticks.min(l.last_ticks), l.first_ticks.max(l.last_ticks));
+                    f(&code, Item::Lost { tid: l.thread_id, first, last, count: l.count })?;
                 }
                 Body::Events(evs) => {
                     let tid = c.info.thread_id;

@@ -32,6 +32,7 @@ fn check_rules(v: &serde_json::Value) -> HashMap<u64, usize> {
                 *slices.entry(tid).or_default() += 1;
             }
             "i" => assert_eq!(name, "loop"),
+            "X" => assert_eq!(name, "events lost"),
             other => panic!("unexpected phase {other}"),
         }
     }
@@ -177,6 +178,7 @@ fn tables_have_a_row_per_event_and_per_call_in_batches_of_any_size() {
                 }
                 Table::Calls => g_calls += texts(b, "function").iter().filter(|f| f.as_deref() == Some("g")).count(),
                 Table::Code => assert_eq!(b.rows, 5),
+                Table::Lost => assert_eq!(b.rows, 0, "this recording lost nothing"),
             }
         }
         assert_eq!((back_in_count, g_calls), (1000, 300), "batch_rows {batch_rows}");

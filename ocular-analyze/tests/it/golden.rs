@@ -6,7 +6,12 @@ use crate::testdata;
 fn check(fixture: &str, expected: &str) {
     let mut out = Vec::new();
     ocular_analyze::dump::dump(&testdata(fixture), Default::default(), &mut out).unwrap();
-    compare(fixture, expected, String::from_utf8(out).unwrap());
+    compare(fixture, expected, without_dir(String::from_utf8(out).unwrap()));
+}
+
+/// The dump's warnings name the file: with the checkout's directory replaced, they compare anywhere.
+fn without_dir(dump: String) -> String {
+    dump.replace(&testdata("").display().to_string(), "<testdata>/")
 }
 
 fn compare(fixture: &str, expected: &str, got: String) {
@@ -54,7 +59,7 @@ fn both_format_versions_dump_the_same_records() {
             .unwrap()
             .lines()
             .filter(|l| !l.starts_with("format ") && !l.starts_with("chunk "))
-            .map(String::from)
+            .map(|l| l.replace(fixture, "synthetic.ocl"))
             .collect()
     };
     let (v1, v2) = (records("v1.0/synthetic.ocl"), records("v2.0/synthetic.ocl"));

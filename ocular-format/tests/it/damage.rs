@@ -210,8 +210,9 @@ fn a_chunk_removed_and_the_rest_renumbered_is_found_by_the_trailers_counts() {
     assert!(all.trailer.is_some());
     assert!(!all.report.clean());
     let n = bounds.len() - 1;
+    // (The sample file's LOST record is said too, after the damage.)
     assert_eq!(
-        all.report.warnings("mem.ocl"),
+        all.report.warnings("mem.ocl")[..1],
         [format!(
             "mem.ocl: the trailer does not match what the file holds: {counted} events counted, {read} read ({} \
              missing); {n} chunks counted, {} read (1 missing); chunks were removed from the file (or added) after \

@@ -31,7 +31,12 @@ fn every_record_round_trips_compressed_and_not() {
         assert_eq!(all.report.events, all.event_count() as u64);
         assert_eq!(all.report.chunks, 10);
         assert!(all.report.clean(), "{:?}", all.report);
-        assert!(all.report.warnings("x").is_empty());
+        let warnings = all.report.warnings("x");
+        assert_eq!(warnings.len(), 1, "{warnings:?}");
+        assert!(
+            warnings[0].starts_with("x: thread 200 lost 17 of its 69 events (24.6%) from 0.016 ms to 0.017 ms after"),
+            "{warnings:?}"
+        );
     }
 }
 
@@ -268,4 +273,41 @@ fn events_too_alike_to_compress_within_the_readers_bound_are_stored_as_raw_recor
     let codecs: Vec<u8> =
         chunk_bounds(&bytes).iter().filter(|(a, _)| bytes[a + 4] == 2).map(|(a, _)| bytes[a + 6]).collect();
     assert_eq!(codecs, [0x00, 0x11]);
+}
+
+#[test]
+fn losses_are_gathered_per_thread_with_their_share_and_stretches() {
+    let mut w = Writer::new(Vec::new(), "<memory>", &testing::header(), WriterOptions::default()).unwrap();
+    w.code_objects(&[crate::util::code(1, "work")]).unwrap();
+    let ms = |m: f64| 1_000 + (m * 3e6) as u64; // the test header: start at tick 1,000, 3 GHz
+    let ev: Vec<RawEvent> = (0..10).map(|i| RawEvent::new(ms(0.5) + i, 1, 0, 0, EventKind::PY_START as u8)).collect();
+    w.events(7, &ev).unwrap();
+    // Two records that overlap make one stretch; a later one another.
+    w.lost(&Lost { thread_id: 7, count: 5, first_ticks: ms(1.0), last_ticks: ms(1.5) }).unwrap();
+    w.lost(&Lost { thread_id: 7, count: 3, first_ticks: ms(1.2), last_ticks: ms(2.0) }).unwrap();
+    w.lost(&Lost { thread_id: 7, count: 2, first_ticks: ms(3.0), last_ticks: ms(3.1) }).unwrap();
+    for t in 1..=9u64 {
+        w.lost(&Lost { thread_id: 100 + t, count: t, first_ticks: ms(4.0), last_ticks: ms(4.0) }).unwrap();
+    }
+    let bytes = w.finish(crate::util::trailer()).unwrap();
+    let all = crate::util::read_all(&bytes, false).unwrap();
+    let r = &all.report;
+    assert_eq!(r.lost, 10 + 45);
+    let l = &r.losses[&7];
+    assert_eq!((l.count, l.ranges.clone()), (10, vec![(ms(1.0), ms(2.0)), (ms(3.0), ms(3.1))]));
+    assert_eq!(r.lost_share(7), 0.5);
+    assert_eq!(r.lost_share(108), 1.0);
+    assert_eq!(r.lost_share(8), 0.0);
+    let lines = r.loss_lines();
+    assert_eq!(lines.len(), 9, "{lines:#?}");
+    assert_eq!(
+        lines[0],
+        "thread 7 lost 10 of its 20 events (50.0%) in 2 stretches between 1.000 ms and 3.100 ms after the start: the \
+         recorder had no free buffer (its writer fell behind), so that thread's figures miss them"
+    );
+    assert!(lines[1].starts_with("thread 109 lost 9 of its 9 events (100.0%) from 4.000 ms to 4.000 ms after"));
+    assert_eq!(lines[8], "2 more threads lost 3 events in all (info --json lists every thread)");
+    // Every command prints them with the reader's other warnings; losses do not make a file unclean.
+    assert!(r.clean());
+    assert_eq!(r.warnings("t.ocl")[0], format!("t.ocl: {}", lines[0]));
 }

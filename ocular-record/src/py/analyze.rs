@@ -82,21 +82,24 @@ pub(super) fn hot(
     Ok((json(py, &report)?, report.to_string(), warnings))
 }
 
-/// `stats(path, per_thread=False, salvage=False) -> list[dict]`: per-function rows, as `stats --json`.
+/// `stats(path, per_thread=False, salvage=False) -> (list[dict], warnings)`: per-function rows, as
+/// `stats --json`, and the reader's warnings (damage, lost events).
 #[pyfunction]
 #[pyo3(signature = (path, per_thread=false, salvage=false))]
-pub(super) fn stats(py: Python<'_>, path: PathBuf, per_thread: bool, salvage: bool) -> PyResult<Py<PyAny>> {
-    let rows = py
+pub(super) fn stats(
+    py: Python<'_>,
+    path: PathBuf,
+    per_thread: bool,
+    salvage: bool,
+) -> PyResult<(Py<PyAny>, Vec<String>)> {
+    let (rows, warnings) = py
         .detach(|| {
             let a = ocular_analyze::analysis::analyze(&path, ReadOptions::with_salvage(salvage))?;
-            Ok::<_, ocular_format::Error>(ocular_analyze::stats::rows(
-                &a,
-                per_thread,
-                ocular_analyze::stats::SortBy::Exclusive,
-            ))
+            let rows = ocular_analyze::stats::rows(&a, per_thread, ocular_analyze::stats::SortBy::Exclusive);
+            Ok::<_, ocular_format::Error>((rows, a.warnings))
         })
         .map_err(os_err)?;
-    json(py, &rows)
+    Ok((json(py, &rows)?, warnings))
 }
 
 /// `export_chrome(path, out) -> int`: the Chrome Trace Event JSON (what `perfetto=True` writes); returns
@@ -198,7 +201,7 @@ impl ArrowTable {
 }
 
 /// `table(path, name, salvage=False) -> ArrowTable`: one of the tables of `ocular_analyze::table`
-/// (`events`, `calls`, `code`).
+/// (`events`, `calls`, `code`, `lost`).
 #[pyfunction]
 #[pyo3(signature = (path, name, salvage=false))]
 pub(super) fn table(py: Python<'_>, path: PathBuf, name: &str, salvage: bool) -> PyResult<(ArrowTable, Vec<String>)> {
@@ -206,7 +209,8 @@ pub(super) fn table(py: Python<'_>, path: PathBuf, name: &str, salvage: bool) ->
         "events" => Table::Events,
         "calls" => Table::Calls,
         "code" => Table::Code,
-        other => return Err(PyValueError::new_err(format!("no table {other:?}: events, calls or code"))),
+        "lost" => Table::Lost,
+        other => return Err(PyValueError::new_err(format!("no table {other:?}: events, calls, code or lost"))),
     };
     let (sink, summary) = py
         .detach(|| {
