@@ -5,9 +5,13 @@ CARGO ?= cargo
 OUT   ?= out
 # Every CPython 3.12+ found (one per minor version), or just $(PYTHON) if given: make test PYTHON=python3.13
 PYTHONS := $(shell scripts/find-pythons.sh)
+# CPython 3.14 and 3.15 need a newer C library than this machine's: they run inside a Debian unstable root
+# that scripts/pythons.sh makes once (from Debian's archive, ~20 s) and caches outside the checkout.
+# make test NEW_PYTHONS= leaves them out; make test NEW_PYTHONS=3.14 runs one.
+NEW_PYTHONS ?= 3.14 3.15
 
 .DEFAULT_GOAL := help
-.PHONY: help demo test test-rust test-python check-python lint bench bench-format bench-record bench-truth bench-analyze bench-peers bench-startup bench-after-stop fuzz clean
+.PHONY: help demo test test-rust test-python check-python pythons lint bench bench-format bench-record bench-truth bench-analyze bench-peers bench-startup bench-after-stop fuzz clean
 
 help: ## list the targets
 	@grep -E '^[a-zA-Z_-]+:.*## ' $(MAKEFILE_LIST) | awk 'BEGIN {FS = ":.*## "}; {printf "  make %-16s %s\n", $$1, $$2}'
@@ -43,7 +47,7 @@ demo: check-python ## record the bundled workload (testdata/workloads/demo.py), 
 	@echo "  pl.read_parquet('$(OUT)/demo.parquet/events.parquet')   or   ocular.load('$(OUT)/demo.ocl').events()"
 	@echo "every event: ./target/release/ocular-analyze dump $(OUT)/demo.ocl | less"
 
-test: test-rust test-python ## build everything and run every test (Rust, then Python on each 3.12+)
+test: test-rust test-python ## build everything and run every test (Rust, then Python on each 3.12+, 3.14 and 3.15 in a Debian root)
 
 test-rust:
 	$(CARGO) test --workspace --locked --features ocular-analyze/parquet
@@ -61,6 +65,14 @@ test-python: check-python
 	    echo "== pytest on $$($$venv/bin/python -c 'import sys; print(sys.version.split()[0])')"; \
 	    OCULAR_ANALYZE=$(abspath $(ANALYZE_BIN)) $$venv/bin/python -m pytest -q python/tests; \
 	done
+	@set -e; if [ -n "$(NEW_PYTHONS)" ]; then scripts/pythons.sh root; fi; for v in $(NEW_PYTHONS); do \
+	    venv=$$(scripts/pythons.sh run $$v scripts/venv.sh python$$v | tail -n 1); \
+	    echo "== pytest on $$(scripts/pythons.sh run $$v $$venv/bin/python -c 'import sys; print(sys.version.split()[0])') (Debian unstable root)"; \
+	    scripts/pythons.sh run $$v env OCULAR_ANALYZE=$(abspath $(ANALYZE_BIN)) $$venv/bin/python -m pytest -q python/tests; \
+	done
+
+pythons: ## make (once) the Debian unstable root with CPython 3.14 and 3.15 that make test uses
+	scripts/pythons.sh root
 
 lint: ## rustfmt, clippy with warnings as errors, docs without warnings
 	$(CARGO) fmt --all -- --check
@@ -82,8 +94,12 @@ bench-truth: check-python ## is the default mode true? hot's loops next to their
 	    $$venv/bin/python bench/truth_bench.py; \
 	    $$venv/bin/python bench/function_truth.py $(TRUTH_ARGS)
 
-bench-record: check-python ## recorder overhead: ns/event per mode vs the native floor, no-op callbacks, cProfile
+bench-record: check-python ## recorder overhead: ns/event per mode vs the native floor, no-op callbacks, cProfile (each Python)
 	@venv=$$(scripts/venv.sh $(firstword $(PYTHONS)) | tail -n 1); $$venv/bin/python bench/record_bench.py
+	@set -e; if [ -n "$(NEW_PYTHONS)" ]; then scripts/pythons.sh root; fi; for v in $(NEW_PYTHONS); do \
+	    venv=$$(scripts/pythons.sh run $$v scripts/venv.sh python$$v | tail -n 1); \
+	    scripts/pythons.sh run $$v $$venv/bin/python bench/record_bench.py; \
+	done
 
 bench-startup: check-python ## fixed cost per run (an empty script: plainly, Ocular, trace0), and the phases of recording pyperf's start-up (with bench-peers' venv)
 	@venv=$$(ls -d $(CURDIR)/.venv/peers-* 2>/dev/null | tail -n 1); \
@@ -98,20 +114,26 @@ bench-format: ## .ocl size and read/write throughput on 10M synthetic events
 
 # Not part of `make bench`: ~20 min, and it installs the peers from PyPI into its own .venv/peers-X.Y (the
 # newest Python found; trace0 needs 3.13+). Pass options with PEERS_ARGS="--quick" (see bench/peers.py -h).
+# make bench-peers PEERS_PYTHON=3.14 runs it on Debian unstable's CPython 3.14 (scripts/pythons.sh).
+PEERS_PYTHON ?=
 bench-peers: check-python ## Ocular next to cProfile, VizTracer, pyinstrument, trace0 on pyperformance programs
 	$(CARGO) build --release --locked -p ocular-analyze $(ANALYZE_FEATURES)
 	@set -e; \
-	    py=$$(for p in $(PYTHONS); do echo "$$($$p -c 'import sys; print("%d.%d" % sys.version_info[:2])') $$p"; done \
-	        | sort -V | tail -n 1 | cut -d' ' -f2); \
-	    ver=$$($$py -c 'import sys; print("%d.%d" % sys.version_info[:2])'); \
+	    if [ -n "$(PEERS_PYTHON)" ]; then \
+	        scripts/pythons.sh root; run="scripts/pythons.sh run $(PEERS_PYTHON)"; py=python$(PEERS_PYTHON); \
+	    else \
+	        run=""; py=$$(for p in $(PYTHONS); do echo "$$($$p -c 'import sys; print("%d.%d" % sys.version_info[:2])') $$p"; done \
+	            | sort -V | tail -n 1 | cut -d' ' -f2); \
+	    fi; \
+	    ver=$$($$run $$py -c 'import sys; print("%d.%d" % sys.version_info[:2])'); \
 	    if [ "$$ver" = 3.12 ]; then echo "== no Python 3.13+ found: trace0 is left out"; fi; \
 	    venv=$(CURDIR)/.venv/peers-$$ver; \
-	    if [ ! -x $$venv/bin/python ]; then echo "== creating $$venv with $$py"; $$py -m venv $$venv; fi; \
-	    $$venv/bin/python -m pip install -q --disable-pip-version-check -r bench/peers-requirements.txt; \
+	    if [ ! -x $$venv/bin/python ]; then echo "== creating $$venv with $$py"; $$run $$py -m venv $$venv; fi; \
+	    $$run $$venv/bin/python -m pip install -q --disable-pip-version-check -r bench/peers-requirements.txt; \
 	    echo "== building the extension into $$venv"; \
-	    VIRTUAL_ENV=$$venv CARGO_TARGET_DIR=$(abspath $(or $(CARGO_TARGET_DIR),target))/py$$ver \
+	    $$run env VIRTUAL_ENV=$$venv CARGO_TARGET_DIR=$(abspath $(or $(CARGO_TARGET_DIR),target))/py$$ver \
 	        $$venv/bin/maturin develop --release --quiet; \
-	    $$venv/bin/python bench/peers.py --analyze=$(abspath $(or $(CARGO_TARGET_DIR),target))/release/ocular-analyze $(PEERS_ARGS)
+	    $$run $$venv/bin/python bench/peers.py --analyze=$(abspath $(or $(CARGO_TARGET_DIR),target))/release/ocular-analyze $(PEERS_ARGS)
 
 fuzz: ## fuzz the .ocl reader for FUZZ_SECONDS (default 60); installs cargo-fuzz if missing
 	@command -v cargo-fuzz >/dev/null || $(CARGO) install cargo-fuzz --locked

@@ -36,8 +36,9 @@ def opcode_tables() -> dict:
     for op, n in enumerate(names):
         if n.startswith("INSTRUMENTED_") and n[13:] in opcode.opmap:
             base[op] = opcode.opmap[n[13:]]
-    ice = opcode._inline_cache_entries  # type: ignore[attr-defined]  # 3.12: list; 3.13: dict by name
-    if isinstance(ice, dict):
+    # 3.12: a list by number; 3.13 and 3.14: a dict by name; 3.15: a frozendict (not a dict) by name.
+    ice = opcode._inline_cache_entries  # type: ignore[attr-defined]
+    if _is_mapping(ice):
         cache = [ice.get(names[base[op]], 0) for op in range(256)]
     else:
         cache = [ice[base[op]] if base[op] < len(ice) else 0 for op in range(256)]
@@ -57,10 +58,10 @@ def _specialized_tables() -> tuple[list[str], dict[str, str]]:
     compares them with dis's on every supported version; a layout this does not know falls back to dis."""
     names = list(opcode.opname)
     families = getattr(opcode, "_specializations", None)
-    if isinstance(getattr(opcode, "_specialized_opmap", None), dict) and isinstance(families, dict):  # 3.13
+    if _is_mapping(getattr(opcode, "_specialized_opmap", None)) and _is_mapping(families):  # 3.13+
         for name, op in opcode._specialized_opmap.items():  # type: ignore[attr-defined]
             names[op] = name
-    elif isinstance(getattr(opcode, "_specialized_instructions", None), list) and isinstance(families, dict):
+    elif isinstance(getattr(opcode, "_specialized_instructions", None), list) and _is_mapping(families):
         # 3.12: the specialized instructions take the unused numbers, in order.
         free = [op for op, n in enumerate(names) if n.startswith("<")]
         for op, name in zip(free, opcode._specialized_instructions):  # type: ignore[attr-defined]
@@ -70,6 +71,11 @@ def _specialized_tables() -> tuple[list[str], dict[str, str]]:
 
         return list(dis._all_opname), dict(dis.deoptmap)  # type: ignore[attr-defined]
     return names, {spec: b for b, family in families.items() for spec in family}
+
+
+def _is_mapping(x: object) -> bool:
+    """A dict, or 3.15's frozendict (which is not a dict subclass), without importing collections.abc."""
+    return hasattr(x, "items") and hasattr(x, "get")
 
 
 def boot_thread_name() -> str:

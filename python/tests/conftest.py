@@ -60,6 +60,10 @@ class Reference:
                 self.hits[key] += 1
                 self.events[threading.get_native_id()].append((name, code.co_qualname, offset, dest))
                 return mon.DISABLE if self.hits[key] >= 2 * self.threshold else None
+            if location and self.threshold and self.hits[(code, offset)] >= self.threshold:
+                # Counted per location, not per kind: from 3.14 a branch's BRANCH_LEFT and BRANCH_RIGHT
+                # share its N hits, so the first N say which way it went, in proportion; then both are off.
+                return mon.DISABLE
             self.events[threading.get_native_id()].append((name, code.co_qualname, offset, dest))
             if location and self.threshold:
                 self.hits[(code, offset)] += 1
