@@ -396,6 +396,20 @@ pub struct Analysis {
     pub windows: Option<Windows>,
     /// Threads that lost events (the recorder had no free buffer for them), by thread id.
     pub losses: Vec<Loss>,
+    /// Branch events per (code id, branch offset): each destination seen, with the event's kind
+    /// (BRANCH up to CPython 3.13; BRANCH_LEFT or BRANCH_RIGHT from 3.14) and how many times.
+    pub branches: HashMap<(u32, u32), Vec<BranchWay>>,
+}
+
+/// One way a branch went: where to, as which event kind, how many times (recorded hits).
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct BranchWay {
+    /// Destination offset in bytes.
+    pub dest: u32,
+    /// BRANCH, BRANCH_LEFT or BRANCH_RIGHT.
+    pub kind: EventKind,
+    /// Recorded hits.
+    pub count: u64,
 }
 
 /// Events a thread lost: the recorder had no free buffer for them (FORMAT.md 6.3), so the thread's
@@ -462,6 +476,7 @@ impl Analysis {
 /// Code indexes and loops, addressed by position so the per-event work does no hashing.
 #[derive(Default)]
 struct Tables {
+    branches: HashMap<(u32, u32), Vec<BranchWay>>,
     index_of: HashMap<u32, u32>,
     indexes: Vec<CodeIndex>,
     loop_of: HashMap<LoopKey, u32>,
@@ -632,6 +647,7 @@ pub fn analyze(path: &Path, opts: ReadOptions) -> ocular_format::Result<Analysis
     let name = path.display().to_string();
     a.warnings = r.report().warnings(&name);
     a.losses = losses(r.report());
+    a.branches = std::mem::take(&mut tables.branches);
     a.header = Some(header);
     Ok(a)
 }
@@ -808,6 +824,15 @@ fn step(
             let now = ts.cost;
             let top = ts.stack.last_mut().expect("checked above");
             let dest = e.arg.get();
+            if matches!(kind, EventKind::BRANCH | EventKind::BRANCH_LEFT | EventKind::BRANCH_RIGHT) {
+                let ways = tables.branches.entry((id, off)).or_default();
+                match ways.iter().position(|w| w.dest == dest && w.kind == kind) {
+                    Some(i) => ways[i].count += 1,
+                    // A branch has two ways; a crafted file cannot make the list grow without bound.
+                    None if ways.len() < 4 => ways.push(BranchWay { dest, kind, count: 1 }),
+                    None => {}
+                }
+            }
             let next = if kind == EventKind::INSTRUCTION { off } else { dest };
             let prev_at = top.prev.map(|p| p.2);
             top.prev = Some((t, now, next));

@@ -1,7 +1,7 @@
 //! `hot`: the loops that took the most time, with their bodies disassembled (base -> specialized opcode).
 
 use crate::analysis::{instructions, specialization, Analysis};
-use ocular_format::Mode;
+use ocular_format::{EventKind, Mode};
 use serde::Serialize;
 
 /// One hot loop.
@@ -62,6 +62,38 @@ pub struct Instruction {
     pub ticks: Option<f64>,
     /// The same in ns.
     pub ns: Option<f64>,
+    /// For a conditional branch: which way it went in its recorded hits.
+    pub branch: Option<Branch>,
+}
+
+/// Which way a conditional branch went, over its recorded hits (with a threshold, its first N: in the
+/// proportions of the run's start). From CPython 3.14 the events say so (BRANCH_RIGHT: the jump was taken,
+/// BRANCH_LEFT: not); before, a destination other than the next instruction is the jump taken.
+#[derive(Debug, Serialize)]
+pub struct Branch {
+    /// The jump was taken (control went to its target).
+    pub taken: u64,
+    /// It was not (control went on to the next instruction).
+    pub not_taken: u64,
+}
+
+/// The taken and not-taken counts of the branch at `off` whose next instruction is at `next`.
+fn branch_of(a: &Analysis, id: u32, off: u32, next: Option<u32>) -> Option<Branch> {
+    let ways = a.branches.get(&(id, off))?;
+    let mut b = Branch { taken: 0, not_taken: 0 };
+    for w in ways {
+        let taken = match w.kind {
+            EventKind::BRANCH_RIGHT => true,
+            EventKind::BRANCH_LEFT => false,
+            _ => Some(w.dest) != next,
+        };
+        if taken {
+            b.taken += w.count;
+        } else {
+            b.not_taken += w.count;
+        }
+    }
+    Some(b)
 }
 
 /// The report.
@@ -98,7 +130,10 @@ pub fn report(a: &Analysis, top: usize) -> HotReport {
         let names = &header.opcodes;
         let mut body = Vec::new();
         let (mut lo, mut hi) = (i32::MAX, i32::MIN);
-        for off in instructions(co, header, head, end) {
+        let offsets = instructions(co, header, head, end);
+        let all = instructions(co, header, 0, u32::MAX);
+        let next_of = |off: u32| all.iter().position(|&o| o == off).and_then(|i| all.get(i + 1).copied());
+        for off in offsets {
             let op = co.bytecode[off as usize];
             let line = co.positions.get(off as usize / 2).map_or(-1, |p| p.line);
             if line >= 0 {
@@ -122,6 +157,7 @@ pub fn report(a: &Analysis, top: usize) -> HotReport {
                 instrumented_at_stop: instrumented,
                 ticks: cost,
                 ns: cost.map(|c| a.ns(c)),
+                branch: branch_of(a, id, off, next_of(off)),
             });
         }
         let (per, timing) = if s.quiet >= MIN_QUIET {
@@ -199,6 +235,13 @@ impl std::fmt::Display for HotReport {
         writeln!(f, "Hot loops ({} mode), hottest first", self.mode)?;
         writeln!(f, "  time per iteration: {}", self.correction)?;
         writeln!(f, "  per-instruction cost: {}", self.cost_kind)?;
+        if self.loops.iter().flat_map(|l| &l.instructions).any(|i| i.branch.is_some()) {
+            writeln!(
+                f,
+                "  branches: \"taken N of M\" counts the recorded hits in which a conditional jump jumped (FOR_ITER: \
+                 the loop ended)"
+            )?;
+        }
         if self.loops.is_empty() {
             writeln!(f, "\n  no loops recorded")?;
         }
@@ -255,7 +298,20 @@ impl std::fmt::Display for HotReport {
                     (Some(t), Some(n)) => format!("~{t:.0} ticks ({n:.1} ns)"),
                     _ => "-".into(),
                 };
-                writeln!(f, "   [{k:03}] offset {:<4} line {:<4} {name:<44} | {cost}", ins.offset, ins.line)?;
+                let branch = match &ins.branch {
+                    Some(b) if b.taken + b.not_taken > 0 => format!(
+                        " | taken {} of {} ({:.0}%)",
+                        b.taken,
+                        b.taken + b.not_taken,
+                        b.taken as f64 * 100.0 / (b.taken + b.not_taken) as f64
+                    ),
+                    _ => String::new(),
+                };
+                let line = format!(
+                    "   [{k:03}] offset {:<4} line {:<4} {name:<44} | {cost:<20}{branch}",
+                    ins.offset, ins.line
+                );
+                writeln!(f, "{}", line.trim_end())?;
             }
         }
         Ok(())

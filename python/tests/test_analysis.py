@@ -11,6 +11,7 @@ import textwrap
 import pytest
 
 import ocular
+import workloads
 
 ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 ANALYZE = os.environ.get("OCULAR_ANALYZE", os.path.join(ROOT, "target", "debug", "ocular-analyze"))
@@ -175,3 +176,19 @@ def test_notebook_example_finds_the_hottest_loop_and_its_specializations(tmp_pat
     assert len(hot) == 1 and hot[0].startswith("hottest loop: kernel at hottest_loop.py:"), r.stdout
     spec = [l for l in r.stdout.splitlines() if l.startswith("specialized: ")]
     assert len(spec) == 1 and "BINARY_OP -> BINARY_OP_" in spec[0], r.stdout
+
+
+def test_hot_says_which_way_each_branch_went(ocl):
+    # workloads.loop(300): `if i % 3:` is true for 200 of the 300 iterations; the `for` goes on 300 times
+    # and leaves once. From 3.14 the events say the direction (BRANCH_LEFT/RIGHT); before, the destination.
+    with ocular.record(ocl, mode="adaptive", deinstrument_threshold=0):
+        workloads.loop(300)
+    (lp,) = [l for l in ocular.load(ocl).hot()["loops"] if l["function"] == "loop"]
+    branches = {i["base"]: i["branch"] for i in lp["instructions"] if i["branch"]}
+    assert branches["FOR_ITER"] == {"taken": 1, "not_taken": 300}
+    (cond,) = [k for k in branches if k.startswith("POP_JUMP_IF_")]
+    # POP_JUMP_IF_FALSE jumps (over the body) when i % 3 == 0; POP_JUMP_IF_TRUE when it is not.
+    taken = 100 if cond == "POP_JUMP_IF_FALSE" else 200
+    assert branches[cond] == {"taken": taken, "not_taken": 300 - taken}
+    text = ocular.load(ocl).hot_text()
+    assert f"{cond}" in text and f"| taken {taken} of 300 ({taken / 3:.0f}%)" in text
