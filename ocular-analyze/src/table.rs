@@ -122,6 +122,160 @@ pub trait Sink {
     fn batch(&mut self, table: Table, batch: Batch) -> anyhow::Result<()>;
 }
 
+/// Which rows and columns of a table [`build_selected`] builds: `ocular.load(...).events(columns=...,
+/// threads=..., start_ns=..., end_ns=...)`. The default is everything.
+#[derive(Clone, Debug, Default)]
+pub struct Select {
+    /// Columns to keep, in the table's order; `None`: all.
+    pub columns: Option<Vec<String>>,
+    /// Threads (native ids) whose rows to keep; `None`: all.
+    pub threads: Option<Vec<u64>>,
+    /// Rows from this time on (ns since the recording started): events at or after it, calls that end
+    /// at or after it.
+    pub start_ns: Option<i64>,
+    /// Rows up to this time: events at or before it, calls that start at or before it.
+    pub end_ns: Option<i64>,
+}
+
+impl Select {
+    fn thread(&self, tid: u64) -> bool {
+        self.threads.as_ref().map_or(true, |t| t.contains(&tid))
+    }
+
+    fn range(&self) -> (i64, i64) {
+        (self.start_ns.unwrap_or(i64::MIN), self.end_ns.unwrap_or(i64::MAX))
+    }
+
+    fn is_all(&self) -> bool {
+        self.columns.is_none() && self.threads.is_none() && self.start_ns.is_none() && self.end_ns.is_none()
+    }
+
+    /// An error naming the columns `table` has, if one asked for is not among them.
+    pub fn check(&self, table: Table) -> anyhow::Result<()> {
+        for c in self.columns.iter().flatten() {
+            if !columns(table).contains(&c.as_str()) {
+                anyhow::bail!(
+                    "the {} table has no column {c:?}; its columns: {}",
+                    table.name(),
+                    columns(table).join(", ")
+                );
+            }
+        }
+        Ok(())
+    }
+
+    fn keep(&self, mut b: Batch) -> Batch {
+        if let Some(cols) = &self.columns {
+            b.columns.retain(|(name, _)| cols.iter().any(|c| c == name));
+        }
+        b
+    }
+}
+
+/// The columns of each table, in order.
+pub fn columns(table: Table) -> &'static [&'static str] {
+    match table {
+        Table::Events => &[
+            "thread_id",
+            "ts_ns",
+            "tsc",
+            "event",
+            "code_id",
+            "function",
+            "file",
+            "line",
+            "offset",
+            "arg",
+            "opcode",
+            "specialized",
+        ],
+        Table::Calls => &[
+            "thread_id",
+            "call_id",
+            "parent",
+            "depth",
+            "code_id",
+            "function",
+            "file",
+            "line",
+            "start_ns",
+            "end_ns",
+            "duration_ns",
+            "window",
+            "clipped",
+        ],
+        Table::Code => &[
+            "code_id",
+            "function",
+            "name",
+            "file",
+            "first_line",
+            "last_line",
+            "instructions",
+            "bytecode",
+            "specialized_bytecode",
+        ],
+        Table::Lost => &["thread_id", "thread_lost", "thread_recorded", "start_ns", "end_ns"],
+    }
+}
+
+/// Bytes a row of `column` of `table` takes in a polars DataFrame (text columns are categorical: a 4-byte
+/// code per row; binary columns are counted at their offsets only).
+fn column_bytes(table: Table, column: &str) -> u64 {
+    match (table, column) {
+        (_, "thread_id" | "ts_ns" | "tsc" | "call_id" | "parent" | "start_ns" | "end_ns" | "duration_ns") => 8,
+        (_, "thread_lost" | "thread_recorded" | "bytecode" | "specialized_bytecode") => 8,
+        (_, "clipped") => 1,
+        _ => 4,
+    }
+}
+
+/// How big a table would be, from the chunk headers alone (no event is decoded).
+#[derive(Debug, Default)]
+pub struct Estimate {
+    /// Events in the chunks the selection covers (whole chunks: an upper bound for a time range).
+    pub events: u64,
+    /// Rows of the events table, as `events`; of the calls table, at most half of them.
+    pub rows: u64,
+    /// Bytes of the DataFrame: rows times the selected columns' widths.
+    pub bytes: u64,
+    /// The reader's warnings.
+    pub warnings: Vec<String>,
+}
+
+/// The size of `table` of `path` under `select`, from one pass over the chunk headers.
+pub fn estimate(path: &Path, opts: ReadOptions, table: Table, select: &Select) -> anyhow::Result<Estimate> {
+    select.check(table)?;
+    let mut r = Reader::open_with(path, ReadOptions { skip_events: true, ..opts })?;
+    let h = r.header().clone();
+    let ns_per_tick = 1e9 / h.ticks_per_second;
+    let ns = |ticks: u64| (ticks.wrapping_sub(h.start_ticks) as i64 as f64 * ns_per_tick) as i64;
+    let (lo, hi) = select.range();
+    let mut e = Estimate::default();
+    while let Some(c) = r.next_chunk()? {
+        let i = c.info;
+        if i.kind == ocular_format::chunk::kind::EVENTS
+            && select.thread(i.thread_id)
+            && ns(i.last_ts) >= lo
+            && ns(i.first_ts) <= hi
+        {
+            e.events += i.count as u64;
+        }
+    }
+    e.rows = match table {
+        Table::Events => e.events,
+        Table::Calls => e.events / 2,
+        Table::Code | Table::Lost => 0,
+    };
+    let width: u64 = match &select.columns {
+        Some(cols) => cols.iter().map(|c| column_bytes(table, c)).sum(),
+        None => columns(table).iter().map(|c| column_bytes(table, c)).sum(),
+    };
+    e.bytes = e.rows * width;
+    e.warnings = r.report().warnings(&path.display().to_string());
+    Ok(e)
+}
+
 /// What [`build`] wrote.
 #[derive(Debug, Default)]
 pub struct Summary {
@@ -505,6 +659,38 @@ pub fn build(
     batch_rows: usize,
     sink: &mut dyn Sink,
 ) -> anyhow::Result<Summary> {
+    build_selected(path, opts, tables, batch_rows, &Select::default(), sink)
+}
+
+/// Passes batches on with the selected columns only.
+struct Selected<'a> {
+    select: &'a Select,
+    sink: &'a mut dyn Sink,
+}
+
+impl Sink for Selected<'_> {
+    fn batch(&mut self, table: Table, batch: Batch) -> anyhow::Result<()> {
+        self.sink.batch(table, self.select.keep(batch))
+    }
+}
+
+/// [`build`], keeping the rows and columns `select` asks for: rows of other threads or outside the time
+/// range are never put in a batch, so a selection takes memory in proportion to what it keeps.
+pub fn build_selected(
+    path: &Path,
+    opts: ReadOptions,
+    tables: &[Table],
+    batch_rows: usize,
+    select: &Select,
+    sink: &mut dyn Sink,
+) -> anyhow::Result<Summary> {
+    for &t in tables {
+        select.check(t)?;
+    }
+    let mut selected = Selected { select, sink };
+    let sink: &mut dyn Sink = if select.columns.is_some() { &mut selected } else { selected.sink };
+    let (lo, hi) = select.range();
+    let everything = select.is_all();
     let batch_rows = batch_rows.max(1);
     let meta = metadata(path, opts)?;
     let h = &meta.header;
@@ -544,6 +730,15 @@ pub fn build(
         let r = (|| -> anyhow::Result<()> {
             match item {
                 Item::Events { tid, events: mut evs } if want_events => {
+                    if !everything {
+                        if !select.thread(tid) {
+                            return Ok(());
+                        }
+                        // A thread's events are in time order: the range is one slice of them.
+                        let a = evs.partition_point(|e| ns(e.ticks.get()) < lo);
+                        let b = evs.partition_point(|e| ns(e.ticks.get()) <= hi);
+                        evs = &evs[a..b.max(a)];
+                    }
                     while !evs.is_empty() {
                         let (now, later) = evs.split_at(evs.len().min(batch_rows - events.tsc.len()));
                         events.extend(tid, now, &d.kinds, &resolved, &unknown, &ns);
@@ -556,6 +751,9 @@ pub fn build(
                     }
                 }
                 Item::End { tid, ticks, code: id, call } if want_calls => {
+                    if !everything && (!select.thread(tid) || ns(ticks) < lo || ns(call.start) > hi) {
+                        return Ok(());
+                    }
                     let co = resolved.get(id).unwrap_or(&unknown);
                     calls.thread_id.push(tid);
                     calls.call_id.push(call.id);

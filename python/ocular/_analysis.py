@@ -80,29 +80,40 @@ class Trace:
         _warn(warns)
         return rows
 
-    def _arrow(self, name: str):
-        table, warns = _call(_ext().table, self.path, name, salvage=self.salvage)
+    def _arrow(self, name: str, select: dict):
+        try:
+            table, warns = _call(_ext().table, self.path, name, salvage=self.salvage, **select)
+        except MemoryError as e:
+            raise MemoryError(str(e)) from None  # the message says what to do; no Rust frames to show
         _warn(warns)
         return table
 
-    def _polars(self, name: str):
+    def _polars(self, name: str, **select):
         pl = _need("polars", f"Trace.{name}()")
-        return pl.DataFrame(self._arrow(name))
+        return pl.DataFrame(self._arrow(name, select))
 
-    def _pandas(self, name: str):
+    def _pandas(self, name: str, **select):
         _need("pandas", f"Trace.{name}_pandas()")
         pa = _need("pyarrow", f"Trace.{name}_pandas()")
-        return pa.table(self._arrow(name)).to_pandas()
+        return pa.table(self._arrow(name, select)).to_pandas()
 
-    def events(self):
+    def events(self, columns: list[str] | None = None, threads: list[int] | None = None,
+               start_ns: int | None = None, end_ns: int | None = None):
         """One row per event: thread_id, ts_ns, tsc, event, code_id, function, file, line, offset, arg,
-        opcode, specialized (polars DataFrame)."""
-        return self._polars("events")
+        opcode, specialized (polars DataFrame).
 
-    def calls(self):
+        A DataFrame takes ~60 bytes per event with every column. ``columns`` keeps those named,
+        ``threads`` (native ids) and ``start_ns``/``end_ns`` (``ts_ns``, since the recording started)
+        keep those rows: the others are never built. One that would not fit in memory raises
+        ``MemoryError`` (saying how much it needs) instead of ending the process."""
+        return self._polars("events", columns=columns, threads=threads, start_ns=start_ns, end_ns=end_ns)
+
+    def calls(self, columns: list[str] | None = None, threads: list[int] | None = None,
+              start_ns: int | None = None, end_ns: int | None = None):
         """One row per function call: thread_id, call_id, parent, depth, code_id, function, file, line,
-        start_ns, end_ns, duration_ns (polars DataFrame)."""
-        return self._polars("calls")
+        start_ns, end_ns, duration_ns, window, clipped (polars DataFrame). ``columns``, ``threads`` and the
+        time range select as in :meth:`events` (a call is kept if it overlaps the range)."""
+        return self._polars("calls", columns=columns, threads=threads, start_ns=start_ns, end_ns=end_ns)
 
     def code(self):
         """One row per code object: code_id, function, name, file, first_line, last_line, instructions,
@@ -115,13 +126,13 @@ class Trace:
         which ``info()["lost_events"]`` also says (polars DataFrame)."""
         return self._polars("lost")
 
-    def events_pandas(self):
-        """:meth:`events` as a pandas DataFrame (needs pandas and pyarrow)."""
-        return self._pandas("events")
+    def events_pandas(self, **select):
+        """:meth:`events` as a pandas DataFrame (needs pandas and pyarrow); the same selection."""
+        return self._pandas("events", **select)
 
-    def calls_pandas(self):
-        """:meth:`calls` as a pandas DataFrame (needs pandas and pyarrow)."""
-        return self._pandas("calls")
+    def calls_pandas(self, **select):
+        """:meth:`calls` as a pandas DataFrame (needs pandas and pyarrow); the same selection."""
+        return self._pandas("calls", **select)
 
     def code_pandas(self):
         """:meth:`code` as a pandas DataFrame (needs pandas and pyarrow)."""

@@ -263,3 +263,57 @@ def test_the_cli_reports_losses_on_stderr_and_in_every_export(lossy, tmp_path):
 
     lost = pl.read_parquet(pq / "lost.parquet")
     assert lost.group_by("thread_id").agg(pl.col("thread_lost").first())["thread_lost"].sum() == rec.lost
+
+
+# -- item 7: big tables -----------------------------------------------------------------------------------
+
+
+def test_events_keeps_only_the_columns_threads_and_time_asked_for(ocl):
+    with ocular.record(ocl, mode="adaptive", deinstrument_threshold=0):
+        _many_threads(3, 500)
+    t = ocular.load(ocl)
+    full = t.events()
+    tid = full["thread_id"][len(full) // 2]
+    lo, hi = full["ts_ns"].quantile(0.25), full["ts_ns"].quantile(0.75)
+    part = t.events(columns=["ts_ns", "event", "function"], threads=[int(tid)], start_ns=int(lo), end_ns=int(hi))
+    assert part.columns == ["ts_ns", "event", "function"]
+    want = full.filter((full["thread_id"] == tid) & (full["ts_ns"] >= int(lo)) & (full["ts_ns"] <= int(hi)))
+    assert len(part) == len(want) > 0
+    assert part["ts_ns"].to_list() == want["ts_ns"].to_list()
+    calls = t.calls(threads=[int(tid)], start_ns=int(lo), end_ns=int(hi))
+    assert len(calls) > 0 and (calls["thread_id"] == tid).all()
+    assert ((calls["end_ns"] >= int(lo)) & (calls["start_ns"] <= int(hi))).all()
+    with pytest.raises(ValueError, match=r'the events table has no column "time"; its columns: thread_id, ts_ns'):
+        t.events(columns=["time"])
+
+
+def test_an_events_table_too_big_for_memory_is_a_memory_error_not_a_crash(tmp_path):
+    # The child records ~2M events, then caps its address space at what it uses plus 64 MiB: the events
+    # table (~120 MB, twice at the peak) cannot fit. Without the check, Rust's allocation failure aborted
+    # the interpreter (SIGABRT; a notebook kernel died).
+    script = tmp_path / "big.py"
+    script.write_text(textwrap.dedent("""
+        import resource, sys
+        import ocular, polars
+        def loop(n):
+            s = 0
+            for i in range(n):
+                s += i
+            return s
+        with ocular.record(sys.argv[1], deinstrument_threshold=0):
+            loop(1_000_000)
+        t = ocular.load(sys.argv[1])
+        size = int(next(l for l in open("/proc/self/status") if l.startswith("VmSize:")).split()[1]) * 1024
+        resource.setrlimit(resource.RLIMIT_AS, (size + (64 << 20), resource.RLIM_INFINITY))
+        try:
+            t.events()
+        except MemoryError as e:
+            print("MemoryError:", e)
+        print("still alive:", len(t.events(columns=["event"], start_ns=0, end_ns=1_000_000)) >= 0)
+    """))
+    r = _python([str(script), str(tmp_path / "big.ocl")], tmp_path)
+    assert r.returncode == 0, r.stderr[-2000:]
+    line = next((l for l in r.stdout.splitlines() if l.startswith("MemoryError")), r.stdout)
+    assert re.search(r"the events table of \d+ events needs about [\d.]+ GiB at its peak and [\d.]+ GiB is "
+                     r"available: pass columns=\[\.\.\.\]", line), line
+    assert "still alive: True" in r.stdout

@@ -1,8 +1,9 @@
 //! `ocular._ocular`: the CPython extension. Everything Python-facing lives in `python/ocular/`; this module
 //! only holds state and the callbacks `sys.monitoring` calls.
 //!
-//! Every function here runs with the GIL held (CPython 3.12 and 3.13 with the GIL; the Python package
-//! refuses free-threaded builds), which is what makes the unsynchronized global state below sound. A
+//! Every function here runs with the GIL held (CPython 3.12-3.15 with the GIL; the Python package refuses
+//! free-threaded builds), which is what makes the unsynchronized global state below sound. ARCHITECTURE.md
+//! ("The GIL") lists every such assumption and what a free-threaded port replaces it with. A
 //! Python call made from here can let another thread run, which may even stop the recording: so no
 //! reference into the state is held across one, and the state is looked up again after it.
 
