@@ -11,7 +11,7 @@ PYTHONS := $(shell scripts/find-pythons.sh)
 NEW_PYTHONS ?= 3.14 3.15
 
 .DEFAULT_GOAL := help
-.PHONY: help demo test test-rust test-python check-python pythons lint bench bench-format bench-record bench-truth bench-analyze bench-peers bench-startup bench-after-stop fuzz clean
+.PHONY: help demo test test-rust test-python check-python pythons stress lint bench bench-format bench-record bench-truth bench-analyze bench-peers bench-startup bench-after-stop fuzz clean
 
 help: ## list the targets
 	@grep -E '^[a-zA-Z_-]+:.*## ' $(MAKEFILE_LIST) | awk 'BEGIN {FS = ":.*## "}; {printf "  make %-16s %s\n", $$1, $$2}'
@@ -70,6 +70,9 @@ test-python: check-python
 	    echo "== pytest on $$(scripts/pythons.sh run $$v $$venv/bin/python -c 'import sys; print(sys.version.split()[0])') (Debian unstable root)"; \
 	    scripts/pythons.sh run $$v env OCULAR_ANALYZE=$(abspath $(ANALYZE_BIN)) $$venv/bin/python -m pytest -q python/tests; \
 	done
+
+stress: check-python ## ways to lose a trace (threads, signals, exit, exec, fork, one path twice): calls made, recorded, lost
+	@venv=$$(scripts/venv.sh $(firstword $(PYTHONS)) | tail -n 1); $$venv/bin/python bench/stress.py
 
 pythons: ## make (once) the Debian unstable root with CPython 3.14 and 3.15 that make test uses
 	scripts/pythons.sh root
