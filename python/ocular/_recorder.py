@@ -103,8 +103,42 @@ def release_tool_id(tool: int, names: Iterable[str]) -> None:
     mon.free_tool_id(tool)
 
 
+# CPython warns at every os.fork() of a process with more than one thread ("This process is
+# multi-threaded, use of fork() may lead to deadlocks in the child"), counting the OS's threads: Ocular's
+# writer and windows threads made every fork of a single-threaded program warn. They are safe across a
+# fork: the child never touches them nor anything they lock (it drops the recording, see below). So while
+# the program itself has no other thread, that one warning is filtered out; a program with threads of its
+# own gets it as it would without Ocular. CPython warns after the fork hooks have run, so the filter is
+# set (or removed) before each fork, and removed when the recording stops.
+_FORK_WARNING = r"This process \(pid=\d+\) is multi-threaded, use of fork\(\) may lead to deadlocks in the child"
+_fork_filter: Any = None
+
+
+def _quiet_fork_warning(quiet: bool) -> None:
+    global _fork_filter
+    import warnings
+
+    if quiet and _fork_filter is None:
+        warnings.filterwarnings("ignore", message=_FORK_WARNING, category=DeprecationWarning)
+        _fork_filter = warnings.filters[0]
+    elif not quiet and _fork_filter is not None:
+        entry, _fork_filter = _fork_filter, None
+        try:
+            warnings.filters.remove(entry)
+        except ValueError:
+            return  # the program reset the filters itself
+        mutated = getattr(warnings, "_filters_mutated", None)
+        if mutated is not None:
+            mutated()
+
+
+def _before_fork() -> None:
+    _quiet_fork_warning(_active is not None and threading.active_count() == 1)
+
+
 def _after_fork_in_child() -> None:
     global _active
+    _quiet_fork_warning(False)
     rec = _active
     if rec is None:
         return
@@ -337,7 +371,8 @@ class Recording:
         self._running = True
         _active = self
         if not _fork_hook_installed:
-            os.register_at_fork(after_in_child=_after_fork_in_child)
+            os.register_at_fork(before=_before_fork, after_in_child=_after_fork_in_child)
+            _install_exit_hooks()
             _fork_hook_installed = True
         if threading.current_thread() is threading.main_thread():
             # SIGTERM's default action kills the process at once: complete the file first, then take that
@@ -368,6 +403,7 @@ class Recording:
         finally:
             release_tool_id(self.tool_id, self._events)
         _active = None
+        _quiet_fork_warning(False)
         atexit.unregister(self._stop_at_exit)
         if self._old_sigterm is not None and threading.current_thread() is threading.main_thread():
             if _signal.getsignal(_signal.SIGTERM) is _sigterm:
@@ -447,6 +483,29 @@ class Recording:
     def __repr__(self) -> str:
         state = "running" if self._running else "stopped"
         return f"<ocular.Recording {self.path!r} {self.mode} {state} events={self.events} lost={self.lost}>"
+
+
+def _install_exit_hooks() -> None:
+    """os.execv and os.execve (through which every os.exec* function goes) and os._exit end the process
+    without atexit: each completes the recording first, so the trace holds everything up to the call
+    (without this, up to a buffer of events per thread was lost and the file had no trailer)."""
+    import functools
+
+    for name in ("execv", "execve", "_exit"):
+        original = getattr(os, name)
+
+        @functools.wraps(original)
+        def ending(*args: Any, __original: Any = original, **kwargs: Any) -> Any:
+            rec = _active
+            if rec is not None:
+                try:
+                    rec.stop()
+                except Exception as e:  # noqa: BLE001 - the process is ending: report rather than raise
+                    print(f"ocular: stopping the recording before {__original.__name__} failed: {e}",
+                          file=sys.stderr)
+            return __original(*args, **kwargs)
+
+        setattr(os, name, ending)
 
 
 def _sigterm(signum: int, frame: object) -> None:

@@ -317,3 +317,63 @@ def test_an_events_table_too_big_for_memory_is_a_memory_error_not_a_crash(tmp_pa
     assert re.search(r"the events table of \d+ events needs about [\d.]+ GiB at its peak and [\d.]+ GiB is "
                      r"available: pass columns=\[\.\.\.\]", line), line
     assert "still alive: True" in r.stdout
+
+
+# -- item 4: ends without atexit ---------------------------------------------------------------------------
+
+
+@pytest.mark.parametrize("end, code", [("os._exit(3)", 3), ("os.execv('/bin/true', ['true'])", 0),
+                                       ("os.execvp('true', ['true'])", 0)])
+def test_exec_and_os_exit_complete_the_trace_first(tmp_path, end, code):
+    # Before: no trailer, and the last buffer of each thread (37,509 of 200,000 calls here) was gone.
+    script = tmp_path / "w.py"
+    script.write_text(f"import os\ndef f():\n    return 1\nfor _ in range(200_000):\n    f()\n{end}\n")
+    out = tmp_path / "t.ocl"
+    r = _python(["-m", "ocular", "run", "-q", "--mode", "calls", "-o", str(out), str(script)], tmp_path)
+    assert r.returncode == code, r.stderr
+    calls = ocular.load(out).calls()
+    assert len(calls.filter(calls["function"] == "f")) == 200_000
+    assert ocular.load(out).info()["closed_cleanly"]
+
+
+# -- item 12: fork's warning about threads -----------------------------------------------------------------
+
+FORK = """
+import os, threading, warnings
+def f():
+    return 1
+e = threading.Event()
+if THREAD:
+    threading.Thread(target=e.wait).start()
+for _ in range(10):
+    f()
+pid = os.fork()
+if pid == 0:
+    os._exit(0)
+os.waitpid(pid, 0)
+e.set()
+"""
+
+
+@pytest.mark.parametrize("thread", [False, True])
+def test_fork_warns_about_threads_only_when_the_program_has_its_own(tmp_path, thread):
+    # Ocular's writer thread made every fork warn "This process is multi-threaded" (CPython counts the
+    # OS's threads); the program's own threads still make it warn, as without Ocular.
+    script = tmp_path / "w.py"
+    script.write_text(FORK.replace("THREAD", str(thread)))
+    r = _python(["-W", "default", "-m", "ocular", "run", "-q", "-o", str(tmp_path / "t.ocl"), str(script)], tmp_path)
+    assert r.returncode == 0, r.stderr
+    plain = _python(["-W", "default", str(script)], tmp_path)
+    assert ("is multi-threaded" in r.stderr) == ("is multi-threaded" in plain.stderr) == thread, r.stderr
+
+
+def test_the_fork_warning_filter_is_gone_after_the_stop(ocl):
+    import warnings
+
+    before = list(warnings.filters)
+    with ocular.record(ocl, mode="calls"):
+        pid = os.fork()
+        if pid == 0:
+            os._exit(0)
+        os.waitpid(pid, 0)
+    assert warnings.filters == before
