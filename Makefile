@@ -138,11 +138,15 @@ bench-peers: check-python ## Ocular next to cProfile, VizTracer, pyinstrument, t
 	        $$venv/bin/maturin develop --release --quiet; \
 	    $$run $$venv/bin/python bench/peers.py --analyze=$(abspath $(or $(CARGO_TARGET_DIR),target))/release/ocular-analyze $(PEERS_ARGS)
 
-fuzz: ## fuzz the .ocl reader for FUZZ_SECONDS (default 60); installs cargo-fuzz if missing
+# The corpus (ocular-format/fuzz/corpus/reader) is kept in the repository, minimized (cargo fuzz cmin
+# reader): each run starts from what earlier runs found. A crash stops the run and leaves its input in
+# ocular-format/fuzz/artifacts/reader; make fuzz then fails.
+fuzz: ## fuzz the .ocl reader for FUZZ_SECONDS (default 60) from the kept corpus; installs cargo-fuzz if missing
 	@command -v cargo-fuzz >/dev/null || $(CARGO) install cargo-fuzz --locked
 	mkdir -p ocular-format/fuzz/corpus/reader
-	cp testdata/v1.0/*.ocl ocular-format/fuzz/corpus/reader/
-	cd ocular-format/fuzz && RUSTC_BOOTSTRAP=1 cargo fuzz run reader -- -max_total_time=$${FUZZ_SECONDS:-60} -rss_limit_mb=1024
+	cp testdata/v*/*.ocl ocular-format/fuzz/corpus/reader/
+	cd ocular-format/fuzz && RUSTC_BOOTSTRAP=1 cargo fuzz run reader -- -max_total_time=$${FUZZ_SECONDS:-60} \
+	    -rss_limit_mb=1024 -max_len=16384
 
 clean: ## remove build outputs and demo files
 	$(CARGO) clean
