@@ -199,8 +199,10 @@ def main():
         oc.append(with_ocular(fresh(), "adaptive", 500, path)[0][0])
     u, o = min(un), min(oc)
     print(f"| tight loop, 12M iterations | {u / 1e6:.0f} | {o / 1e6:.0f} | {o / u:.3f}x |")
-    # Calls: with the threshold a function's calls stop being recorded after its first 500, so a
-    # call-heavy program runs at its untraced speed too (calls mode, and threshold 0, record every call).
+    # Calls: with the threshold, the run's first 50,000 calls are recorded (the first window), then only
+    # those inside windows (0.5 ms every 10 ms): fib(25)'s 243k calls take ~15 ms, so its first window
+    # is a fifth of its calls and most of this row's cost (bench-peers' longer call-heavy programs,
+    # adaptive mode: 1.05-1.11x).
     fib_src = "def fib(n):\n    return n if n < 2 else fib(n - 1) + fib(n - 2)\n"
 
     def fresh_fib():
