@@ -79,6 +79,7 @@ pub fn dump(path: &Path, opts: ReadOptions, out: &mut dyn Write) -> anyhow::Resu
                 let costs: Vec<String> = c.costs.iter().map(|(k, v)| format!("{}={v:.1}", kind_name(*k))).collect();
                 writeln!(out, "  calibration ticks per event: {}", costs.join(" "))?
             }
+            Body::Ring(r) => writeln!(out, "  ring path={:?}", r.path)?,
             Body::Skipped(why) => writeln!(out, "  skipped: {why}")?,
         }
     }

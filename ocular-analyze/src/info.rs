@@ -102,7 +102,7 @@ pub fn summarize(path: impl AsRef<Path>, opts: ReadOptions) -> ocular_format::Re
             Body::Code(c) => code += c.len() as u64,
             Body::Snapshot(s) => snaps += s.len() as u64,
             Body::Lost(l) => lost += l.count,
-            Body::Trailer(_) | Body::Skipped(_) | Body::Calibration(_) => {}
+            Body::Trailer(_) | Body::Skipped(_) | Body::Calibration(_) | Body::Ring(_) => {}
         }
     }
     let report = r.report().clone();

@@ -1,19 +1,22 @@
-//! Writes the frozen format fixture of the current format version (`testdata/v2.2/synthetic.ocl`): every
-//! chunk kind, two threads, a lost record, a snapshot, a window with its stack (since 2.2) and a trailer.
+//! Writes the frozen format fixture of the current format version (`testdata/v2.3/synthetic.ocl`): every
+//! chunk kind, two threads, a lost record, a snapshot, a window with its stack (since 2.2), the ring file's
+//! path (since 2.3) and a trailer.
 //! Frozen files are never rewritten: this refuses to overwrite one.
 //!
-//!     cargo run -p ocular-format --example make_fixture -- testdata/v2.2/synthetic.ocl
+//!     cargo run -p ocular-format --example make_fixture -- testdata/v2.3/synthetic.ocl
 
 use ocular_format::*;
 
 fn main() -> Result<()> {
-    let path = std::env::args().nth(1).unwrap_or_else(|| "testdata/v2.2/synthetic.ocl".into());
+    let path = std::env::args().nth(1).unwrap_or_else(|| "testdata/v2.3/synthetic.ocl".into());
     if std::path::Path::new(&path).exists() {
         eprintln!("{path} exists: frozen fixtures are never rewritten; make a new version's directory instead");
         std::process::exit(1);
     }
     let file = std::fs::File::create(&path).map_err(|source| Error::Io { path: path.clone(), error: source })?;
     let mut w = Writer::new(file, &path, &testing::header(), WriterOptions::default())?;
+    // Since 2.3: the ring file (RING.md); it never existed, and the trailer makes it irrelevant.
+    w.ring(&RingInfo { path: "/tmp/ocular-fixture/synthetic.ocl.ring".into() })?;
     let code = |id: u32, qualname: &str, line: u32| CodeObject {
         id,
         name: qualname.rsplit('.').next().unwrap_or(qualname).into(),

@@ -8,7 +8,7 @@ pub const MAGIC: [u8; 8] = *b"\x89OCL\r\n\x1a\n";
 /// Format major version this crate writes and the newest it reads.
 pub const MAJOR: u16 = 2;
 /// Format minor version this crate writes.
-pub const MINOR: u16 = 2;
+pub const MINOR: u16 = 3;
 /// The chunk sync marker.
 pub const SYNC: [u8; 4] = *b"OCCH";
 
@@ -143,6 +143,8 @@ pub mod kind {
     pub const SNAPSHOT: u16 = 0x0006;
     /// The recorder's cost per event kind (since 1.1).
     pub const CALIBRATION: u16 = 0x0007;
+    /// The recording's ring file (since 2.3, RING.md).
+    pub const RING: u16 = 0x0008;
     /// Clean close.
     pub const TRAILER: u16 = 0x00FF;
 
@@ -156,6 +158,7 @@ pub mod kind {
             LOST => "LOST",
             SNAPSHOT => "SNAPSHOT",
             CALIBRATION => "CALIBRATION",
+            RING => "RING",
             TRAILER => "TRAILER",
             _ => "UNKNOWN",
         }

@@ -34,17 +34,18 @@ mod event;
 pub mod linetable;
 mod meta;
 mod reader;
+pub mod ring;
 mod writer;
 
 pub use chunk::{MAGIC, MAJOR, MINOR};
 pub use error::{Error, Result};
 pub use event::{kind_name, EventKind, RawEvent};
 pub use meta::{
-    Calibration, Clock, CodeObject, CodeSnapshot, Header, Lost, Mode, OpcodeTable, Options, Position, ThreadInfo,
-    Trailer,
+    Calibration, Clock, CodeObject, CodeSnapshot, Header, Lost, Mode, OpcodeTable, Options, Position, RingInfo,
+    ThreadInfo, Trailer,
 };
 pub use reader::{Body, Chunk, ChunkInfo, Damage, Mismatch, ReadOptions, Reader, Report, ThreadLoss, MAX_LOSS_RANGES};
-pub use writer::{Writer, WriterOptions};
+pub use writer::{frame_code, Writer, WriterOptions};
 
 /// Reads a whole in-memory file, in salvage mode and then strictly, discarding results. The fuzz target
 /// and the damage tests call this: it must return (not panic, not allocate without bound) on any input.

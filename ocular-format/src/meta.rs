@@ -233,6 +233,14 @@ pub struct CodeSnapshot {
     pub bytecode: Vec<u8>,
 }
 
+/// The recording's ring file (FORMAT.md 6.7, since 2.3; RING.md): where the events it had not written
+/// yet are if it does not end cleanly.
+#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
+pub struct RingInfo {
+    /// The ring file's path, as the recorder created it.
+    pub path: String,
+}
+
 /// The recorder's cost per event kind, in ticks (FORMAT.md 6.6, since 1.1).
 #[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
 pub struct Calibration {

@@ -3,7 +3,9 @@
 use crate::chunk::{codec, hex, kind, ChunkHeader, Preamble, CHUNK_HEADER_LEN, MAGIC, MAJOR, SYNC};
 use crate::error::{Error, Result};
 use crate::event::RawEvent;
-use crate::meta::{Calibration, CodeObject, CodeRecord, CodeSnapshot, Header, Lost, Position, ThreadInfo, Trailer};
+use crate::meta::{
+    Calibration, CodeObject, CodeRecord, CodeSnapshot, Header, Lost, Position, RingInfo, ThreadInfo, Trailer,
+};
 use serde::de::DeserializeOwned;
 use std::collections::HashMap;
 use std::fs::File;
@@ -71,6 +73,8 @@ pub enum Body<'a> {
     Trailer(Trailer),
     /// The recorder's cost per event kind (since 1.1).
     Calibration(Calibration),
+    /// The recording's ring file (since 2.3, RING.md).
+    Ring(RingInfo),
     /// A chunk this reader does not understand (unknown kind or codec); skipped, and counted in the report.
     Skipped(String),
 }
@@ -122,6 +126,23 @@ pub struct Report {
     pub thread_events: HashMap<u64, u64>,
     /// The header's start ticks and tick rate, to say when losses happened.
     clock: Option<(u64, f64)>,
+    /// What was recovered from the recording's ring file (RING.md 4), if anything.
+    pub recovered: Option<Recovered>,
+}
+
+/// What a reader took from a ring file after the last chunk of a trace that did not end (RING.md 4).
+#[derive(Clone, Debug, Default, PartialEq, Eq)]
+pub struct Recovered {
+    /// The ring file.
+    pub path: String,
+    /// Events recovered.
+    pub events: u64,
+    /// Threads they belong to.
+    pub threads: usize,
+    /// Code objects and thread names recovered.
+    pub records: u64,
+    /// Code objects the ring had no room for (their events show as unknown code).
+    pub dropped: u64,
 }
 
 /// Where a thread lost events: the recorder had no buffer for them (FORMAT.md 6.3).
@@ -290,7 +311,18 @@ impl Report {
                 self.unknown_chunks
             ));
         }
-        if self.trailer.is_none() {
+        if let Some(r) = &self.recovered {
+            let dropped = if r.dropped > 0 {
+                format!("; {} code objects did not fit in it and are unnamed", r.dropped)
+            } else {
+                String::new()
+            };
+            w.push(format!(
+                "{path}: no trailer: the recording did not end (killed or crashed); read up to its last whole \
+                 chunk, then recovered {} events of {} threads and {} code objects and names from {}{dropped}",
+                r.events, r.threads, r.records, r.path
+            ));
+        } else if self.trailer.is_none() {
             w.push(format!(
                 "{path}: no trailer: the recording did not close cleanly; read up to the last whole chunk \
                  (offset {})",
@@ -343,6 +375,15 @@ pub struct Reader<R> {
     report: Report,
     /// Base bytecode by code id (2.0 files), to undo the XOR of snapshots: state per code object.
     bases: HashMap<u32, Vec<u8>>,
+    /// The file itself, when opened by path: a trace that did not end is completed from its ring file.
+    file: Option<std::path::PathBuf>,
+    /// The ring file a `RING` chunk named.
+    ring: Option<String>,
+    /// Chunks recovered from the ring file, once looked for (RING.md 4).
+    recovery: Option<std::collections::VecDeque<Pending>>,
+    /// (thread, first ticks) of every `EVENTS` chunk read, code ids and named threads: what the ring
+    /// file need not add.
+    seen: Seen,
 }
 
 impl<R> std::fmt::Debug for Reader<R> {
@@ -367,11 +408,163 @@ impl Reader<BufReader<File>> {
                 error: std::io::Error::new(std::io::ErrorKind::InvalidInput, "is a directory, not an .ocl file"),
             });
         }
-        Reader::new(BufReader::with_capacity(256 << 10, file), &name, opts)
+        let mut r = Reader::new(BufReader::with_capacity(256 << 10, file), &name, opts)?;
+        r.file = Some(path.as_ref().to_owned());
+        Ok(r)
+    }
+}
+
+/// What the file already holds, so that a recovery adds only what it lacks.
+#[derive(Default)]
+struct Seen {
+    firsts: std::collections::HashSet<(u64, u64)>,
+    code: std::collections::HashSet<u32>,
+    threads: std::collections::HashSet<u64>,
+}
+
+/// A chunk recovered from a ring file, waiting to be handed out.
+enum Pending {
+    Code(Vec<CodeObject>),
+    Thread(ThreadInfo),
+    Events(u64, Vec<RawEvent>),
+}
+
+/// A code object from its 2.x record: positions decoded from the location table.
+fn code_from_v2(c: CodeRecord<serde_bytes::ByteBuf>) -> CodeObject {
+    let (mut code, linetable) = c.split();
+    let linetable = linetable.into_vec();
+    code.positions = crate::linetable::decode(&linetable, code.first_line, code.bytecode.len() / 2);
+    code.linetable = linetable;
+    code
+}
+
+/// One framed 2.x `CodeObject` record (FORMAT.md 6.1), as a ring file's metadata holds it.
+fn decode_code_record(framed: &[u8]) -> std::result::Result<CodeObject, postcard::Error> {
+    let (frame, _) = postcard::take_from_bytes::<&[u8]>(framed)?;
+    let (c, _) = postcard::take_from_bytes::<CodeRecord<serde_bytes::ByteBuf>>(frame)?;
+    Ok(code_from_v2(c))
+}
+
+/// Whether process `pid` still runs (then its trace is still being written, not to be completed).
+pub(crate) fn process_alive(pid: u32) -> bool {
+    #[cfg(unix)]
+    {
+        // SAFETY: kill with signal 0 only checks that the process exists.
+        let r = unsafe { libc::kill(pid as libc::pid_t, 0) };
+        r == 0 || std::io::Error::last_os_error().raw_os_error() == Some(libc::EPERM)
+    }
+    #[cfg(not(unix))]
+    {
+        let _ = pid;
+        false
     }
 }
 
 impl<R: Read + Seek> Reader<R> {
+    /// After the last whole chunk of a trace without a trailer: the next chunk recovered from its ring
+    /// file (RING.md 4), or `None`. The ring file is looked for once, and used only if it belongs to this
+    /// trace and its process is gone (a trace still being written is followed, not completed).
+    fn recover_next(&mut self) -> Result<Option<Chunk<'_>>> {
+        if self.recovery.is_none() {
+            self.recovery = Some(self.recover().unwrap_or_default());
+        }
+        let Some(next) = self.recovery.as_mut().and_then(|q| q.pop_front()) else { return Ok(None) };
+        let mut info = ChunkInfo {
+            offset: self.pos,
+            kind: kind::CODE,
+            codec: 0,
+            seq: self.next_seq,
+            thread_id: 0,
+            first_ts: 0,
+            last_ts: 0,
+            count: 1,
+            stored_len: 0,
+            raw_len: 0,
+        };
+        let body = match next {
+            Pending::Code(objs) => {
+                info.count = objs.len() as u32;
+                Body::Code(objs)
+            }
+            Pending::Thread(t) => {
+                info.kind = kind::THREAD;
+                info.thread_id = t.thread_id;
+                Body::Thread(t)
+            }
+            Pending::Events(tid, evs) => {
+                info.kind = kind::EVENTS;
+                info.thread_id = tid;
+                info.count = evs.len() as u32;
+                info.first_ts = evs.first().map_or(0, |e| e.ticks.get());
+                info.last_ts = evs.last().map_or(0, |e| e.ticks.get());
+                self.report.events += evs.len() as u64;
+                *self.report.thread_events.entry(tid).or_default() += evs.len() as u64;
+                self.events = evs;
+                Body::Events(&self.events)
+            }
+        };
+        Ok(Some(Chunk { info, body }))
+    }
+
+    /// The chunks a ring file adds to this trace, if it has one that applies.
+    fn recover(&mut self) -> Option<std::collections::VecDeque<Pending>> {
+        if self.done || self.report.trailer.is_some() {
+            return None;
+        }
+        let header = self.header.as_ref()?;
+        let file = self.file.as_ref()?;
+        let candidates = [self.ring.as_ref().map(std::path::PathBuf::from), Some(crate::ring::path_for(file))];
+        let ring = candidates.into_iter().flatten().filter(|p| p.exists()).find_map(|p| {
+            crate::ring::RingFile::open(&p).ok().filter(|r| r.pid == header.pid && r.start_ticks == header.start_ticks)
+        })?;
+        if ring.state != crate::ring::file_state::RECORDING || process_alive(ring.pid) {
+            return None;
+        }
+        let mut out = std::collections::VecDeque::new();
+        let mut rec =
+            Recovered { path: ring.path().display().to_string(), dropped: ring.meta_dropped, ..Default::default() };
+        let mut code = Vec::new();
+        for (k, payload) in ring.meta() {
+            match k {
+                kind::CODE => {
+                    let Ok(c) = decode_code_record(payload) else { continue };
+                    if self.seen.code.insert(c.id) {
+                        code.push(c);
+                    }
+                }
+                kind::THREAD => {
+                    let Ok((t, _)) = postcard::take_from_bytes::<ThreadInfo>(payload) else { continue };
+                    if self.seen.threads.insert(t.thread_id) {
+                        out.push_back(Pending::Thread(t));
+                        rec.records += 1;
+                    }
+                }
+                _ => {}
+            }
+        }
+        rec.records += code.len() as u64;
+        if !code.is_empty() {
+            // Code before the events that use it (FORMAT.md 3.2).
+            out.push_front(Pending::Code(code));
+        }
+        let mut threads = std::collections::HashSet::new();
+        for slot in ring.pending() {
+            let first = slot.events[0].ticks.get();
+            if self.seen.firsts.contains(&(slot.thread_id, first)) {
+                continue;
+            }
+            rec.events += slot.events.len() as u64;
+            threads.insert(slot.thread_id);
+            out.push_back(Pending::Events(slot.thread_id, slot.events));
+        }
+        rec.threads = threads.len();
+        if rec.events == 0 && rec.records == 0 {
+            return None;
+        }
+        self.report.recovered = Some(rec);
+        Some(out)
+    }
+
     /// Reads the preamble and the header chunk from `src`; `path` names it in messages.
     pub fn new(src: R, path: &str, opts: ReadOptions) -> Result<Self> {
         let zstd = zstd::bulk::Decompressor::new().map_err(|source| Error::Io { path: path.into(), error: source })?;
@@ -391,6 +584,10 @@ impl<R: Read + Seek> Reader<R> {
             zstd,
             report: Report::default(),
             bases: HashMap::new(),
+            file: None,
+            ring: None,
+            recovery: None,
+            seen: Seen::default(),
         };
         let mut pre = [0u8; 16];
         let got = r.read_full(&mut pre)?;
@@ -484,7 +681,7 @@ impl<R: Read + Seek> Reader<R> {
                 return Ok(None);
             }
             match self.attempt()? {
-                Attempt::Eof => return Ok(None),
+                Attempt::Eof => return self.recover_next(),
                 Attempt::Partial(n) => {
                     // A length that runs to the end of the data is a truncated tail, unless a whole valid
                     // chunk follows: then the length itself is damaged.
@@ -498,7 +695,7 @@ impl<R: Read + Seek> Reader<R> {
                     }
                     self.report.truncated = Some((offset, n));
                     self.seek(offset)?;
-                    return Ok(None);
+                    return self.recover_next();
                 }
                 Attempt::Bad(why) => {
                     if !self.opts.salvage {
@@ -558,6 +755,7 @@ impl<R: Read + Seek> Reader<R> {
                 | kind::SNAPSHOT
                 | kind::TRAILER
                 | kind::CALIBRATION
+                | kind::RING
         );
         let known_codec = matches!(info.codec & 0x0f, codec::NONE | codec::ZSTD)
             && match info.codec >> 4 {
@@ -588,7 +786,18 @@ impl<R: Read + Seek> Reader<R> {
                 let body = match body {
                     Body::Events(_) => {
                         self.report.events += self.events.len() as u64;
+                        if let Some(e) = self.events.first() {
+                            self.seen.firsts.insert((info.thread_id, e.ticks.get()));
+                        }
                         Body::Events(&self.events)
+                    }
+                    Body::Code(objs) => {
+                        self.seen.code.extend(objs.iter().map(|c| c.id));
+                        Body::Code(objs)
+                    }
+                    Body::Thread(t) => {
+                        self.seen.threads.insert(t.thread_id);
+                        Body::Thread(t)
                     }
                     other => other,
                 };
@@ -659,6 +868,11 @@ impl<R: Read + Seek> Reader<R> {
             // 2026-11-21, format 1.1: CALIBRATION added. A 1.0 file has none; readers use the header's
             // single event_cost_ticks for every kind then.
             kind::CALIBRATION => Body::Calibration(self.decode_one(offset)?),
+            kind::RING => {
+                let r: RingInfo = self.decode_one(offset)?;
+                self.ring = Some(r.path.clone());
+                Body::Ring(r)
+            }
             kind::TRAILER => {
                 let t: Trailer = self.decode_one(offset)?;
                 self.done = true;
@@ -797,16 +1011,7 @@ impl<R: Read + Seek> Reader<R> {
                 .collect());
         }
         let v2: Vec<CodeRecord<serde_bytes::ByteBuf>> = self.decode_framed(info)?;
-        let out: Vec<CodeObject> = v2
-            .into_iter()
-            .map(|c| {
-                let (mut code, linetable) = c.split();
-                let linetable = linetable.into_vec();
-                code.positions = crate::linetable::decode(&linetable, code.first_line, code.bytecode.len() / 2);
-                code.linetable = linetable;
-                code
-            })
-            .collect();
+        let out: Vec<CodeObject> = v2.into_iter().map(code_from_v2).collect();
         for c in &out {
             self.bases.insert(c.id, c.bytecode.clone());
         }

@@ -9,7 +9,7 @@ use crate::chunk::{
 const RAW_FALLBACK_EVENTS: usize = 1 << 21;
 use crate::error::{Error, Result};
 use crate::event::RawEvent;
-use crate::meta::{Calibration, CodeObject, CodeRecord, CodeSnapshot, Header, Lost, ThreadInfo, Trailer};
+use crate::meta::{Calibration, CodeObject, CodeRecord, CodeSnapshot, Header, Lost, RingInfo, ThreadInfo, Trailer};
 use serde::Serialize;
 use std::borrow::Cow;
 use std::collections::HashMap;
@@ -181,27 +181,12 @@ impl<W: Write> Writer<W> {
     pub fn add_code_objects(&mut self, objects: &[CodeObject]) -> Result<()> {
         let mut one = Vec::new();
         for c in objects {
-            let lines: Cow<'_, [u8]> = if c.linetable.is_empty() && !c.positions.is_empty() {
-                Cow::Owned(crate::linetable::encode(&c.positions, c.first_line))
-            } else {
-                Cow::Borrowed(c.linetable.as_slice())
-            };
-            let record = CodeRecord {
-                id: c.id,
-                name: Cow::Borrowed(&c.name),
-                qualname: Cow::Borrowed(&c.qualname),
-                filename: Cow::Borrowed(&c.filename),
-                first_line: c.first_line,
-                flags: c.flags,
-                bytecode: Cow::Borrowed(c.bytecode.as_slice()),
-                lines: serde_bytes::Bytes::new(&lines),
-            };
             if self.code.count == 0 {
                 self.raw.clear();
                 self.stored.clear();
             }
             let start = self.raw.len();
-            push_framed(&record, &mut one, &mut self.raw, "code object")?;
+            frame_code(c, &mut one, &mut self.raw)?;
             if self.opts.compress {
                 let level = self.opts.meta_level;
                 let code = &mut self.code;
@@ -268,6 +253,11 @@ impl<W: Write> Writer<W> {
     /// Writes the recorder's cost per event kind (before the first events).
     pub fn calibration(&mut self, c: &Calibration) -> Result<()> {
         self.record(Place::meta(kind::CALIBRATION, 0, 1), c, "calibration")
+    }
+
+    /// Names the recording's ring file (since 2.3).
+    pub fn ring(&mut self, info: &RingInfo) -> Result<()> {
+        self.record(Place::meta(kind::RING, 0, 1), info, "ring")
     }
 
     /// Names a thread.
@@ -401,6 +391,27 @@ enum Zstd {
 
 /// Appends `item` as a framed record: postcard's encoding of a byte string (varint length, then the
 /// record's postcard bytes, built in `one`).
+/// Appends code object `c` to `out` as a framed `CodeObject` record (FORMAT.md 6.1), with its location
+/// table (encoded from `positions` when it has none); `one` is scratch space.
+pub fn frame_code(c: &CodeObject, one: &mut Vec<u8>, out: &mut Vec<u8>) -> Result<()> {
+    let lines: Cow<'_, [u8]> = if c.linetable.is_empty() && !c.positions.is_empty() {
+        Cow::Owned(crate::linetable::encode(&c.positions, c.first_line))
+    } else {
+        Cow::Borrowed(c.linetable.as_slice())
+    };
+    let record = CodeRecord {
+        id: c.id,
+        name: Cow::Borrowed(&c.name),
+        qualname: Cow::Borrowed(&c.qualname),
+        filename: Cow::Borrowed(&c.filename),
+        first_line: c.first_line,
+        flags: c.flags,
+        bytecode: Cow::Borrowed(c.bytecode.as_slice()),
+        lines: serde_bytes::Bytes::new(&lines),
+    };
+    push_framed(&record, one, out, "code object")
+}
+
 fn push_framed<T: Serialize>(item: &T, one: &mut Vec<u8>, out: &mut Vec<u8>, what: &'static str) -> Result<()> {
     one.clear();
     postcard::to_io(item, &mut *one).map_err(|source| Error::Encode { what, source })?;

@@ -44,7 +44,14 @@ fn check_synthetic(bytes: &[u8], version: (u16, u16)) {
     assert_eq!(all.lost[0].count, 3);
     assert_eq!(all.snapshots[0].bytecode, [151, 0, 194, 2, 0, 0, 1, 0, 140, 4, 83, 0]);
     let t = all.trailer.unwrap();
-    let want = if windows { (86, 3, 10) } else { (83, 3, 9) };
+    // Since 2.3 a RING chunk follows the header (FORMAT.md 6.7): one chunk more.
+    let want = if version >= (2, 3) {
+        (86, 3, 11)
+    } else if windows {
+        (86, 3, 10)
+    } else {
+        (83, 3, 9)
+    };
     assert_eq!((t.events, t.lost, t.chunks), want);
 }
 
@@ -75,4 +82,17 @@ fn v2_2_synthetic_reads_forever() {
     let bytes = fixture("v2.2/synthetic.ocl");
     assert_eq!(bytes.len(), 1976);
     check_synthetic(&bytes, (2, 2));
+}
+
+#[test]
+fn v2_3_synthetic_reads_forever() {
+    let bytes = fixture("v2.3/synthetic.ocl");
+    assert_eq!(bytes.len(), 2071);
+    check_synthetic(&bytes, (2, 3));
+    let mut r = ocular_format::Reader::new(std::io::Cursor::new(&bytes), "fixture", Default::default()).unwrap();
+    let first = r.next_chunk().unwrap().unwrap();
+    match first.body {
+        ocular_format::Body::Ring(info) => assert_eq!(info.path, "/tmp/ocular-fixture/synthetic.ocl.ring"),
+        other => panic!("the chunk after the header is {other:?}, not RING"),
+    }
 }

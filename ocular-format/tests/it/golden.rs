@@ -145,6 +145,7 @@ fn golden_bytes() {
     let mut w =
         Writer::new(Vec::new(), "<memory>", &h, WriterOptions { compress: false, level: 0, ..Default::default() })
             .unwrap();
+    w.ring(&RingInfo { path: "/r.ocl.ring".into() }).unwrap();
     w.code_objects(std::slice::from_ref(&c)).unwrap();
     w.thread(&thread).unwrap();
     w.events(77, &example_events()).unwrap();
@@ -153,24 +154,28 @@ fn golden_bytes() {
     w.snapshots(&[CodeSnapshot { id: 1, bytecode: vec![151, 0, 194, 2, 140, 4, 83, 0] }]).unwrap();
     let got = w.finish(trailer()).unwrap();
 
-    let mut want = vec![0x89, b'O', b'C', b'L', 0x0d, 0x0a, 0x1a, 0x0a, 2, 0, 2, 0, 0, 0, 0, 0];
+    let mut want = vec![0x89, b'O', b'C', b'L', 0x0d, 0x0a, 0x1a, 0x0a, 2, 0, 3, 0, 0, 0, 0, 0];
     want.extend(chunk(0x0001, 0x00, 0, 0, (0, 0), 1, &header_payload(&h)));
+    // FORMAT.md 6.7: the ring file's path, a postcard string.
+    let mut ring = Pc::default();
+    ring.string("/r.ocl.ring");
+    want.extend(chunk(0x0008, 0x00, 0, 1, (0, 0), 1, &ring.0));
     let mut framed = Pc::default();
     framed.bytes(&code_record(&c));
-    want.extend(chunk(0x0003, 0x00, 0, 1, (0, 0), 1, &framed.0));
+    want.extend(chunk(0x0003, 0x00, 0, 2, (0, 0), 1, &framed.0));
     let mut tp = Pc::default();
     tp.varint(77).string("MainThread").u8(1);
-    want.extend(chunk(0x0004, 0x00, 77, 2, (0, 0), 1, &tp.0));
-    want.extend(chunk(0x0002, 0x10, 77, 3, (1000, 1460), 4, &EXAMPLE_PAYLOAD));
+    want.extend(chunk(0x0004, 0x00, 77, 3, (0, 0), 1, &tp.0));
+    want.extend(chunk(0x0002, 0x10, 77, 4, (1000, 1460), 4, &EXAMPLE_PAYLOAD));
     // FORMAT.md 6.4: the snapshot XOR the base bytecode [151, 0, 93, 2, 140, 4, 83, 0]: 194 ^ 93 = 0x9f.
     let mut snap = Pc::default();
     snap.bytes(Pc::default().varint(1).bytes(&[0, 0, 0x9f, 0, 0, 0, 0, 0]).0.as_slice());
-    want.extend(chunk(0x0006, 0x00, 0, 4, (0, 0), 1, &snap.0));
+    want.extend(chunk(0x0006, 0x00, 0, 5, (0, 0), 1, &snap.0));
     let t = trailer();
     let mut tr = Pc::default();
     tr.zigzag(t.end_unix_ns).varint(t.end_monotonic_ns).varint(t.end_ticks);
-    tr.varint(4).varint(0).varint(5); // events, lost, chunks before the trailer
-    want.extend(chunk(0x00ff, 0x00, 0, 5, (0, 0), 1, &tr.0));
+    tr.varint(4).varint(0).varint(6); // events, lost, chunks before the trailer
+    want.extend(chunk(0x00ff, 0x00, 0, 6, (0, 0), 1, &tr.0));
 
     if got != want {
         let at = got.iter().zip(&want).position(|(a, b)| a != b).unwrap_or(got.len().min(want.len()));

@@ -4,6 +4,7 @@ mod alloc_meter;
 mod damage;
 mod frozen;
 mod golden;
+mod ring;
 mod roundtrip;
 mod util;
 

@@ -1,0 +1,477 @@
+//! The ring file (RING.md): a recording's event buffers and metadata in a file-backed shared mapping, so
+//! that what a recording had recorded survives the death of its process.
+//!
+//! [`RingWriter`] is the recording's side (it creates the file, hands out slots, appends metadata);
+//! [`RingFile`] reads one, for recovery after a crash ([`crate::Reader`] uses it for an `.ocl` file that
+//! has no trailer).
+
+use crate::event::RawEvent;
+use std::fs::File;
+use std::path::{Path, PathBuf};
+use std::sync::atomic::{AtomicU32, AtomicU64, Ordering};
+use std::sync::Mutex;
+
+/// `OCLRING\0`.
+pub const MAGIC: [u8; 8] = *b"OCLRING\0";
+/// Major version: a reader refuses another.
+pub const MAJOR: u16 = 1;
+/// Minor version.
+pub const MINOR: u16 = 0;
+/// Header bytes.
+pub const HEADER_SIZE: u64 = 4096;
+/// Bytes per slot table entry.
+pub const ENTRY_SIZE: u64 = 32;
+const EVENT_SIZE: u64 = std::mem::size_of::<RawEvent>() as u64;
+const PAGE: u64 = 4096;
+
+/// Slot states (RING.md 3.2).
+pub mod state {
+    /// Free.
+    pub const FREE: u32 = 0;
+    /// A thread appends to it.
+    pub const FILLING: u32 = 1;
+    /// Handed to the writer, not yet in the `.ocl` file.
+    pub const FULL: u32 = 2;
+}
+
+/// Header `state` (RING.md 3.1).
+pub mod file_state {
+    /// The recording runs (or was killed).
+    pub const RECORDING: u32 = 1;
+    /// The recording ended cleanly; its `.ocl` file is complete.
+    pub const ENDED: u32 = 2;
+}
+
+/// The sizes of a ring file.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct Layout {
+    /// Events per slot.
+    pub slot_events: u32,
+    /// Slots.
+    pub max_slots: u32,
+    /// Bytes of the metadata region.
+    pub meta_capacity: u64,
+}
+
+fn round_up(n: u64) -> u64 {
+    n.div_ceil(PAGE) * PAGE
+}
+
+impl Layout {
+    /// (slots_offset, meta_offset, file size).
+    fn offsets(&self) -> Option<(u64, u64, u64)> {
+        let table_end = HEADER_SIZE.checked_add((self.max_slots as u64).checked_mul(ENTRY_SIZE)?)?;
+        let slots_offset = round_up(table_end);
+        let slots_len = (self.max_slots as u64).checked_mul(self.slot_events as u64)?.checked_mul(EVENT_SIZE)?;
+        let meta_offset = round_up(slots_offset.checked_add(slots_len)?);
+        let size = meta_offset.checked_add(round_up(self.meta_capacity))?;
+        Some((slots_offset, meta_offset, size))
+    }
+
+    fn slot_bytes(&self) -> u64 {
+        self.slot_events as u64 * EVENT_SIZE
+    }
+}
+
+/// The path of a ring file beside the `.ocl` file `ocl` (RING.md 2), where one goes when there is no
+/// runtime directory.
+pub fn path_for(ocl: &Path) -> PathBuf {
+    let mut p = ocl.as_os_str().to_owned();
+    p.push(".ring");
+    PathBuf::from(p)
+}
+
+/// The user's directory for ring files (RING.md 2): `$XDG_RUNTIME_DIR/ocular`, else
+/// `/dev/shm/ocular-UID`, created with mode 0700; `None` if neither can be had, or if the directory is not
+/// the user's own (another user could read the rings in it).
+#[cfg(unix)]
+pub fn runtime_dir() -> Option<PathBuf> {
+    use std::os::unix::fs::{DirBuilderExt, MetadataExt, PermissionsExt};
+    // SAFETY: geteuid has no preconditions.
+    let uid = unsafe { libc::geteuid() };
+    let candidates = [
+        std::env::var_os("XDG_RUNTIME_DIR").filter(|d| !d.is_empty()).map(|d| PathBuf::from(d).join("ocular")),
+        Some(PathBuf::from(format!("/dev/shm/ocular-{uid}"))),
+    ];
+    candidates.into_iter().flatten().find(|dir| {
+        if dir.parent().map_or(true, |p| !p.is_dir()) {
+            return false;
+        }
+        let _ = std::fs::DirBuilder::new().mode(0o700).create(dir);
+        // Not a symlink, ours, and private.
+        std::fs::symlink_metadata(dir)
+            .is_ok_and(|m| m.is_dir() && m.uid() == uid && m.permissions().mode() & 0o077 == 0)
+    })
+}
+
+/// No runtime directory off Unix.
+#[cfg(not(unix))]
+pub fn runtime_dir() -> Option<PathBuf> {
+    None
+}
+
+/// The ring file for a recording into `ocl` by process `pid`: in the runtime directory if there is one
+/// (a memory file system: its pages cost what heap pages cost), else beside the trace.
+pub fn path_for_recording(ocl: &Path, pid: u32) -> PathBuf {
+    match runtime_dir() {
+        Some(dir) => {
+            let name = ocl.file_name().map_or_else(|| "trace".into(), |n| n.to_string_lossy().into_owned());
+            dir.join(format!("{name}.{pid}.ring"))
+        }
+        None => path_for(ocl),
+    }
+}
+
+/// Removes ring files in `dir` left by processes that are gone, last written more than `age` ago: a
+/// killed recording's ring stays that long for its trace to be read (RING.md 2). Returns how many.
+pub fn sweep(dir: &Path, age: std::time::Duration) -> usize {
+    let Ok(entries) = std::fs::read_dir(dir) else { return 0 };
+    let mut removed = 0;
+    for e in entries.flatten() {
+        let p = e.path();
+        if p.extension().map_or(true, |x| x != "ring") {
+            continue;
+        }
+        let old =
+            e.metadata().ok().and_then(|m| m.modified().ok()).and_then(|t| t.elapsed().ok()).is_some_and(|a| a > age);
+        let gone = RingFile::open(&p).is_ok_and(|r| !crate::reader::process_alive(r.pid));
+        if old && gone && std::fs::remove_file(&p).is_ok() {
+            removed += 1;
+        }
+    }
+    removed
+}
+
+/// The recording's side of a ring file.
+#[derive(Debug)]
+pub struct RingWriter {
+    map: memmap2::MmapRaw,
+    file: File,
+    path: PathBuf,
+    layout: Layout,
+    slots_offset: u64,
+    meta_offset: u64,
+    /// Serializes metadata appends (each is a reserve, a copy, then a store of `meta_len`).
+    meta: Mutex<()>,
+}
+
+// SAFETY: the mapping is shared memory. Every field other threads may touch concurrently is read and
+// written through atomics (header counters, slot table entries); slot events are written by the one
+// thread that holds the slot, and read by the writer only after the slot was handed over (FULL, release).
+unsafe impl Sync for RingWriter {}
+// SAFETY: as above; the mapping is not tied to a thread.
+unsafe impl Send for RingWriter {}
+
+impl RingWriter {
+    /// Creates `path` (mode 0600, replacing a file there), sized for `layout` (sparse: nothing is written
+    /// but the header), and maps it.
+    pub fn create(
+        path: &Path,
+        pid: u32,
+        start_ticks: u64,
+        ticks_per_second: f64,
+        layout: Layout,
+    ) -> std::io::Result<Self> {
+        let bad = |why: &str| std::io::Error::new(std::io::ErrorKind::InvalidInput, why.to_string());
+        if layout.slot_events == 0 || layout.max_slots == 0 {
+            return Err(bad("a ring file needs at least one slot of one event"));
+        }
+        let (slots_offset, meta_offset, size) = layout.offsets().ok_or_else(|| bad("ring file too large"))?;
+        let mut opts = std::fs::OpenOptions::new();
+        opts.read(true).write(true).create(true).truncate(true);
+        #[cfg(unix)]
+        std::os::unix::fs::OpenOptionsExt::mode(&mut opts, 0o600);
+        let file = opts.open(path)?;
+        file.set_len(size)?;
+        let map = memmap2::MmapOptions::new().len(size as usize).map_raw(&file)?;
+        let w =
+            RingWriter { map, file, path: path.to_owned(), layout, slots_offset, meta_offset, meta: Mutex::new(()) };
+        // SAFETY: the header lies within the mapping (size >= HEADER_SIZE), which nothing else uses yet.
+        let h = unsafe { std::slice::from_raw_parts_mut(w.map.as_mut_ptr(), HEADER_SIZE as usize) };
+        h[0..8].copy_from_slice(&MAGIC);
+        h[8..10].copy_from_slice(&MAJOR.to_le_bytes());
+        h[10..12].copy_from_slice(&MINOR.to_le_bytes());
+        h[12..16].copy_from_slice(&(HEADER_SIZE as u32).to_le_bytes());
+        h[16..20].copy_from_slice(&pid.to_le_bytes());
+        h[24..32].copy_from_slice(&start_ticks.to_le_bytes());
+        h[32..40].copy_from_slice(&ticks_per_second.to_le_bytes());
+        h[40..44].copy_from_slice(&layout.slot_events.to_le_bytes());
+        h[44..48].copy_from_slice(&layout.max_slots.to_le_bytes());
+        h[48..56].copy_from_slice(&HEADER_SIZE.to_le_bytes());
+        h[56..64].copy_from_slice(&slots_offset.to_le_bytes());
+        h[64..72].copy_from_slice(&meta_offset.to_le_bytes());
+        h[72..80].copy_from_slice(&layout.meta_capacity.to_le_bytes());
+        w.u32_at(20).store(file_state::RECORDING, Ordering::Release);
+        Ok(w)
+    }
+
+    /// The file.
+    pub fn path(&self) -> &Path {
+        &self.path
+    }
+
+    /// The sizes.
+    pub fn layout(&self) -> Layout {
+        self.layout
+    }
+
+    fn u32_at(&self, off: u64) -> &AtomicU32 {
+        debug_assert!(off % 4 == 0 && off + 4 <= self.map.len() as u64);
+        // SAFETY: in bounds and 4-aligned (the mapping is page-aligned); the mapping lives as long as self.
+        unsafe { &*(self.map.as_mut_ptr().add(off as usize) as *const AtomicU32) }
+    }
+
+    fn u64_at(&self, off: u64) -> &AtomicU64 {
+        debug_assert!(off % 8 == 0 && off + 8 <= self.map.len() as u64);
+        // SAFETY: in bounds and 8-aligned (the mapping is page-aligned); the mapping lives as long as self.
+        unsafe { &*(self.map.as_mut_ptr().add(off as usize) as *const AtomicU64) }
+    }
+
+    fn entry(&self, slot: u32) -> u64 {
+        assert!(slot < self.layout.max_slots, "slot {slot} out of {}", self.layout.max_slots);
+        HEADER_SIZE + slot as u64 * ENTRY_SIZE
+    }
+
+    /// Slot `slot`'s events, its pages allocated and mapped writable first: a store into a sparse page of
+    /// a full file system would kill the process with SIGBUS; this returns the error instead, and the
+    /// thread that fills the slot takes no page fault (Linux 5.14+ `MADV_POPULATE_WRITE`, which costs
+    /// what faulting heap pages in costs; elsewhere, `posix_fallocate` and writing the pages).
+    pub fn prepare_slot(&self, slot: u32) -> std::io::Result<*mut RawEvent> {
+        let _ = self.entry(slot);
+        let off = self.slots_offset + slot as u64 * self.layout.slot_bytes();
+        let len = self.layout.slot_bytes() as usize;
+        // SAFETY: the slot lies within the mapping (checked by `entry` and the layout), 8-aligned.
+        let ptr = unsafe { self.map.as_mut_ptr().add(off as usize) };
+        #[cfg(target_os = "linux")]
+        match self.map.advise_range(memmap2::Advice::PopulateWrite, off as usize, len) {
+            Ok(()) => return Ok(ptr as *mut RawEvent),
+            // Kernels before 5.14 do not know the advice; anything else is a real error (no space).
+            Err(e) if e.raw_os_error() != Some(libc::EINVAL) => return Err(e),
+            Err(_) => {}
+        }
+        reserve(&self.file, off, len as u64)?;
+        // SAFETY: as above; the slot is not in use yet (it is being prepared), so nothing else writes it.
+        unsafe { std::ptr::write_bytes(ptr, 0, len) };
+        Ok(ptr as *mut RawEvent)
+    }
+
+    /// A thread took `slot`: its first event will be at or after `start_ticks`.
+    pub fn filling(&self, slot: u32, thread_id: u64, start_ticks: u64) {
+        let e = self.entry(slot);
+        self.u64_at(e).store(thread_id, Ordering::Release);
+        self.u64_at(e + 8).store(start_ticks, Ordering::Release);
+        self.u32_at(e + 20).store(0, Ordering::Release);
+        self.u64_at(e + 24).fetch_add(1, Ordering::AcqRel);
+        self.u32_at(e + 16).store(state::FILLING, Ordering::Release);
+    }
+
+    /// The thread handed `slot`, with `len` events, to the writer.
+    pub fn full(&self, slot: u32, len: u32) {
+        let e = self.entry(slot);
+        self.u32_at(e + 20).store(len, Ordering::Release);
+        self.u32_at(e + 16).store(state::FULL, Ordering::Release);
+    }
+
+    /// The writer wrote `slot`'s events into the `.ocl` file (and handed them to the kernel).
+    pub fn free(&self, slot: u32) {
+        let e = self.entry(slot);
+        self.u32_at(e + 16).store(state::FREE, Ordering::Release);
+        self.u64_at(e).store(0, Ordering::Release);
+    }
+
+    /// Appends a metadata record (RING.md 3.4); false if it did not fit (then counted as dropped).
+    pub fn append_meta(&self, kind: u16, payload: &[u8]) -> bool {
+        let _guard = self.meta.lock().unwrap_or_else(|e| e.into_inner());
+        let len = self.u64_at(80).load(Ordering::Acquire);
+        let need = 6 + payload.len() as u64;
+        if payload.len() > u32::MAX as usize - 2 || len + need > self.layout.meta_capacity {
+            self.u64_at(88).fetch_add(1, Ordering::AcqRel);
+            return false;
+        }
+        let off = self.meta_offset + len;
+        if reserve(&self.file, off, need).is_err() {
+            self.u64_at(88).fetch_add(1, Ordering::AcqRel);
+            return false;
+        }
+        // SAFETY: [off, off + need) lies in the metadata region (checked against its capacity), which only
+        // this function writes, under the lock; readers read only below `meta_len`.
+        unsafe {
+            let p = self.map.as_mut_ptr().add(off as usize);
+            let n = (payload.len() as u32 + 2).to_le_bytes();
+            std::ptr::copy_nonoverlapping(n.as_ptr(), p, 4);
+            std::ptr::copy_nonoverlapping(kind.to_le_bytes().as_ptr(), p.add(4), 2);
+            std::ptr::copy_nonoverlapping(payload.as_ptr(), p.add(6), payload.len());
+        }
+        self.u64_at(80).store(len + need, Ordering::Release);
+        true
+    }
+
+    /// The recording ended cleanly: marks the file so and removes it (the mapping stays valid for the
+    /// buffers that still point into it, until the last reference goes).
+    pub fn finish(&self) -> std::io::Result<()> {
+        self.u32_at(20).store(file_state::ENDED, Ordering::Release);
+        std::fs::remove_file(&self.path)
+    }
+}
+
+/// Reserves disk space for `[off, off + len)` of `file`.
+fn reserve(file: &File, off: u64, len: u64) -> std::io::Result<()> {
+    #[cfg(target_os = "linux")]
+    {
+        use std::os::unix::io::AsRawFd;
+        // SAFETY: a valid descriptor; posix_fallocate only reads its arguments.
+        let r = unsafe { libc::posix_fallocate(file.as_raw_fd(), off as libc::off_t, len as libc::off_t) };
+        // Some file systems (tmpfs before 3.5, some network ones) cannot: record without the guard.
+        if r != 0 && r != libc::EOPNOTSUPP && r != libc::EINVAL {
+            return Err(std::io::Error::from_raw_os_error(r));
+        }
+    }
+    #[cfg(not(target_os = "linux"))]
+    let _ = (file, off, len);
+    Ok(())
+}
+
+/// A slot a recording had not written into its `.ocl` file.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct PendingSlot {
+    /// The thread.
+    pub thread_id: u64,
+    /// Ticks of its first event.
+    pub start_ticks: u64,
+    /// Whether the thread had handed it to the writer (else it was still filling it).
+    pub full: bool,
+    /// Its events.
+    pub events: Vec<RawEvent>,
+}
+
+/// A ring file, read (RING.md 4). Every offset and size is checked against the file: a damaged or foreign
+/// file is an error, never a read out of bounds.
+#[derive(Debug)]
+pub struct RingFile {
+    map: memmap2::Mmap,
+    path: PathBuf,
+    /// The recording process.
+    pub pid: u32,
+    /// The `.ocl` header's start ticks.
+    pub start_ticks: u64,
+    /// Header `state`.
+    pub state: u32,
+    /// The sizes.
+    pub layout: Layout,
+    slots_offset: u64,
+    meta_offset: u64,
+    /// Metadata records that did not fit.
+    pub meta_dropped: u64,
+}
+
+impl RingFile {
+    /// Opens and checks `path`.
+    pub fn open(path: &Path) -> crate::Result<RingFile> {
+        let name = path.display().to_string();
+        let io = |error| crate::Error::Io { path: name.clone(), error };
+        let bad = |what: String| crate::Error::Corrupt { path: name.clone(), offset: 0, what };
+        let file = File::open(path).map_err(io)?;
+        // SAFETY: read-only mapping; a recording may still be writing it, which the reads below tolerate
+        // (they copy out what they read and check it).
+        let map = unsafe { memmap2::Mmap::map(&file) }.map_err(io)?;
+        if map.len() < HEADER_SIZE as usize || map[0..8] != MAGIC {
+            return Err(bad("not an Ocular ring file (no OCLRING magic)".into()));
+        }
+        let u16_at = |o: usize| u16::from_le_bytes(map[o..o + 2].try_into().expect("2 bytes"));
+        let u32_at = |o: usize| u32::from_le_bytes(map[o..o + 4].try_into().expect("4 bytes"));
+        let u64_at = |o: usize| u64::from_le_bytes(map[o..o + 8].try_into().expect("8 bytes"));
+        if u16_at(8) != MAJOR {
+            return Err(bad(format!("ring file version {}.{}, this Ocular reads {MAJOR}.x", u16_at(8), u16_at(10))));
+        }
+        let layout = Layout { slot_events: u32_at(40), max_slots: u32_at(44), meta_capacity: u64_at(72) };
+        let (slots_offset, meta_offset) = (u64_at(56), u64_at(64));
+        let fits = layout.offsets().is_some_and(|(s, m, size)| {
+            s == slots_offset && m == meta_offset && size <= map.len() as u64 && u64_at(48) == HEADER_SIZE
+        });
+        if !fits || layout.slot_events == 0 {
+            return Err(bad(format!(
+                "ring file layout does not fit its {} bytes ({} slots of {} events, {} bytes of metadata)",
+                map.len(),
+                layout.max_slots,
+                layout.slot_events,
+                layout.meta_capacity
+            )));
+        }
+        Ok(RingFile {
+            pid: u32_at(16),
+            state: u32_at(20),
+            start_ticks: u64_at(24),
+            meta_dropped: u64_at(88),
+            layout,
+            slots_offset,
+            meta_offset,
+            path: path.to_owned(),
+            map,
+        })
+    }
+
+    /// The file.
+    pub fn path(&self) -> &Path {
+        &self.path
+    }
+
+    fn u32_at(&self, o: u64) -> u32 {
+        u32::from_le_bytes(self.map[o as usize..o as usize + 4].try_into().expect("4 bytes"))
+    }
+
+    fn u64_at(&self, o: u64) -> u64 {
+        u64::from_le_bytes(self.map[o as usize..o as usize + 8].try_into().expect("8 bytes"))
+    }
+
+    /// The metadata records (kind, payload), up to the first that does not fit the region.
+    pub fn meta(&self) -> Vec<(u16, &[u8])> {
+        let len = self.u64_at(80).min(self.layout.meta_capacity);
+        let region = &self.map[self.meta_offset as usize..(self.meta_offset + len) as usize];
+        let mut out = Vec::new();
+        let mut at = 0usize;
+        while at + 6 <= region.len() {
+            let n = u32::from_le_bytes(region[at..at + 4].try_into().expect("4 bytes")) as usize;
+            if n < 2 || at + 4 + n > region.len() {
+                break;
+            }
+            let kind = u16::from_le_bytes(region[at + 4..at + 6].try_into().expect("2 bytes"));
+            out.push((kind, &region[at + 6..at + 4 + n]));
+            at += 4 + n;
+        }
+        out
+    }
+
+    /// The slots that were filling or full: per thread, in the order their threads filled them.
+    pub fn pending(&self) -> Vec<PendingSlot> {
+        let mut out = Vec::new();
+        for i in 0..self.layout.max_slots as u64 {
+            let e = HEADER_SIZE + i * ENTRY_SIZE;
+            let st = self.u32_at(e + 16);
+            if st != state::FILLING && st != state::FULL {
+                continue;
+            }
+            let (thread_id, start_ticks, len) = (self.u64_at(e), self.u64_at(e + 8), self.u32_at(e + 20));
+            let base = (self.slots_offset + i * self.layout.slot_bytes()) as usize;
+            let slot = &self.map[base..base + self.layout.slot_bytes() as usize];
+            let mut events = Vec::new();
+            let mut last = start_ticks;
+            for rec in slot.chunks_exact(EVENT_SIZE as usize) {
+                let Ok(ev) = <RawEvent as zerocopy::FromBytes>::read_from_bytes(rec) else { break };
+                if st == state::FULL {
+                    if events.len() >= len as usize {
+                        break;
+                    }
+                } else if ev.ticks.get() < last {
+                    break;
+                }
+                last = ev.ticks.get();
+                events.push(ev);
+            }
+            if !events.is_empty() {
+                out.push(PendingSlot { thread_id, start_ticks, full: st == state::FULL, events });
+            }
+        }
+        out.sort_by_key(|s| (s.thread_id, s.start_ticks));
+        out
+    }
+}

@@ -1,0 +1,220 @@
+//! The ring file (RING.md): its layout byte by byte, what a reader takes from it, and the recovery of a
+//! trace whose recording was killed.
+
+use ocular_format::ring::{path_for, state, Layout, RingFile, RingWriter};
+use ocular_format::*;
+
+const LAYOUT: Layout = Layout { slot_events: 8, max_slots: 4, meta_capacity: 4096 };
+
+fn ev(t: u64, code: u32) -> RawEvent {
+    RawEvent::new(t, code, 2, 0, EventKind::PY_START as u8)
+}
+
+/// Writes `events` into slot `slot` as a thread would (ticks last does not matter here: no crash).
+fn fill(w: &RingWriter, slot: u32, events: &[RawEvent]) {
+    let p = w.prepare_slot(slot).unwrap();
+    for (i, e) in events.iter().enumerate() {
+        // SAFETY: the slot holds LAYOUT.slot_events events; the tests write at most that many.
+        unsafe { p.add(i).write(*e) };
+    }
+}
+
+/// A pid that is not running: a child that already exited.
+fn dead_pid() -> u32 {
+    let mut c = std::process::Command::new("true").spawn().unwrap();
+    let pid = c.id();
+    c.wait().unwrap();
+    pid
+}
+
+#[test]
+fn the_header_and_slot_table_are_where_ring_md_says() {
+    let dir = tempfile::tempdir().unwrap();
+    let path = dir.path().join("t.ocl.ring");
+    let w = RingWriter::create(&path, 4242, 1000, 3.0e9, LAYOUT).unwrap();
+    w.filling(2, 77, 5000);
+    w.full(2, 6);
+    assert!(w.append_meta(0x0004, b"abc"));
+    let bytes = std::fs::read(&path).unwrap();
+    let u32_at = |o: usize| u32::from_le_bytes(bytes[o..o + 4].try_into().unwrap());
+    let u64_at = |o: usize| u64::from_le_bytes(bytes[o..o + 8].try_into().unwrap());
+    assert_eq!(&bytes[0..8], b"OCLRING\0");
+    assert_eq!((u16::from_le_bytes([bytes[8], bytes[9]]), u16::from_le_bytes([bytes[10], bytes[11]])), (1, 0));
+    assert_eq!((u32_at(12), u32_at(16), u32_at(20)), (4096, 4242, 1));
+    assert_eq!((u64_at(24), f64::from_le_bytes(bytes[32..40].try_into().unwrap())), (1000, 3.0e9));
+    assert_eq!((u32_at(40), u32_at(44), u64_at(48)), (8, 4, 4096));
+    // 4 entries of 32 bytes after the header round up to the next page; 4 slots of 8 x 24 bytes then.
+    assert_eq!((u64_at(56), u64_at(64), u64_at(72)), (8192, 8192 + 4096, 4096));
+    assert_eq!((u64_at(80), u64_at(88)), (9, 0), "one record: 4-byte length, 2-byte kind, 3 bytes");
+    let e = 4096 + 2 * 32;
+    assert_eq!((u64_at(e), u64_at(e + 8), u32_at(e + 16), u32_at(e + 20), u64_at(e + 24)), (77, 5000, 2, 6, 1));
+    let m = 8192 + 4096;
+    assert_eq!((u32_at(m), u16::from_le_bytes([bytes[m + 4], bytes[m + 5]])), (5, 4));
+    assert_eq!(&bytes[m + 6..m + 9], b"abc");
+    assert_eq!(bytes.len(), 8192 + 4096 + 4096);
+    w.finish().unwrap();
+    assert!(!path.exists(), "a clean end removes the ring file");
+}
+
+#[test]
+fn a_filling_slot_ends_where_its_ticks_stop_rising_and_a_full_one_at_its_length() {
+    let dir = tempfile::tempdir().unwrap();
+    let path = dir.path().join("t.ocl.ring");
+    let w = RingWriter::create(&path, 1, 0, 1e9, LAYOUT).unwrap();
+    // Slot 0 was used before (older ticks), then taken again at 500: three new events, then the old ones.
+    fill(&w, 0, &[ev(100, 1), ev(110, 1), ev(120, 1), ev(130, 1), ev(140, 1)]);
+    fill(&w, 0, &[ev(500, 2), ev(510, 2), ev(505, 2)]);
+    w.filling(0, 9, 500);
+    // Slot 1: full with 2 events of 8 (flushed early, at the thread's end).
+    fill(&w, 1, &[ev(200, 3), ev(210, 3), ev(220, 3)]);
+    w.filling(1, 9, 200);
+    w.full(1, 2);
+    // Slot 2: handed to the writer and written: free, not pending.
+    fill(&w, 2, &[ev(300, 4)]);
+    w.filling(2, 8, 300);
+    w.full(2, 1);
+    w.free(2);
+    let r = RingFile::open(&path).unwrap();
+    let pending = r.pending();
+    assert_eq!(pending.len(), 2);
+    assert_eq!((pending[0].thread_id, pending[0].start_ticks, pending[0].full), (9, 200, true));
+    assert_eq!(pending[0].events, [ev(200, 3), ev(210, 3)]);
+    assert_eq!((pending[1].start_ticks, pending[1].full), (500, false));
+    assert_eq!(pending[1].events, [ev(500, 2), ev(510, 2)], "505 went back in time: stale from here on");
+    assert_eq!(state::FULL, 2);
+}
+
+#[test]
+fn metadata_that_does_not_fit_is_counted_not_written() {
+    let dir = tempfile::tempdir().unwrap();
+    let w = RingWriter::create(&dir.path().join("r"), 1, 0, 1e9, LAYOUT).unwrap();
+    assert!(w.append_meta(3, &[7; 4000]));
+    assert!(!w.append_meta(3, &[7; 100]), "4006 + 106 bytes exceed 4096");
+    assert!(w.append_meta(3, &[7; 80]));
+    let r = RingFile::open(&dir.path().join("r")).unwrap();
+    assert_eq!(r.meta().iter().map(|(k, p)| (*k, p.len())).collect::<Vec<_>>(), [(3, 4000), (3, 80)]);
+    assert_eq!(r.meta_dropped, 1);
+}
+
+#[test]
+fn a_foreign_truncated_or_oversized_ring_file_is_a_clear_error() {
+    let dir = tempfile::tempdir().unwrap();
+    let p = dir.path().join("r");
+    std::fs::write(&p, b"not a ring file at all").unwrap();
+    let e = RingFile::open(&p).unwrap_err().to_string();
+    assert!(e.contains("not an Ocular ring file"), "{e}");
+    drop(RingWriter::create(&p, 1, 0, 1e9, LAYOUT).unwrap());
+    let mut bytes = std::fs::read(&p).unwrap();
+    bytes[44..48].copy_from_slice(&1_000_000u32.to_le_bytes()); // a million slots in a 16 KiB file
+    std::fs::write(&p, &bytes).unwrap();
+    let e = RingFile::open(&p).unwrap_err().to_string();
+    assert!(e.contains("layout does not fit its 16384 bytes"), "{e}");
+    bytes[8] = 2;
+    std::fs::write(&p, &bytes).unwrap();
+    let e = RingFile::open(&p).unwrap_err().to_string();
+    assert!(e.contains("ring file version 2.0, this Ocular reads 1.x"), "{e}");
+    std::fs::write(&p, &bytes[..100]).unwrap();
+    assert!(RingFile::open(&p).is_err());
+}
+
+/// A trace whose process died: its file has the header, the ring chunk, code object 1 and one EVENTS
+/// chunk; its ring has that chunk's slot (written, not yet freed), a full slot and a filling one, code
+/// objects 1 and 2 and a thread name.
+fn killed_trace(dir: &std::path::Path, pid: u32) -> std::path::PathBuf {
+    let ocl = dir.join("run.ocl");
+    let ring_path = path_for(&ocl);
+    let mut header = testing::header();
+    header.pid = pid;
+    let ring = RingWriter::create(&ring_path, pid, header.start_ticks, header.ticks_per_second, LAYOUT).unwrap();
+    let code = |id: u32, q: &str| CodeObject {
+        id,
+        name: q.into(),
+        qualname: q.into(),
+        filename: "w.py".into(),
+        first_line: 1,
+        flags: 3,
+        bytecode: vec![151, 0, 83, 0],
+        linetable: Vec::new(),
+        positions: vec![Position { line: 1, end_line: 1, column: 0, end_column: 4 }; 2],
+    };
+    let mut w =
+        Writer::new(std::fs::File::create(&ocl).unwrap(), "run.ocl", &header, WriterOptions::default()).unwrap();
+    w.ring(&RingInfo { path: ring_path.display().to_string() }).unwrap();
+    w.code_objects(&[code(1, "f")]).unwrap();
+    let written = [ev(2000, 1), ev(2010, 1)];
+    w.events(5, &written).unwrap();
+    drop(w); // no trailer: the process was killed
+    let (mut one, mut framed) = (Vec::new(), Vec::new());
+    for c in [code(1, "f"), code(2, "g")] {
+        framed.clear();
+        frame_code(&c, &mut one, &mut framed).unwrap();
+        assert!(ring.append_meta(0x0003, &framed));
+    }
+    let t = ThreadInfo { thread_id: 6, name: "worker".into(), is_main: false };
+    assert!(ring.append_meta(0x0004, &postcard::to_allocvec(&t).unwrap()));
+    fill(&ring, 0, &written);
+    ring.filling(0, 5, 2000);
+    ring.full(0, 2);
+    fill(&ring, 1, &[ev(3000, 2), ev(3005, 2), ev(3009, 2)]);
+    ring.filling(1, 5, 3000);
+    ring.full(1, 3);
+    fill(&ring, 2, &[ev(4000, 2), ev(4001, 1)]);
+    ring.filling(2, 6, 4000);
+    ocl
+}
+
+#[test]
+fn a_killed_recording_is_completed_from_its_ring_file() {
+    let dir = tempfile::tempdir().unwrap();
+    let ocl = killed_trace(dir.path(), dead_pid());
+    let mut r = Reader::open(&ocl).unwrap();
+    let (mut events, mut code, mut threads) = (Vec::new(), Vec::new(), Vec::new());
+    while let Some(c) = r.next_chunk().unwrap() {
+        match c.body {
+            Body::Events(e) => events.push((c.info.thread_id, e.iter().map(|e| e.ticks.get()).collect::<Vec<_>>())),
+            Body::Code(objs) => code.extend(objs.into_iter().map(|o| o.qualname)),
+            Body::Thread(t) => threads.push(t.name),
+            _ => {}
+        }
+    }
+    assert_eq!(code, ["f", "g"], "code object 2 comes from the ring, and once");
+    assert_eq!(threads, ["worker"]);
+    assert_eq!(
+        events,
+        [(5, vec![2000, 2010]), (5, vec![3000, 3005, 3009]), (6, vec![4000, 4001])],
+        "the written slot is not repeated; the full and the filling ones follow, per thread"
+    );
+    let rec = r.report().recovered.clone().unwrap();
+    assert_eq!((rec.events, rec.threads, rec.records, rec.dropped), (5, 2, 2, 0));
+    assert_eq!(r.report().events, 7);
+    let w = r.report().warnings("run.ocl");
+    assert!(
+        w.iter().any(|w| w.starts_with(
+            "run.ocl: no trailer: the recording did not end (killed or crashed); read up \
+             to its last whole chunk, then recovered 5 events of 2 threads and 2 code objects and names from"
+        )),
+        "{w:?}"
+    );
+}
+
+#[test]
+fn a_ring_file_is_not_used_while_its_process_runs_nor_for_another_trace() {
+    let dir = tempfile::tempdir().unwrap();
+    // This process: the recording could still be writing; its trace is followed, not completed.
+    let ocl = killed_trace(dir.path(), std::process::id());
+    let mut r = Reader::open(&ocl).unwrap();
+    let mut n = 0;
+    while let Some(c) = r.next_chunk().unwrap() {
+        if let Body::Events(e) = c.body {
+            n += e.len();
+        }
+    }
+    assert_eq!((n, r.report().recovered.is_none()), (2, true));
+    // A ring file of another recording (other start ticks) beside a trace of a dead process.
+    let dir2 = tempfile::tempdir().unwrap();
+    let ocl2 = killed_trace(dir2.path(), dead_pid());
+    RingWriter::create(&path_for(&ocl2), 1, 999, 1e9, LAYOUT).unwrap();
+    let mut r = Reader::open(&ocl2).unwrap();
+    while r.next_chunk().unwrap().is_some() {}
+    assert!(r.report().recovered.is_none());
+}
