@@ -1,6 +1,7 @@
 """Recorder overhead, side by side in one run: ns per event over the untraced run for each mode, next to
 the physical floor (a native METH_FASTCALL callback that reads the TSC and stores a 24-byte record), a
-native no-op callback, a no-op Python callback, and cProfile. Interleaved repeats, medians.
+native no-op callback, a no-op Python callback, and cProfile; and Ocular with its buffers on the heap instead
+of in the ring file (RING.md), for the ring's own cost. Interleaved repeats, medians.
 
     make bench-record            (or: .venv/3.12/bin/python bench/record_bench.py [--repeats N])
 """
@@ -94,8 +95,8 @@ def with_callback(fn, mode, cb):
         mon.free_tool_id(TOOL)
 
 
-def with_ocular(fn, mode, threshold, path):
-    rec = ocular.record(path, mode=mode, deinstrument_threshold=threshold)
+def with_ocular(fn, mode, threshold, path, ring_file=True):
+    rec = ocular.record(path, mode=mode, deinstrument_threshold=threshold, ring_file=ring_file)
     rec.start()
     try:
         t = timed(fn)
@@ -132,20 +133,22 @@ def main():
     print()
     print("| workload | mode | events/run | untraced ms | floor ns/ev | native no-op ns/ev | Python no-op ns/ev "
           "| Ocular ns/ev | **Ocular / floor**, median of paired repeats (quartiles) | best-of CPU Ocular / floor "
-          "| Ocular slowdown | cProfile slowdown |")
-    print("|---|---|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|")
+          "| Ocular slowdown | cProfile slowdown | buffers in memory / floor | ring file / in memory |")
+    print("|---|---|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|")
     rows = []
     for wname, fn in WORKLOADS.items():
         fn()  # warm up and specialize
         for mode in modes:
-            runs = {k: [] for k in ("untraced", "floor", "noop", "python", "ocular", "cprofile")}
-            ratios = []
+            runs = {k: [] for k in ("untraced", "floor", "noop", "python", "ocular", "memory", "cprofile")}
+            ratios, mem_ratios, ring_ratios = [], [], []
             events = lost = 0
             configs = {
                 "floor": lambda: with_callback(fn, mode, floor),
                 "noop": lambda: with_callback(fn, mode, noop),
                 "python": lambda: with_callback(fn, mode, python_noop),
                 "ocular": lambda: with_ocular(fn, mode, 0, path),
+                # The buffers on the heap instead of in the ring file (RING.md): the ring's own cost.
+                "memory": lambda: with_ocular(fn, mode, 0, path, ring_file=False),
                 "cprofile": lambda: with_cprofile(fn),
             }
             for _ in range(args.repeats):
@@ -157,7 +160,7 @@ def main():
                 got = {"untraced": timed(fn)}
                 for k in order:
                     r = configs[k]()
-                    if k == "ocular":
+                    if k in ("ocular", "memory"):
                         r, events, lost = r
                     got[k] = r
                 got["untraced"] = min(got["untraced"], timed(fn))
@@ -167,6 +170,8 @@ def main():
                     break
                 base = got["untraced"][0]
                 ratios.append((got["ocular"][0] - base) / max(1, got["floor"][0] - base))
+                mem_ratios.append((got["memory"][0] - base) / max(1, got["floor"][0] - base))
+                ring_ratios.append((got["ocular"][0] - base) / max(1, got["memory"][0] - base))
             if events < 5_000:
                 continue  # e.g. a loop without calls in calls mode: nothing to measure per event
             # Absolute figures: best of the repeats per configuration (interference only adds time).
@@ -175,12 +180,16 @@ def main():
             ns = {k: (wall[k] - wall["untraced"]) / events for k in ("floor", "noop", "python", "ocular")}
             cns = {k: (cpu[k] - cpu["untraced"]) / events for k in ("floor", "ocular")}
             ratios.sort()
+            mem_ratios.sort()
+            ring_ratios.sort()
             q1, med, q3 = ratios[len(ratios) // 4], ratios[len(ratios) // 2], ratios[(3 * len(ratios)) // 4]
+            mem_med, ring_med = mem_ratios[len(mem_ratios) // 2], ring_ratios[len(ring_ratios) // 2]
             rows.append(
                 f"| {wname} | {mode} | {events:,} | {wall['untraced'] / 1e6:.1f} | {ns['floor']:.1f} | "
                 f"{ns['noop']:.1f} | {ns['python']:.1f} | {ns['ocular']:.1f} | **{med:.2f}x** ({q1:.2f}-{q3:.2f}) | "
                 f"{cns['ocular'] / cns['floor']:.2f}x | "
-                f"{wall['ocular'] / wall['untraced']:.2f}x | {wall['cprofile'] / wall['untraced']:.2f}x |"
+                f"{wall['ocular'] / wall['untraced']:.2f}x | {wall['cprofile'] / wall['untraced']:.2f}x | "
+                f"{mem_med:.2f}x | {ring_med:.3f}x |"
                 + (f" (lost {lost})" if lost else "")
             )
             print(rows[-1], flush=True)

@@ -47,6 +47,18 @@ CASES = {
         os.kill(os.getpid(), signal.SIGTERM)
         """), lambda n: n),
     "SIGKILL": ("for _ in range(N): f()\nos.kill(os.getpid(), signal.SIGKILL)\n", lambda n: n),
+    "SIGKILL, 4 threads": (textwrap.dedent("""
+        b = threading.Barrier(5)
+        def work():
+            for _ in range(N // 4): f()
+            b.wait()
+            threading.Event().wait()
+        for _ in range(4):
+            threading.Thread(target=work, daemon=True).start()
+        b.wait()
+        os.kill(os.getpid(), signal.SIGKILL)
+        """), lambda n: n // 4 * 4),
+    "segfault": ("import ctypes\nfor _ in range(N): f()\nctypes.string_at(0)\n", lambda n: n),
     "os._exit": ("for _ in range(N): f()\nos._exit(3)\n", lambda n: n),
     "os.execv": ("for _ in range(N): f()\nos.execv('/bin/true', ['true'])\n", lambda n: n),
     "fork (parent's calls)": (textwrap.dedent("""
@@ -73,6 +85,8 @@ def count(path: str) -> tuple[int, int, str]:
     lost = sum(l[1] for l in d["lost"]) if d["lost"] else 0
     if d["clean"]:
         verdict = "closed cleanly"
+    elif d.get("trailer") is None and any("recovered" in w for w in d["warnings"]):
+        verdict = "no trailer; completed from its ring file"
     elif d.get("trailer") is None:
         verdict = "no trailer (read to its last whole chunk)"
     else:

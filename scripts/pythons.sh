@@ -20,7 +20,7 @@ make_root() {
         echo "== installing mmdebstrap (apt)" >&2
         apt-get install -y -q mmdebstrap >&2
     fi
-    echo "== making a Debian unstable root with Python $VERSIONS in $SID (once; ~2 min)" >&2
+    echo "== making a Debian unstable root with Python $VERSIONS in $SID (once; ~20 s)" >&2
     mkdir -p "$(dirname "$SID")"
     rm -rf "$SID.partial"
     # The archive served here is a snapshot whose Release file may be past its Valid-Until date.

@@ -17,8 +17,9 @@
 //! waits for the writer to hand one back.
 
 use crate::clock::ClockPoint;
+use ocular_format::ring::{Layout as RingLayout, RingWriter};
 use ocular_format::{
-    Calibration, CodeObject, CodeSnapshot, Header, Lost, RawEvent, ThreadInfo, Trailer, Writer, WriterOptions,
+    Calibration, CodeObject, CodeSnapshot, Header, Lost, RawEvent, RingInfo, ThreadInfo, Trailer, Writer, WriterOptions,
 };
 use std::fs::File;
 use std::io::BufWriter;
@@ -31,8 +32,62 @@ use std::thread::JoinHandle;
 /// Free buffers kept ready for the recording threads, allocated off their path.
 const SPARES: usize = 3;
 
-/// A buffer of events, owned by one thread while it fills it.
-pub type Buffer = Box<[RawEvent]>;
+/// A buffer of events, owned by one thread while it fills it: on the heap, or a slot of the recording's
+/// ring file (RING.md), where what the thread writes survives the death of the process.
+#[derive(Debug)]
+pub struct Buffer {
+    ptr: std::ptr::NonNull<RawEvent>,
+    len: usize,
+    /// The ring file's slot, or [`HEAP`].
+    slot: u32,
+}
+
+/// [`Buffer::slot`] of a buffer on the heap.
+const HEAP: u32 = u32::MAX;
+
+// SAFETY: a Buffer owns its memory (a heap allocation, or a ring slot no other Buffer points to); moving
+// it to another thread moves that ownership.
+unsafe impl Send for Buffer {}
+
+impl Buffer {
+    /// A heap buffer of `len` events, its pages written (so the allocating thread takes the page faults).
+    pub fn heap(len: usize) -> Buffer {
+        let b: Box<[RawEvent]> = vec![RawEvent::ZERO; len.max(1)].into_boxed_slice();
+        let len = b.len();
+        let ptr = std::ptr::NonNull::new(Box::into_raw(b) as *mut RawEvent).expect("a box is never null");
+        Buffer { ptr, len, slot: HEAP }
+    }
+
+    /// The ring slot it is, if it is one.
+    pub fn slot(&self) -> Option<u32> {
+        (self.slot != HEAP).then_some(self.slot)
+    }
+}
+
+impl std::ops::Deref for Buffer {
+    type Target = [RawEvent];
+    fn deref(&self) -> &[RawEvent] {
+        // SAFETY: ptr points to len initialized events owned by this buffer.
+        unsafe { std::slice::from_raw_parts(self.ptr.as_ptr(), self.len) }
+    }
+}
+
+impl std::ops::DerefMut for Buffer {
+    fn deref_mut(&mut self) -> &mut [RawEvent] {
+        // SAFETY: as in deref; &mut self makes the access unique.
+        unsafe { std::slice::from_raw_parts_mut(self.ptr.as_ptr(), self.len) }
+    }
+}
+
+impl Drop for Buffer {
+    fn drop(&mut self) {
+        if self.slot == HEAP {
+            // SAFETY: a heap buffer's ptr and len came from Box::into_raw of a boxed slice of len events.
+            drop(unsafe { Box::from_raw(std::ptr::slice_from_raw_parts_mut(self.ptr.as_ptr(), self.len)) });
+        }
+        // A ring slot belongs to the mapping, which outlives it.
+    }
+}
 
 /// What a recording thread does when the writer has fallen so far behind that no buffer is free.
 #[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
@@ -54,14 +109,24 @@ pub struct Config {
     pub max_buffers: usize,
     /// Drop or wait when no buffer is free.
     pub on_full: OnFull,
+    /// Buffers in a ring file beside the trace (RING.md), so that a killed process loses nothing.
+    pub ring: bool,
 }
+
+/// Slots of a ring file beyond `max_buffers`, for the buffers threads hold; more threads than this record
+/// into heap buffers, which a crash loses.
+pub const RING_THREAD_SLOTS: u32 = 256;
+/// Bytes of a ring file's metadata region (sparse: only what is written takes space).
+pub const RING_META: u64 = 64 << 20;
+/// How long the ring file of a killed recording is kept (RING.md 2).
+pub const RING_KEEP: std::time::Duration = std::time::Duration::from_secs(7 * 24 * 3600);
 
 impl Default for Config {
     fn default() -> Self {
         // 64 Ki events = 1.5 MiB per buffer, larger than a core's L2, so a buffer the writer reads does not
         // bounce between the two cores' caches (measured: BENCHMARKS.md); 64 buffers = 96 MiB besides the
         // threads' own, reached only if the disk cannot keep up.
-        Config { buffer_events: 64 * 1024, max_buffers: 64, on_full: OnFull::Drop }
+        Config { buffer_events: 64 * 1024, max_buffers: 64, on_full: OnFull::Drop, ring: true }
     }
 }
 
@@ -69,6 +134,10 @@ impl Default for Config {
 #[derive(Debug)]
 pub struct Pool {
     free: Mutex<Vec<Buffer>>,
+    /// The ring file whose slots buffers are, while it has slots left.
+    ring: Option<Arc<RingWriter>>,
+    /// Slots of the ring handed out so far.
+    slots: AtomicUsize,
     /// Signalled when a buffer is given back (for threads that wait, [`OnFull::Wait`]).
     returned: Condvar,
     allocated: AtomicUsize,
@@ -83,6 +152,8 @@ impl Pool {
     pub fn new(cfg: Config) -> Self {
         Pool {
             free: Mutex::new(Vec::new()),
+            ring: None,
+            slots: AtomicUsize::new(0),
             returned: Condvar::new(),
             allocated: AtomicUsize::new(0),
             held: AtomicUsize::new(0),
@@ -133,17 +204,38 @@ impl Pool {
         self.held.fetch_sub(1, Ordering::Relaxed);
     }
 
+    /// Buffers become slots of `ring` (while it has slots left).
+    pub fn with_ring(mut self, ring: Arc<RingWriter>) -> Self {
+        self.ring = Some(ring);
+        self
+    }
+
     /// A new buffer if the limit allows, its pages written so the allocating thread takes the page
-    /// faults (calloc'd memory would fault later, on the recording thread, one fault per 170 events).
+    /// faults (calloc'd memory would fault later, on the recording thread, one fault per 170 events): a
+    /// slot of the ring file if there is one left (and disk space for it), else on the heap.
     fn allocate(&self) -> Option<Buffer> {
         let n = self.allocated.fetch_add(1, Ordering::Relaxed);
         if n >= self.cfg.max_buffers.saturating_add(self.held.load(Ordering::Relaxed)) {
             self.allocated.fetch_sub(1, Ordering::Relaxed);
             return None;
         }
-        let mut v = Vec::with_capacity(self.cfg.buffer_events.max(1));
-        v.resize(self.cfg.buffer_events.max(1), RawEvent::ZERO);
-        Some(v.into_boxed_slice())
+        if let Some(ring) = &self.ring {
+            let slot = self.slots.fetch_add(1, Ordering::Relaxed);
+            if slot < ring.layout().max_slots as usize {
+                // Its pages allocated and mapped by the allocating thread, as a heap buffer's are below.
+                if let Ok(ptr) = ring.prepare_slot(slot as u32) {
+                    let len = ring.layout().slot_events as usize;
+                    let ptr = std::ptr::NonNull::new(ptr).expect("a mapping is never at null");
+                    return Some(Buffer { ptr, len, slot: slot as u32 });
+                }
+            }
+        }
+        Some(Buffer::heap(self.cfg.buffer_events))
+    }
+
+    /// The ring file, if buffers are its slots.
+    pub fn ring(&self) -> Option<&RingWriter> {
+        self.ring.as_deref()
     }
 
     /// Tops the free list up to `spares` buffers (within the limit), so the recording thread finds one
@@ -177,8 +269,9 @@ impl Pool {
 
 /// Where a [`ThreadBuffer`] sends full buffers and gets empty ones.
 pub trait Sink {
-    /// An empty buffer, or `None` if none can be had now.
-    fn take(&self) -> Option<Buffer>;
+    /// An empty buffer for thread `thread_id`, whose first event will be at `ticks`; `None` if none can
+    /// be had now.
+    fn take(&self, thread_id: u64, ticks: u64) -> Option<Buffer>;
     /// The first `len` events of `buf`, from `thread_id`, are complete.
     fn submit(&self, thread_id: u64, buf: Buffer, len: usize);
     /// Events were dropped.
@@ -238,7 +331,13 @@ impl ThreadBuffer {
         }
         // SAFETY: cur < end, both within `buf`'s allocation (set by `install`), so cur is valid for a write.
         unsafe {
-            self.cur.write(ev);
+            // The ticks last: in a ring slot, a record whose ticks are stored is whole (RING.md 3.3) if the
+            // process dies in between. x86 stores become visible in program order; the fence keeps the
+            // compiler from reordering them.
+            let p = self.cur as *mut u8;
+            std::ptr::copy_nonoverlapping((&ev as *const RawEvent as *const u8).add(8), p.add(8), 16);
+            std::sync::atomic::compiler_fence(std::sync::atomic::Ordering::Release);
+            std::ptr::copy_nonoverlapping(&ev as *const RawEvent as *const u8, p, 8);
             self.cur = self.cur.add(1);
         }
     }
@@ -261,7 +360,7 @@ impl ThreadBuffer {
     #[inline(never)]
     fn refill(&mut self, sink: &dyn Sink, ticks: u64) {
         self.submit(sink);
-        match sink.take() {
+        match sink.take(self.thread_id, ticks) {
             Some(b) => {
                 self.install(b);
                 if self.lost.count > 0 {
@@ -401,11 +500,23 @@ impl WriterJob {
             }
             Msg::Events { thread_id, buf, len } => {
                 if len > 0 {
-                    if self.write(|w| w.events(thread_id, &buf[..len])) {
+                    // A ring slot is freed only once its events are in the kernel's hands (flushed), so
+                    // a process killed at any moment has each event in the file or in the ring.
+                    let flush = buf.slot().is_some();
+                    if self.write(|w| {
+                        w.events(thread_id, &buf[..len])?;
+                        if flush {
+                            w.flush()?;
+                        }
+                        Ok(())
+                    }) {
                         self.out.events += len as u64;
                     } else {
                         self.out.lost += len as u64;
                     }
+                }
+                if let (Some(slot), Some(ring)) = (buf.slot(), self.pool.ring()) {
+                    ring.free(slot);
                 }
                 self.pool.give(buf);
                 self.pool.keep_spares(SPARES);
@@ -456,6 +567,8 @@ pub struct Session {
     /// compressed while the program waits for its recording to end.
     code: Mutex<Vec<CodeObject>>,
     pool: Arc<Pool>,
+    /// The ring file beside the trace (RING.md), if one could be made.
+    ring: Option<Arc<RingWriter>>,
     writer: Option<JoinHandle<Outcome>>,
     path: PathBuf,
     /// The file's descriptor, owned by the writer thread: a forked child closes its copy (see `forget`).
@@ -507,9 +620,22 @@ impl Session {
         }
         #[cfg(unix)]
         let fd = std::os::unix::io::AsRawFd::as_raw_fd(&file);
+        let is_file = file.metadata().map_err(io)?.is_file();
         let mut writer = Writer::new(BufWriter::with_capacity(1 << 20, file), &name, header, WriterOptions::default())?;
+        // A ring file beside a regular file: the buffers' events and the metadata the writer has not
+        // written yet survive a killed process there (RING.md). Without one (no space, no permission, a
+        // pipe), the recording goes on as before, and a crash loses each thread's last buffer.
+        let ring = (cfg.ring && is_file).then(|| Self::ring(path, header, cfg)).flatten();
+        if let Some(r) = &ring {
+            let abs = std::path::absolute(r.path()).unwrap_or_else(|_| r.path().to_owned());
+            writer.ring(&RingInfo { path: abs.display().to_string() })?;
+        }
         writer.flush()?;
-        let pool = Arc::new(Pool::new(cfg));
+        let pool = Pool::new(cfg);
+        let pool = Arc::new(match &ring {
+            Some(r) => pool.with_ring(Arc::clone(r)),
+            None => pool,
+        });
         let (tx, rx) = channel::<Msg>();
         let mut job = WriterJob { writer: Some(writer), out: Outcome::default(), pool: Arc::clone(&pool) };
         let handle = std::thread::Builder::new()
@@ -517,6 +643,16 @@ impl Session {
             .spawn(move || {
                 // No spares yet: a short recording never needs them (faulting in 4.5 MiB took ~4 ms that
                 // stop() waited for). The first full buffer makes the writer allocate them.
+                // Rings of killed recordings stay a week for their traces to be read (RING.md 2).
+                if job.pool.ring().is_some() {
+                    // A ring slot takes ~0.5 ms to set up (384 page faults on a memory file system, where
+                    // a heap buffer gets one huge page): one is made here, beside the program, for the
+                    // first thread to take instead of making it itself.
+                    job.pool.keep_spares(1);
+                }
+                if let Some(dir) = ocular_format::ring::runtime_dir() {
+                    ocular_format::ring::sweep(&dir, RING_KEEP);
+                }
                 for msg in rx {
                     if job.handle(msg) {
                         break;
@@ -529,6 +665,7 @@ impl Session {
             tx,
             code: Mutex::new(Vec::new()),
             pool,
+            ring,
             writer: Some(handle),
             path: path.to_owned(),
             #[cfg(unix)]
@@ -536,9 +673,27 @@ impl Session {
         })
     }
 
+    /// Creates the ring file of `path`, or `None` if it cannot be made.
+    fn ring(path: &Path, header: &Header, cfg: Config) -> Option<Arc<RingWriter>> {
+        let layout = RingLayout {
+            slot_events: u32::try_from(cfg.buffer_events).ok()?,
+            max_slots: u32::try_from(cfg.max_buffers).ok()?.saturating_add(RING_THREAD_SLOTS),
+            meta_capacity: RING_META,
+        };
+        let ring_path = ocular_format::ring::path_for_recording(path, header.pid);
+        RingWriter::create(&ring_path, header.pid, header.start_ticks, header.ticks_per_second, layout)
+            .ok()
+            .map(Arc::new)
+    }
+
     /// The file being written.
     pub fn path(&self) -> &Path {
         &self.path
+    }
+
+    /// The ring file beside it, if there is one.
+    pub fn ring_path(&self) -> Option<&Path> {
+        self.ring.as_deref().map(RingWriter::path)
     }
 
     /// The buffer pool.
@@ -549,6 +704,16 @@ impl Session {
     /// Queues code objects: they reach the writer with the next message (so before any events that use
     /// them), or on their own once [`CODE_BATCH`] have gathered.
     pub fn code(&self, objects: Vec<CodeObject>) {
+        if let Some(ring) = &self.ring {
+            // In the ring at once: the events that use them may be recovered from it (RING.md 3.4).
+            let (mut one, mut framed) = (Vec::new(), Vec::new());
+            for c in &objects {
+                framed.clear();
+                if ocular_format::frame_code(c, &mut one, &mut framed).is_ok() {
+                    ring.append_meta(ocular_format::chunk::kind::CODE, &framed);
+                }
+            }
+        }
         let mut queued = self.code.lock().unwrap_or_else(|e| e.into_inner());
         queued.extend(objects);
         if queued.len() >= CODE_BATCH {
@@ -569,6 +734,9 @@ impl Session {
 
     /// Names a thread.
     pub fn thread(&self, info: ThreadInfo) {
+        if let (Some(ring), Ok(bytes)) = (&self.ring, postcard::to_allocvec(&info)) {
+            ring.append_meta(ocular_format::chunk::kind::THREAD, &bytes);
+        }
         let _ = self.send(Msg::Thread(info));
     }
 
@@ -593,11 +761,16 @@ impl Session {
             chunks: 0,
         };
         let _ = self.send(Msg::Finish(trailer));
-        match self.writer.take().map(JoinHandle::join) {
+        let out = match self.writer.take().map(JoinHandle::join) {
             Some(Ok(out)) => out,
             Some(Err(_)) => Outcome { error: Some("the ocular-writer thread panicked".into()), ..Outcome::default() },
             None => Outcome::default(),
+        };
+        // The trace is complete: its ring file has nothing the trace lacks.
+        if let Some(ring) = self.ring.take() {
+            let _ = ring.finish();
         }
+        out
     }
 
     /// Leaves the session without touching the file or joining the writer: for a forked child, where the
@@ -620,11 +793,18 @@ impl Session {
 }
 
 impl Sink for Session {
-    fn take(&self) -> Option<Buffer> {
-        self.pool.take_held()
+    fn take(&self, thread_id: u64, ticks: u64) -> Option<Buffer> {
+        let b = self.pool.take_held()?;
+        if let (Some(slot), Some(ring)) = (b.slot(), &self.ring) {
+            ring.filling(slot, thread_id, ticks);
+        }
+        Some(b)
     }
     fn submit(&self, thread_id: u64, buf: Buffer, len: usize) {
         self.pool.release();
+        if let (Some(slot), Some(ring)) = (buf.slot(), &self.ring) {
+            ring.full(slot, len as u32);
+        }
         if let Err(e) = self.send(Msg::Events { thread_id, buf, len }) {
             // Only possible after the writer stopped; the buffer comes back for reuse.
             if let Msg::Events { buf, .. } = e.0 {
@@ -646,12 +826,12 @@ pub struct Discard {
 impl Discard {
     /// A discarding sink with buffers of `buffer_events`.
     pub fn new(buffer_events: usize) -> Self {
-        Discard { pool: Pool::new(Config { buffer_events, max_buffers: 2, on_full: OnFull::Drop }) }
+        Discard { pool: Pool::new(Config { buffer_events, max_buffers: 2, on_full: OnFull::Drop, ring: false }) }
     }
 }
 
 impl Sink for Discard {
-    fn take(&self) -> Option<Buffer> {
+    fn take(&self, _: u64, _: u64) -> Option<Buffer> {
         self.pool.take()
     }
     fn submit(&self, _: u64, buf: Buffer, _: usize) {

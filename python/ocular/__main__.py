@@ -75,7 +75,7 @@ def _run(opts: dict) -> int:
         rec = Recording(opts["output"], opts["mode"], opts["threshold"], opts["include"], opts["exclude"],
                         window_period=opts["window_period"], window_length=opts["window_length"],
                         buffer_events=opts["buffer_events"], max_buffers=opts["max_buffers"],
-                        on_full=opts["on_full"])
+                        on_full=opts["on_full"], ring_file=opts["ring_file"])
     except ValueError as e:
         print(f"python -m ocular run: {e}", file=sys.stderr)
         return 2

@@ -267,6 +267,7 @@ class Recording:
         buffer_events: int = 65536,
         max_buffers: int = 64,
         on_full: str = "drop",
+        ring_file: bool = True,
         window_period: float | None = None,
         window_length: float = 0.0005,
     ) -> None:
@@ -301,6 +302,7 @@ class Recording:
         self.buffer_events = buffer_events
         self.max_buffers = max_buffers
         self.on_full = on_full
+        self.ring_file = bool(ring_file)
         self.tool_id: int = -1
         self.events = 0
         self.lost = 0
@@ -359,7 +361,7 @@ class Recording:
             nat.start(self.path, header, self.mode, self.deinstrument_threshold, self.include_only,
                       self.exclude, self.buffer_events, self.max_buffers, cost,
                       _interp.boot_thread_name, boot, main.native_id or 0, main.name, [_OWN_CODE], per_kind,
-                      self.on_full)
+                      self.on_full, self.ring_file)
         except BaseException:
             release_tool_id(tool, self._events)
             raise
@@ -558,6 +560,10 @@ def record(
     ``(max_buffers + threads) * buffer_events * 24`` bytes (1.5 MiB per thread and 96 MiB by default).
     If the writer falls that far behind, ``on_full="drop"`` (the default) drops events, counted and
     located in the file, and ``on_full="wait"`` makes the program wait for the writer instead.
+
+    ring_file: the buffers live in a file beside the trace (``run.ocl.ring``, removed at the end), so that
+    a program killed (SIGKILL, the OOM killer, a crash) loses none of what was recorded: every command
+    reads the trace completed from it. False keeps them in memory, as before.
     """
     return Recording(path, mode, deinstrument_threshold, include_only, exclude, **kwargs)
 

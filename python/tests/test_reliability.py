@@ -377,3 +377,39 @@ def test_the_fork_warning_filter_is_gone_after_the_stop(ocl):
             os._exit(0)
         os.waitpid(pid, 0)
     assert warnings.filters == before
+
+
+# -- item 4: a killed recording ----------------------------------------------------------------------------
+
+
+@pytest.mark.parametrize("mode, calls", [("calls", 200_000), ("adaptive", 20_000)])
+def test_a_killed_recording_keeps_every_call_made_before_the_kill(tmp_path, mode, calls):
+    # Before the ring file: SIGKILL left each thread's last buffer unwritten (37,490 of 200,000 calls in
+    # calls mode; in the default mode, a file with 0 events and 0 code objects).
+    script = tmp_path / "w.py"
+    script.write_text(f"import os, signal\ndef f():\n    return 1\nfor _ in range({calls}):\n    f()\n"
+                      "os.kill(os.getpid(), signal.SIGKILL)\n")
+    out = tmp_path / "t.ocl"
+    r = _python(["-m", "ocular", "run", "-q", "--mode", mode, "-o", str(out), str(script)], tmp_path)
+    assert r.returncode == -signal.SIGKILL, r.stderr
+    with pytest.warns(UserWarning, match=r"did not end \(killed or crashed\).* recovered \d+ events .* from "
+                                         + re.escape(_ring_dir()) + r"/t\.ocl\.\d+\.ring"):
+        c = ocular.load(out).calls()
+    assert len(c.filter(c["function"] == "f")) == calls
+
+
+def _ring_dir():
+    """Where ring files go (RING.md 2): the user's runtime directory."""
+    xdg = os.environ.get("XDG_RUNTIME_DIR")
+    if xdg and os.path.isdir(xdg):
+        return os.path.join(xdg, "ocular")
+    return f"/dev/shm/ocular-{os.geteuid()}"
+
+
+def test_a_recording_that_ends_leaves_no_ring_file(ocl):
+    ring = os.path.join(_ring_dir(), f"{os.path.basename(ocl)}.{os.getpid()}.ring")
+    with ocular.record(ocl, mode="calls") as rec:
+        assert os.path.exists(ring)
+        assert oct(os.stat(ring).st_mode & 0o777) == "0o600"
+        assert oct(os.stat(_ring_dir()).st_mode & 0o777) == "0o700"
+    assert rec.events > 0 and not os.path.exists(ring)

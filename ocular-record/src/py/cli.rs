@@ -81,6 +81,10 @@ struct RunArgs {
     /// the program wait for the writer
     #[arg(long, default_value = "drop", value_parser = ["drop", "wait"])]
     on_full: String,
+    /// Keep the buffers in memory instead of in OUTPUT.ring beside the trace: a program killed (SIGKILL,
+    /// the OOM killer, a crash) then loses each thread's last buffer of events
+    #[arg(long)]
+    no_ring_file: bool,
     /// Record only code whose file or qualified name contains P (repeatable)
     #[arg(long, value_name = "P")]
     include: Vec<String>,
@@ -127,6 +131,7 @@ pub(super) fn parse_run<'py>(py: Python<'py>, argv: Vec<OsString>) -> PyResult<B
     d.set_item("buffer_events", run.buffer_events)?;
     d.set_item("max_buffers", run.max_buffers)?;
     d.set_item("on_full", run.on_full)?;
+    d.set_item("ring_file", !run.no_ring_file)?;
     d.set_item("include", run.include)?;
     d.set_item("exclude", run.exclude)?;
     d.set_item("quiet", run.quiet)?;

@@ -232,7 +232,7 @@ fn header_from(d: &Bound<'_, PyDict>, options: Options, cost: f64) -> PyResult<H
 #[pyfunction]
 #[pyo3(signature = (path, header, mode, threshold, include_only, exclude, buffer_events, max_buffers,
                     event_cost_ticks, thread_name, boot_code, main_native_id, main_name, internal,
-                    calibration=Vec::new(), on_full="drop"))]
+                    calibration=Vec::new(), on_full="drop", ring=true))]
 #[allow(clippy::too_many_arguments)]
 fn start(
     py: Python<'_>,
@@ -252,6 +252,7 @@ fn start(
     internal: Vec<String>,
     calibration: Vec<(u8, f64)>,
     on_full: &str,
+    ring: bool,
 ) -> PyResult<()> {
     // SAFETY: GIL held (we have `py`); no Python call while the reference is alive.
     if unsafe { state() }.recorder.is_some() {
@@ -277,7 +278,7 @@ fn start(
     let out = match path {
         Some(p) => {
             let h = header_from(header, options, event_cost_ticks)?;
-            let cfg = Config { buffer_events, max_buffers, on_full };
+            let cfg = Config { buffer_events, max_buffers, on_full, ring };
             let session = py.detach(|| Session::start(&p, &h, cfg)).map_err(|e| PyOSError::new_err(e.to_string()))?;
             if !calibration.is_empty() {
                 session.calibration(ocular_format::Calibration { costs: calibration });

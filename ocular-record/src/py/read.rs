@@ -86,7 +86,7 @@ pub(super) fn read<'py>(py: Python<'py>, path: std::path::PathBuf, salvage: bool
                 d.set_item("lost", t.lost)?;
                 out.set_item("trailer", d)?;
             }
-            Body::Skipped(_) => {}
+            Body::Skipped(_) | Body::Ring(_) => {}
         }
     }
     out.set_item("events", events)?;

@@ -34,7 +34,7 @@ impl Scripted {
 }
 
 impl Sink for Scripted {
-    fn take(&self) -> Option<Buffer> {
+    fn take(&self, _: u64, _: u64) -> Option<Buffer> {
         let mut a = self.available.borrow_mut();
         (*a > 0).then(|| {
             *a -= 1;
@@ -255,7 +255,12 @@ fn each_thread_holds_a_buffer_beyond_max_buffers() {
 #[test]
 fn with_on_full_wait_a_thread_waits_for_the_writer_instead_of_dropping() {
     use ocular_record::session::OnFull;
-    let pool = std::sync::Arc::new(Pool::new(Config { buffer_events: 4, max_buffers: 1, on_full: OnFull::Wait }));
+    let pool = std::sync::Arc::new(Pool::new(Config {
+        buffer_events: 4,
+        max_buffers: 1,
+        on_full: OnFull::Wait,
+        ..Config::default()
+    }));
     let mine = pool.take_held().unwrap();
     let spare = pool.take().unwrap();
     pool.release();
