@@ -110,13 +110,14 @@ pub fn runtime_dir() -> Option<PathBuf> {
     None
 }
 
-/// The ring file for a recording into `ocl` by process `pid`: in the runtime directory if there is one
-/// (a memory file system: its pages cost what heap pages cost), else beside the trace.
-pub fn path_for_recording(ocl: &Path, pid: u32) -> PathBuf {
+/// The ring file for the `n`-th recording of process `pid` into `ocl`: in the runtime directory if there
+/// is one (a memory file system: its pages cost what heap pages cost), else beside the trace. Two
+/// recordings of one process never share a name (`n` differs), nor do two processes (`pid`).
+pub fn path_for_recording(ocl: &Path, pid: u32, n: u64) -> PathBuf {
     match runtime_dir() {
         Some(dir) => {
             let name = ocl.file_name().map_or_else(|| "trace".into(), |n| n.to_string_lossy().into_owned());
-            dir.join(format!("{name}.{pid}.ring"))
+            dir.join(format!("{name}.{pid}-{n}.ring"))
         }
         None => path_for(ocl),
     }
@@ -177,8 +178,13 @@ impl RingWriter {
             return Err(bad("a ring file needs at least one slot of one event"));
         }
         let (slots_offset, meta_offset, size) = layout.offsets().ok_or_else(|| bad("ring file too large"))?;
+        // A new file, never one in use: two recordings must not share slots. (A file left there by a
+        // recording of a process that is gone, with this pid, is replaced.)
+        if path.exists() && RingFile::open(path).is_ok_and(|r| !crate::reader::process_alive(r.pid) || r.pid != pid) {
+            let _ = std::fs::remove_file(path);
+        }
         let mut opts = std::fs::OpenOptions::new();
-        opts.read(true).write(true).create(true).truncate(true);
+        opts.read(true).write(true).create_new(true);
         #[cfg(unix)]
         std::os::unix::fs::OpenOptionsExt::mode(&mut opts, 0o600);
         let file = opts.open(path)?;

@@ -680,7 +680,9 @@ impl Session {
             max_slots: u32::try_from(cfg.max_buffers).ok()?.saturating_add(RING_THREAD_SLOTS),
             meta_capacity: RING_META,
         };
-        let ring_path = ocular_format::ring::path_for_recording(path, header.pid);
+        static RECORDINGS: AtomicUsize = AtomicUsize::new(0);
+        let n = RECORDINGS.fetch_add(1, Ordering::Relaxed) as u64;
+        let ring_path = ocular_format::ring::path_for_recording(path, header.pid, n);
         RingWriter::create(&ring_path, header.pid, header.start_ticks, header.ticks_per_second, layout)
             .ok()
             .map(Arc::new)

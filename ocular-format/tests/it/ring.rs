@@ -103,6 +103,7 @@ fn a_foreign_truncated_or_oversized_ring_file_is_a_clear_error() {
     std::fs::write(&p, b"not a ring file at all").unwrap();
     let e = RingFile::open(&p).unwrap_err().to_string();
     assert!(e.contains("not an Ocular ring file"), "{e}");
+    std::fs::remove_file(&p).unwrap();
     drop(RingWriter::create(&p, 1, 0, 1e9, LAYOUT).unwrap());
     let mut bytes = std::fs::read(&p).unwrap();
     bytes[44..48].copy_from_slice(&1_000_000u32.to_le_bytes()); // a million slots in a 16 KiB file
@@ -217,4 +218,15 @@ fn a_ring_file_is_not_used_while_its_process_runs_nor_for_another_trace() {
     let mut r = Reader::open(&ocl2).unwrap();
     while r.next_chunk().unwrap().is_some() {}
     assert!(r.report().recovered.is_none());
+}
+
+#[test]
+fn a_ring_file_in_use_is_never_taken_over() {
+    let dir = tempfile::tempdir().unwrap();
+    let p = dir.path().join("r");
+    let _first = RingWriter::create(&p, std::process::id(), 0, 1e9, LAYOUT).unwrap();
+    // Two recordings sharing slots wrote over each other's events: the second is refused instead.
+    let e = RingWriter::create(&p, std::process::id(), 0, 1e9, LAYOUT).unwrap_err();
+    assert_eq!(e.kind(), std::io::ErrorKind::AlreadyExists);
+    assert_ne!(ocular_format::ring::path_for_recording(&p, 7, 0), ocular_format::ring::path_for_recording(&p, 7, 1));
 }
