@@ -123,20 +123,23 @@ pub fn path_for_recording(ocl: &Path, pid: u32, n: u64) -> PathBuf {
     }
 }
 
-/// Removes ring files in `dir` left by processes that are gone, last written more than `age` ago: a
-/// killed recording's ring stays that long for its trace to be read (RING.md 2). Returns how many.
-pub fn sweep(dir: &Path, age: std::time::Duration) -> usize {
+/// Removes ring files in `dir` left by processes that are gone: those last written more than `age` ago,
+/// and all but the `keep` newest (RING.md 2: a killed recording's ring stays for its trace to be read, in
+/// memory, so their number is bounded). Returns how many it removed.
+pub fn sweep(dir: &Path, age: std::time::Duration, keep: usize) -> usize {
     let Ok(entries) = std::fs::read_dir(dir) else { return 0 };
+    let mut dead: Vec<(std::time::SystemTime, PathBuf)> = entries
+        .flatten()
+        .map(|e| e.path())
+        .filter(|p| p.extension().is_some_and(|x| x == "ring"))
+        .filter(|p| RingFile::open(p).is_ok_and(|r| !crate::reader::process_alive(r.pid)))
+        .filter_map(|p| Some((std::fs::metadata(&p).ok()?.modified().ok()?, p)))
+        .collect();
+    dead.sort_by_key(|d| std::cmp::Reverse(d.0));
     let mut removed = 0;
-    for e in entries.flatten() {
-        let p = e.path();
-        if p.extension().map_or(true, |x| x != "ring") {
-            continue;
-        }
-        let old =
-            e.metadata().ok().and_then(|m| m.modified().ok()).and_then(|t| t.elapsed().ok()).is_some_and(|a| a > age);
-        let gone = RingFile::open(&p).is_ok_and(|r| !crate::reader::process_alive(r.pid));
-        if old && gone && std::fs::remove_file(&p).is_ok() {
+    for (i, (when, p)) in dead.iter().enumerate() {
+        let old = when.elapsed().is_ok_and(|a| a > age);
+        if (i >= keep || old) && std::fs::remove_file(p).is_ok() {
             removed += 1;
         }
     }
@@ -188,8 +191,15 @@ impl RingWriter {
         #[cfg(unix)]
         std::os::unix::fs::OpenOptionsExt::mode(&mut opts, 0o600);
         let file = opts.open(path)?;
-        file.set_len(size)?;
-        let map = memmap2::MmapOptions::new().len(size as usize).map_raw(&file)?;
+        // Nothing half made stays behind.
+        let mapped = file.set_len(size).and_then(|()| memmap2::MmapOptions::new().len(size as usize).map_raw(&file));
+        let map = match mapped {
+            Ok(m) => m,
+            Err(e) => {
+                let _ = std::fs::remove_file(path);
+                return Err(e);
+            }
+        };
         let w =
             RingWriter { map, file, path: path.to_owned(), layout, slots_offset, meta_offset, meta: Mutex::new(()) };
         // SAFETY: the header lies within the mapping (size >= HEADER_SIZE), which nothing else uses yet.

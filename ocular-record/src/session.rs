@@ -120,6 +120,8 @@ pub const RING_THREAD_SLOTS: u32 = 256;
 pub const RING_META: u64 = 64 << 20;
 /// How long the ring file of a killed recording is kept (RING.md 2).
 pub const RING_KEEP: std::time::Duration = std::time::Duration::from_secs(7 * 24 * 3600);
+/// How many ring files of killed recordings are kept (the newest).
+pub const RING_KEEP_FILES: usize = 8;
 
 impl Default for Config {
     fn default() -> Self {
@@ -569,6 +571,8 @@ pub struct Session {
     pool: Arc<Pool>,
     /// The ring file beside the trace (RING.md), if one could be made.
     ring: Option<Arc<RingWriter>>,
+    /// Why it could not, if it was asked for.
+    ring_error: Option<String>,
     writer: Option<JoinHandle<Outcome>>,
     path: PathBuf,
     /// The file's descriptor, owned by the writer thread: a forked child closes its copy (see `forget`).
@@ -625,7 +629,11 @@ impl Session {
         // A ring file beside a regular file: the buffers' events and the metadata the writer has not
         // written yet survive a killed process there (RING.md). Without one (no space, no permission, a
         // pipe), the recording goes on as before, and a crash loses each thread's last buffer.
-        let ring = (cfg.ring && is_file).then(|| Self::ring(path, header, cfg)).flatten();
+        let (ring, ring_error) = match (cfg.ring && is_file).then(|| Self::ring(path, header, cfg)) {
+            Some(Ok(r)) => (Some(r), None),
+            Some(Err(e)) => (None, Some(e)),
+            None => (None, None),
+        };
         if let Some(r) = &ring {
             let abs = std::path::absolute(r.path()).unwrap_or_else(|_| r.path().to_owned());
             writer.ring(&RingInfo { path: abs.display().to_string() })?;
@@ -643,7 +651,8 @@ impl Session {
             .spawn(move || {
                 // No spares yet: a short recording never needs them (faulting in 4.5 MiB took ~4 ms that
                 // stop() waited for). The first full buffer makes the writer allocate them.
-                // Rings of killed recordings stay a week for their traces to be read (RING.md 2).
+                // Rings of killed recordings stay for their traces to be read: the newest 8, for a week at
+                // most (RING.md 2).
                 if job.pool.ring().is_some() {
                     // A ring slot takes ~0.5 ms to set up (384 page faults on a memory file system, where
                     // a heap buffer gets one huge page): one is made here, beside the program, for the
@@ -651,7 +660,7 @@ impl Session {
                     job.pool.keep_spares(1);
                 }
                 if let Some(dir) = ocular_format::ring::runtime_dir() {
-                    ocular_format::ring::sweep(&dir, RING_KEEP);
+                    ocular_format::ring::sweep(&dir, RING_KEEP, RING_KEEP_FILES);
                 }
                 for msg in rx {
                     if job.handle(msg) {
@@ -666,6 +675,7 @@ impl Session {
             code: Mutex::new(Vec::new()),
             pool,
             ring,
+            ring_error,
             writer: Some(handle),
             path: path.to_owned(),
             #[cfg(unix)]
@@ -673,19 +683,20 @@ impl Session {
         })
     }
 
-    /// Creates the ring file of `path`, or `None` if it cannot be made.
-    fn ring(path: &Path, header: &Header, cfg: Config) -> Option<Arc<RingWriter>> {
+    /// Creates the ring file of `path`, or says why it cannot be made.
+    fn ring(path: &Path, header: &Header, cfg: Config) -> Result<Arc<RingWriter>, String> {
+        let too_big = |_| "buffers too large for a ring file".to_string();
         let layout = RingLayout {
-            slot_events: u32::try_from(cfg.buffer_events).ok()?,
-            max_slots: u32::try_from(cfg.max_buffers).ok()?.saturating_add(RING_THREAD_SLOTS),
+            slot_events: u32::try_from(cfg.buffer_events).map_err(too_big)?,
+            max_slots: u32::try_from(cfg.max_buffers).map_err(too_big)?.saturating_add(RING_THREAD_SLOTS),
             meta_capacity: RING_META,
         };
         static RECORDINGS: AtomicUsize = AtomicUsize::new(0);
         let n = RECORDINGS.fetch_add(1, Ordering::Relaxed) as u64;
         let ring_path = ocular_format::ring::path_for_recording(path, header.pid, n);
         RingWriter::create(&ring_path, header.pid, header.start_ticks, header.ticks_per_second, layout)
-            .ok()
             .map(Arc::new)
+            .map_err(|e| format!("cannot make the ring file {}: {e}", ring_path.display()))
     }
 
     /// The file being written.
@@ -696,6 +707,11 @@ impl Session {
     /// The ring file beside it, if there is one.
     pub fn ring_path(&self) -> Option<&Path> {
         self.ring.as_deref().map(RingWriter::path)
+    }
+
+    /// Why there is no ring file although one was asked for (no space, a file size limit, ...).
+    pub fn ring_error(&self) -> Option<&str> {
+        self.ring_error.as_deref()
     }
 
     /// The buffer pool.

@@ -358,10 +358,16 @@ class Recording:
             }
             boot = threading.Thread._bootstrap.__code__  # type: ignore[attr-defined]
             main = threading.main_thread()
-            nat.start(self.path, header, self.mode, self.deinstrument_threshold, self.include_only,
+            no_ring = nat.start(self.path, header, self.mode, self.deinstrument_threshold, self.include_only,
                       self.exclude, self.buffer_events, self.max_buffers, cost,
                       _interp.boot_thread_name, boot, main.native_id or 0, main.name, [_OWN_CODE], per_kind,
                       self.on_full, self.ring_file)
+            if no_ring:
+                import warnings
+
+                note = f"{no_ring}: if the program is killed, each thread's last buffer of events is lost"
+                self.notes.append(note)
+                warnings.warn(f"Ocular: {note}", RuntimeWarning, skip_file_prefixes=(_OWN_CODE,))
         except BaseException:
             release_tool_id(tool, self._events)
             raise

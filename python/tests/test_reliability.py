@@ -415,3 +415,23 @@ def test_a_recording_that_ends_leaves_no_ring_file(ocl):
         assert oct(os.stat(ring).st_mode & 0o777) == "0o600"
         assert oct(os.stat(_ring_dir()).st_mode & 0o777) == "0o700"
     assert rec.events > 0 and not os.path.exists(ring)
+
+
+def test_a_ring_file_that_cannot_be_made_is_said_and_the_recording_goes_on(tmp_path):
+    # A file size limit below the ring file's size: no ring, a warning naming why, and a whole trace.
+    script = tmp_path / "w.py"
+    script.write_text(textwrap.dedent("""
+        import resource, sys, warnings
+        import ocular
+        resource.setrlimit(resource.RLIMIT_FSIZE, (50 << 20, 50 << 20))
+        with warnings.catch_warnings(record=True) as w:
+            warnings.simplefilter("always")
+            with ocular.record(sys.argv[1], mode="calls") as rec:
+                sum(range(10))
+        print(rec.notes[0] if rec.notes else "no note", "|", len(w))
+    """))
+    r = _python([str(script), str(tmp_path / "t.ocl")], tmp_path)
+    assert r.returncode == 0, r.stderr
+    assert "cannot make the ring file" in r.stdout and "File too large" in r.stdout, r.stdout
+    assert "each thread's last buffer of events is lost | 1" in r.stdout, r.stdout
+    assert ocular.load(str(tmp_path / "t.ocl")).info()["closed_cleanly"]

@@ -230,3 +230,21 @@ fn a_ring_file_in_use_is_never_taken_over() {
     assert_eq!(e.kind(), std::io::ErrorKind::AlreadyExists);
     assert_ne!(ocular_format::ring::path_for_recording(&p, 7, 0), ocular_format::ring::path_for_recording(&p, 7, 1));
 }
+
+#[test]
+fn a_sweep_keeps_the_newest_rings_of_gone_processes_and_every_live_one() {
+    let dir = tempfile::tempdir().unwrap();
+    let gone = dead_pid();
+    for i in 0..5 {
+        RingWriter::create(&dir.path().join(format!("d{i}.ring")), gone, 0, 1e9, LAYOUT).unwrap();
+        std::thread::sleep(std::time::Duration::from_millis(20)); // distinct modification times
+    }
+    let _live = RingWriter::create(&dir.path().join("live.ring"), std::process::id(), 0, 1e9, LAYOUT).unwrap();
+    std::fs::write(dir.path().join("other.ring"), b"not a ring").unwrap();
+    assert_eq!(ocular_format::ring::sweep(dir.path(), std::time::Duration::from_secs(3600), 2), 3);
+    let mut left: Vec<String> =
+        std::fs::read_dir(dir.path()).unwrap().map(|e| e.unwrap().file_name().into_string().unwrap()).collect();
+    left.sort();
+    assert_eq!(left, ["d3.ring", "d4.ring", "live.ring", "other.ring"]);
+    assert_eq!(ocular_format::ring::sweep(dir.path(), std::time::Duration::ZERO, 8), 2, "old ones go whatever");
+}

@@ -228,7 +228,8 @@ fn header_from(d: &Bound<'_, PyDict>, options: Options, cost: f64) -> PyResult<H
 }
 
 /// Starts recording into `path`, or, with `path=None`, into nothing (calibration). Callbacks must be
-/// registered and events enabled by the caller afterwards.
+/// registered and events enabled by the caller afterwards. Returns why there is no ring file, if one was
+/// asked for and could not be made (the recording goes on without: RING.md).
 #[pyfunction]
 #[pyo3(signature = (path, header, mode, threshold, include_only, exclude, buffer_events, max_buffers,
                     event_cost_ticks, thread_name, boot_code, main_native_id, main_name, internal,
@@ -253,7 +254,7 @@ fn start(
     calibration: Vec<(u8, f64)>,
     on_full: &str,
     ring: bool,
-) -> PyResult<()> {
+) -> PyResult<Option<String>> {
     // SAFETY: GIL held (we have `py`); no Python call while the reference is alive.
     if unsafe { state() }.recorder.is_some() {
         return Err(PyRuntimeError::new_err("Ocular is already recording in this process: stop it first"));
@@ -275,6 +276,7 @@ fn start(
         buffer_events: buffer_events as u32,
         max_buffers: max_buffers as u32,
     };
+    let mut ring_error = None;
     let out = match path {
         Some(p) => {
             let h = header_from(header, options, event_cost_ticks)?;
@@ -283,6 +285,7 @@ fn start(
             if !calibration.is_empty() {
                 session.calibration(ocular_format::Calibration { costs: calibration });
             }
+            ring_error = session.ring_error().map(str::to_string);
             Output::File(session)
         }
         None => Output::Discard(Discard::new(buffer_events)),
@@ -321,7 +324,7 @@ fn start(
     WINDOW_END.store(u64::MAX, Ordering::Relaxed);
     FIRST_CALLS.store(0, Ordering::Relaxed);
     FIRST_LIMIT.store(u64::from(threshold) * FIRST_WINDOW_CALLS_PER_HIT, Ordering::Relaxed);
-    Ok(())
+    Ok(ring_error)
 }
 
 /// The calling thread's frames up to the innermost that is not Ocular's own (see `Recorder::base`).
