@@ -446,7 +446,15 @@ fn decode_code_record(framed: &[u8]) -> std::result::Result<CodeObject, postcard
 }
 
 /// Whether process `pid` still runs (then its trace is still being written, not to be completed).
+/// A killed process stays a zombie until its parent reaps it, which a killed parent (`timeout -s KILL`)
+/// or a slow supervisor can delay for a long time: it no longer writes anything, so it does not count.
 pub(crate) fn process_alive(pid: u32) -> bool {
+    // Linux: the state after the command name in /proc/PID/stat; Z (zombie) and X (dead) are gone.
+    if let Ok(stat) = std::fs::read_to_string(format!("/proc/{pid}/stat")) {
+        if let Some(state) = stat.rfind(')').and_then(|i| stat[i + 1..].split_whitespace().next()) {
+            return !matches!(state, "Z" | "X");
+        }
+    }
     #[cfg(unix)]
     {
         // SAFETY: kill with signal 0 only checks that the process exists.

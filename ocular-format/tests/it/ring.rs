@@ -248,3 +248,19 @@ fn a_sweep_keeps_the_newest_rings_of_gone_processes_and_every_live_one() {
     assert_eq!(left, ["d3.ring", "d4.ring", "live.ring", "other.ring"]);
     assert_eq!(ocular_format::ring::sweep(dir.path(), std::time::Duration::ZERO, 8), 2, "old ones go whatever");
 }
+
+#[test]
+fn a_zombie_is_not_a_running_recording() {
+    // A killed child its parent has not reaped yet: its trace is to be completed, not followed.
+    let mut c = std::process::Command::new("sh").args(["-c", "kill -9 $$"]).spawn().unwrap();
+    let pid = c.id();
+    std::thread::sleep(std::time::Duration::from_millis(200)); // dead, not yet waited for: a zombie
+    let stat = std::fs::read_to_string(format!("/proc/{pid}/stat")).unwrap();
+    assert!(stat.contains(") Z "), "{stat}");
+    let dir = tempfile::tempdir().unwrap();
+    let ocl = killed_trace(dir.path(), pid);
+    let mut r = Reader::open(&ocl).unwrap();
+    while r.next_chunk().unwrap().is_some() {}
+    assert!(r.report().recovered.is_some(), "the zombie's ring was not used");
+    c.wait().unwrap();
+}
