@@ -135,6 +135,9 @@ pub struct Select {
     pub start_ns: Option<i64>,
     /// Rows up to this time: events at or before it, calls that start at or before it.
     pub end_ns: Option<i64>,
+    /// Bytes the events table may take as a DataFrame (rows x the selected columns' widths, estimated from
+    /// the chunk headers of the first pass); more is refused with [`TooBig`] before anything is built.
+    pub budget: Option<u64>,
 }
 
 impl Select {
@@ -148,6 +151,14 @@ impl Select {
 
     fn is_all(&self) -> bool {
         self.columns.is_none() && self.threads.is_none() && self.start_ns.is_none() && self.end_ns.is_none()
+    }
+
+    /// Bytes per row of `table` as a DataFrame with the selected columns.
+    fn row_bytes(&self, table: Table) -> u64 {
+        match &self.columns {
+            Some(cols) => cols.iter().map(|c| column_bytes(table, c)).sum(),
+            None => columns(table).iter().map(|c| column_bytes(table, c)).sum(),
+        }
     }
 
     /// An error naming the columns `table` has, if one asked for is not among them.
@@ -230,51 +241,23 @@ fn column_bytes(table: Table, column: &str) -> u64 {
     }
 }
 
-/// How big a table would be, from the chunk headers alone (no event is decoded).
-#[derive(Debug, Default)]
-pub struct Estimate {
-    /// Events in the chunks the selection covers (whole chunks: an upper bound for a time range).
-    pub events: u64,
-    /// Rows of the events table, as `events`; of the calls table, at most half of them.
+/// The events table [`build_selected`] was asked for would not fit its [`Select::budget`]: refused before
+/// anything was built.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct TooBig {
+    /// Rows it would have (events in the chunks the selection covers: whole chunks, an upper bound).
     pub rows: u64,
-    /// Bytes of the DataFrame: rows times the selected columns' widths.
+    /// Bytes of its DataFrame: rows times the selected columns' widths.
     pub bytes: u64,
-    /// The reader's warnings.
-    pub warnings: Vec<String>,
 }
 
-/// The size of `table` of `path` under `select`, from one pass over the chunk headers.
-pub fn estimate(path: &Path, opts: ReadOptions, table: Table, select: &Select) -> anyhow::Result<Estimate> {
-    select.check(table)?;
-    let mut r = Reader::open_with(path, ReadOptions { skip_events: true, ..opts })?;
-    let h = r.header().clone();
-    let ns_per_tick = 1e9 / h.ticks_per_second;
-    let ns = |ticks: u64| (ticks.wrapping_sub(h.start_ticks) as i64 as f64 * ns_per_tick) as i64;
-    let (lo, hi) = select.range();
-    let mut e = Estimate::default();
-    while let Some(c) = r.next_chunk()? {
-        let i = c.info;
-        if i.kind == ocular_format::chunk::kind::EVENTS
-            && select.thread(i.thread_id)
-            && ns(i.last_ts) >= lo
-            && ns(i.first_ts) <= hi
-        {
-            e.events += i.count as u64;
-        }
+impl std::fmt::Display for TooBig {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        write!(f, "the events table of {} events would take {} bytes", self.rows, self.bytes)
     }
-    e.rows = match table {
-        Table::Events => e.events,
-        Table::Calls => e.events / 2,
-        Table::Code | Table::Lost => 0,
-    };
-    let width: u64 = match &select.columns {
-        Some(cols) => cols.iter().map(|c| column_bytes(table, c)).sum(),
-        None => columns(table).iter().map(|c| column_bytes(table, c)).sum(),
-    };
-    e.bytes = e.rows * width;
-    e.warnings = r.report().warnings(&path.display().to_string());
-    Ok(e)
 }
+
+impl std::error::Error for TooBig {}
 
 /// What [`build`] wrote.
 #[derive(Debug, Default)]
@@ -420,19 +403,34 @@ struct Metadata {
     losses: Vec<crate::analysis::Loss>,
     /// The first pass's warnings, for a build that reads no events.
     warnings: Vec<String>,
+    /// Events in the chunks the selection covers (whole chunks: an upper bound for a time range).
+    selected_events: u64,
 }
 
-fn metadata(path: &Path, opts: ReadOptions) -> ocular_format::Result<Metadata> {
+fn metadata(path: &Path, opts: ReadOptions, select: &Select) -> ocular_format::Result<Metadata> {
     let mut r = Reader::open_with(path, ReadOptions { skip_events: true, ..opts })?;
     let header = r.header().clone();
+    let ns_per_tick = 1e9 / header.ticks_per_second;
+    let start = header.start_ticks;
+    let ns = |ticks: u64| (ticks.wrapping_sub(start) as i64 as f64 * ns_per_tick) as i64;
+    let (lo, hi) = select.range();
     let mut m = Metadata {
         header,
         code: HashMap::default(),
         snapshots: HashMap::default(),
         losses: Vec::new(),
         warnings: Vec::new(),
+        selected_events: 0,
     };
     while let Some(c) = r.next_chunk()? {
+        let i = &c.info;
+        if i.kind == ocular_format::chunk::kind::EVENTS
+            && select.thread(i.thread_id)
+            && ns(i.last_ts) >= lo
+            && ns(i.first_ts) <= hi
+        {
+            m.selected_events += i.count as u64;
+        }
         match c.body {
             Body::Code(objs) => m.code.extend(objs.into_iter().map(|o| (o.id, o))),
             Body::Snapshot(s) => m.snapshots.extend(s.into_iter().map(|x| (x.id, x.bytecode))),
@@ -692,7 +690,14 @@ pub fn build_selected(
     let (lo, hi) = select.range();
     let everything = select.is_all();
     let batch_rows = batch_rows.max(1);
-    let meta = metadata(path, opts)?;
+    let meta = metadata(path, opts, select)?;
+    if let Some(budget) = select.budget.filter(|_| tables.contains(&Table::Events)) {
+        let too_big =
+            TooBig { rows: meta.selected_events, bytes: meta.selected_events * select.row_bytes(Table::Events) };
+        if too_big.bytes > budget {
+            return Err(too_big.into());
+        }
+    }
     let h = &meta.header;
     let ns_per_tick = 1e9 / h.ticks_per_second;
     let ns = |ticks: u64| (ticks.wrapping_sub(h.start_ticks) as i64 as f64 * ns_per_tick) as i64;

@@ -10,7 +10,7 @@ use arrow_array::{
 };
 use arrow_schema::{ArrowError, DataType, Field, Schema};
 use ocular_analyze::table::{
-    build_selected, estimate, Batch, Column, Select, Sink, Table, DEFAULT_BATCH_ROWS, NULL_CODE,
+    build_selected, Batch, Column, Select, Sink, Table, TooBig, DEFAULT_BATCH_ROWS, NULL_CODE,
 };
 use ocular_format::ReadOptions;
 use pyo3::exceptions::{PyMemoryError, PyOSError, PyValueError};
@@ -229,37 +229,35 @@ pub(super) fn table(
         "lost" => Table::Lost,
         other => return Err(PyValueError::new_err(format!("no table {other:?}: events, calls, code or lost"))),
     };
-    let select = Select { columns, threads, start_ns, end_ns };
+    // Rust aborts the process when an allocation fails: an events table that cannot fit the memory the
+    // process can get is refused before anything is built, from its size in the chunk headers. The
+    // batches and polars' conversion of them are alive together: see PEAK.
+    let free = memory_available();
+    let budget = free.map(|f| f / PEAK);
+    let select = Select { columns, threads, start_ns, end_ns, budget };
     let opts = ReadOptions::with_salvage(salvage);
     select.check(which).map_err(|e| PyValueError::new_err(e.to_string()))?;
-    if which == Table::Events {
-        let e = py.detach(|| estimate(&path, opts, which, &select)).map_err(|e| os_err(format!("{e:#}")))?;
-        // The batches are built, then handed to polars, which converts the text columns to its own
-        // categoricals while the batches are alive: measured, the peak is 1.37x the DataFrame's size
-        // with every column (82 vs 60 bytes per event, 5M events) and 1.77x with three (28 vs 16).
-        let need = e.bytes.saturating_mul(PEAK);
-        if let Some(free) = memory_available() {
-            if need > free {
-                let gb = |b: u64| b as f64 / (1u64 << 30) as f64;
-                return Err(PyMemoryError::new_err(format!(
-                    "{}: the events table of {} events needs about {:.1} GiB at its peak and {:.1} GiB is \
-                     available: pass columns=[...] (the ones you need), threads=[...] or start_ns/end_ns, or \
-                     export it (ocular-analyze export --parquet) and scan it lazily with polars.scan_parquet",
-                    path.display(),
-                    e.rows,
-                    gb(need),
-                    gb(free)
-                )));
-            }
-        }
-    }
     let (sink, summary) = py
         .detach(|| {
             let mut sink = ArrowSink::default();
             let s = build_selected(&path, opts, &[which], DEFAULT_BATCH_ROWS, &select, &mut sink)?;
             Ok::<_, anyhow::Error>((sink, s))
         })
-        .map_err(|e| os_err(format!("{e:#}")))?;
+        .map_err(|e| match e.downcast_ref::<TooBig>() {
+            Some(t) => {
+                let gb = |b: u64| b as f64 / (1u64 << 30) as f64;
+                PyMemoryError::new_err(format!(
+                    "{}: the events table of {} events needs about {:.1} GiB at its peak and {:.1} GiB is \
+                     available: pass columns=[...] (the ones you need), threads=[...] or start_ns/end_ns, or \
+                     export it (ocular-analyze export --parquet) and scan it lazily with polars.scan_parquet",
+                    path.display(),
+                    t.rows,
+                    gb(t.bytes.saturating_mul(PEAK)),
+                    gb(free.unwrap_or(0))
+                ))
+            }
+            None => os_err(format!("{e:#}")),
+        })?;
     let rows = sink.batches.iter().map(RecordBatch::num_rows).sum();
     let schema = sink.schema.unwrap_or_else(|| Arc::new(Schema::empty()));
     Ok((ArrowTable { schema, batches: Some(sink.batches), rows }, summary.warnings))

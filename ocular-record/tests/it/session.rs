@@ -109,12 +109,16 @@ fn rewind_and_discard_keep_nothing() {
     assert_eq!(tb.lost_pending().count, 0, "a discarding sink always has a buffer");
 }
 
+/// A session at `path` with the test header and buffers of 100 events.
+fn small_session(path: &std::path::Path) -> Session {
+    let cfg = Config { buffer_events: 100, max_buffers: 64, ..Config::default() };
+    Session::start(path, &ocular_format::testing::header(), cfg).unwrap()
+}
+
 #[test]
 fn a_session_writes_every_thread_in_order_and_closes_cleanly() {
     let (_dir, path) = tmp();
-    let header = ocular_format::testing::header();
-    let session =
-        Session::start(&path, &header, Config { buffer_events: 100, max_buffers: 64, ..Config::default() }).unwrap();
+    let session = small_session(&path);
     session.thread(ThreadInfo { thread_id: 1, name: "MainThread".into(), is_main: true });
     let mut a = ThreadBuffer::new(1);
     let mut b = ThreadBuffer::new(2);
@@ -191,8 +195,7 @@ fn the_writer_thread_is_named() {
 fn a_second_session_on_the_same_path_fails_and_the_first_file_stays_whole() {
     let (_dir, path) = tmp();
     let header = ocular_format::testing::header();
-    let first =
-        Session::start(&path, &header, Config { buffer_events: 100, max_buffers: 64, ..Config::default() }).unwrap();
+    let first = small_session(&path);
     let mut tb = ThreadBuffer::new(1);
     for i in 0..250u64 {
         tb.push(ev(10 * i, 2), &first);
