@@ -593,7 +593,7 @@ pub fn analyze(path: &Path, opts: ReadOptions) -> ocular_format::Result<Analysis
             }
             // The recording's end, where frames still open in a recording with windows end.
             Body::Trailer(t) if log.windowed => log.end = log.end.max(t.end_ticks),
-            Body::Lost(_) | Body::Trailer(_) | Body::Skipped(_) | Body::Ring(_) => {}
+            Body::Lost(_) | Body::Trailer(_) | Body::Skipped(_) | Body::Ring(_) | Body::Dropped(_) => {}
         }
     }
     // Frames still open at the end (the recording stopped inside them) end at their thread's last event,

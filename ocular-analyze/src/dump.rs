@@ -70,6 +70,11 @@ pub fn dump(path: &Path, opts: ReadOptions, out: &mut dyn Write) -> anyhow::Resu
                 "  lost thread={} count={} ticks={}..{}",
                 l.thread_id, l.count, l.first_ticks, l.last_ticks
             )?,
+            Body::Dropped(d) => writeln!(
+                out,
+                "  dropped thread={} events={} ticks={}..{}",
+                d.thread_id, d.events, d.first_ticks, d.last_ticks
+            )?,
             Body::Trailer(t) => writeln!(
                 out,
                 "  trailer events={} lost={} chunks={} end_ticks={} end_monotonic_ns={} end_unix_ns={}",

@@ -56,6 +56,9 @@ pub struct Info {
     pub lost_events: u64,
     /// Whether the file ends with a trailer and nothing was damaged.
     pub closed_cleanly: bool,
+    /// Events a flight recorder overwrote before the file was written (FORMAT.md 6.8): the file holds the
+    /// newest part of the recording.
+    pub dropped_events: u64,
     /// Reader warnings.
     pub warnings: Vec<String>,
 }
@@ -75,6 +78,11 @@ pub struct ThreadSummary {
     pub lost_share: f64,
     /// When they were dropped, in ms after the start: (first, last) of each stretch.
     pub lost_ranges_ms: Vec<(f64, f64)>,
+    /// Events a flight recorder recorded in this thread and overwrote before the file was written: all
+    /// before the thread's first event in the file.
+    pub dropped: u64,
+    /// Up to when, in ms after the recording's start.
+    pub dropped_until_ms: Option<f64>,
 }
 
 /// Reads `path` once and summarizes it.
@@ -102,7 +110,7 @@ pub fn summarize(path: impl AsRef<Path>, opts: ReadOptions) -> ocular_format::Re
             Body::Code(c) => code += c.len() as u64,
             Body::Snapshot(s) => snaps += s.len() as u64,
             Body::Lost(l) => lost += l.count,
-            Body::Trailer(_) | Body::Skipped(_) | Body::Calibration(_) | Body::Ring(_) => {}
+            Body::Trailer(_) | Body::Skipped(_) | Body::Calibration(_) | Body::Ring(_) | Body::Dropped(_) => {}
         }
     }
     let report = r.report().clone();
@@ -138,11 +146,24 @@ pub fn summarize(path: impl AsRef<Path>, opts: ReadOptions) -> ocular_format::Re
             for l in &losses {
                 threads.entry(l.thread_id).or_default();
             }
+            for &id in report.dropped.keys() {
+                threads.entry(id).or_default();
+            }
             threads
                 .into_iter()
                 .map(|(id, (name, events))| {
                     let l = losses.iter().find(|l| l.thread_id == id).cloned().unwrap_or_default();
-                    ThreadSummary { id, name, events, lost: l.lost, lost_share: l.share, lost_ranges_ms: l.ranges_ms }
+                    let d = report.dropped.get(&id);
+                    ThreadSummary {
+                        id,
+                        name,
+                        events,
+                        lost: l.lost,
+                        lost_share: l.share,
+                        lost_ranges_ms: l.ranges_ms,
+                        dropped: d.map_or(0, |d| d.events),
+                        dropped_until_ms: d.and_then(|d| report.ms_after_start(d.last_ticks)),
+                    }
                 })
                 .collect()
         },
@@ -152,6 +173,7 @@ pub fn summarize(path: impl AsRef<Path>, opts: ReadOptions) -> ocular_format::Re
         file_bytes,
         bytes_per_event: if events > 0 { file_bytes as f64 / events as f64 } else { 0.0 },
         lost_events: lost,
+        dropped_events: report.dropped.values().map(|d| d.events).sum(),
         closed_cleanly: report.clean(),
         warnings: report.warnings(&path.display().to_string()),
     })
@@ -216,9 +238,20 @@ impl std::fmt::Display for Info {
             } else {
                 writeln!(f, "  {:<10} {name:<24} {} events", t.id, t.events)?;
             }
+            if t.dropped > 0 {
+                let until = t.dropped_until_ms.map_or(String::new(), |ms| format!(" (up to {ms:.1} ms)"));
+                writeln!(f, "  {:<10} {:<24} {} earlier events overwritten by the ring{until}", "", "", t.dropped)?;
+            }
         }
         writeln!(f, "code objects  {} ({} with a specialized snapshot)", self.code_objects, self.snapshots)?;
         writeln!(f, "lost events   {}", self.lost_events)?;
+        if self.dropped_events > 0 {
+            writeln!(
+                f,
+                "flight rec.   the newest part of the recording: {} earlier events were overwritten by its ring",
+                self.dropped_events
+            )?;
+        }
         write!(f, "closed        {}", if self.closed_cleanly { "cleanly" } else { "NOT cleanly (see warnings)" })?;
         Ok(())
     }

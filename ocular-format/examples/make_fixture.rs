@@ -1,14 +1,14 @@
-//! Writes the frozen format fixture of the current format version (`testdata/v2.3/synthetic.ocl`): every
+//! Writes the frozen format fixture of the current format version (`testdata/v2.4/synthetic.ocl`): every
 //! chunk kind, two threads, a lost record, a snapshot, a window with its stack (since 2.2), the ring file's
-//! path (since 2.3) and a trailer.
+//! path (since 2.3), a flight recorder's dropped range (since 2.4) and a trailer.
 //! Frozen files are never rewritten: this refuses to overwrite one.
 //!
-//!     cargo run -p ocular-format --example make_fixture -- testdata/v2.3/synthetic.ocl
+//!     cargo run -p ocular-format --example make_fixture -- testdata/v2.4/synthetic.ocl
 
 use ocular_format::*;
 
 fn main() -> Result<()> {
-    let path = std::env::args().nth(1).unwrap_or_else(|| "testdata/v2.3/synthetic.ocl".into());
+    let path = std::env::args().nth(1).unwrap_or_else(|| "testdata/v2.4/synthetic.ocl".into());
     if std::path::Path::new(&path).exists() {
         eprintln!("{path} exists: frozen fixtures are never rewritten; make a new version's directory instead");
         std::process::exit(1);
@@ -32,6 +32,8 @@ fn main() -> Result<()> {
     };
     w.code_objects(&[code(1, "main", 1), code(2, "Worker.run", 10)])?;
     w.thread(&ThreadInfo { thread_id: 1001, name: "MainThread".into(), is_main: true })?;
+    // Since 2.4 (FORMAT.md 6.8): thread 1002's first 640 events were overwritten by a flight recorder.
+    w.dropped(&Dropped { thread_id: 1002, events: 640, first_ticks: 2_000, last_ticks: 9_990 })?;
     for (tid, id, start, iterations) in [(1001u64, 1u32, 10_000u64, 20u64), (1002, 2, 10_050, 12), (1001, 1, 20_000, 5)]
     {
         let mut ev = vec![RawEvent::new(start, id, 0, 0, EventKind::PY_START as u8)];

@@ -8,7 +8,7 @@ pub const MAGIC: [u8; 8] = *b"\x89OCL\r\n\x1a\n";
 /// Format major version this crate writes and the newest it reads.
 pub const MAJOR: u16 = 2;
 /// Format minor version this crate writes.
-pub const MINOR: u16 = 3;
+pub const MINOR: u16 = 4;
 /// The chunk sync marker.
 pub const SYNC: [u8; 4] = *b"OCCH";
 
@@ -145,6 +145,8 @@ pub mod kind {
     pub const CALIBRATION: u16 = 0x0007;
     /// The recording's ring file (since 2.3, RING.md).
     pub const RING: u16 = 0x0008;
+    /// Events a flight recorder overwrote (since 2.4).
+    pub const DROPPED: u16 = 0x0009;
     /// Clean close.
     pub const TRAILER: u16 = 0x00FF;
 
@@ -159,6 +161,7 @@ pub mod kind {
             SNAPSHOT => "SNAPSHOT",
             CALIBRATION => "CALIBRATION",
             RING => "RING",
+            DROPPED => "DROPPED",
             TRAILER => "TRAILER",
             _ => "UNKNOWN",
         }

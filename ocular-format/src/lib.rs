@@ -41,10 +41,12 @@ pub use chunk::{MAGIC, MAJOR, MINOR};
 pub use error::{Error, Result};
 pub use event::{kind_name, EventKind, RawEvent};
 pub use meta::{
-    Calibration, Clock, CodeObject, CodeSnapshot, Header, Lost, Mode, OpcodeTable, Options, Position, RingInfo,
+    Calibration, Clock, CodeObject, CodeSnapshot, Dropped, Header, Lost, Mode, OpcodeTable, Options, Position, RingInfo,
     ThreadInfo, Trailer,
 };
-pub use reader::{Body, Chunk, ChunkInfo, Damage, Mismatch, ReadOptions, Reader, Report, ThreadLoss, MAX_LOSS_RANGES};
+pub use reader::{
+    Body, Chunk, ChunkInfo, Damage, Mismatch, ReadOptions, Reader, Report, Source, ThreadLoss, MAX_LOSS_RANGES,
+};
 pub use writer::{frame_code, Writer, WriterOptions};
 
 /// Reads a whole in-memory file, in salvage mode and then strictly, discarding results. The fuzz target

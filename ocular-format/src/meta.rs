@@ -223,6 +223,20 @@ pub struct Lost {
     pub last_ticks: u64,
 }
 
+/// Events a flight recorder recorded and then overwrote (FORMAT.md 6.8, since 2.4): all before the
+/// thread's first events in the file.
+#[derive(Clone, Debug, Default, PartialEq, Eq, Serialize, Deserialize)]
+pub struct Dropped {
+    /// The thread.
+    pub thread_id: u64,
+    /// Events overwritten.
+    pub events: u64,
+    /// Ticks of the thread's first recorded event.
+    pub first_ticks: u64,
+    /// Ticks of the last overwritten event.
+    pub last_ticks: u64,
+}
+
 /// Specialized bytecode of a code object at stop (FORMAT.md 6.4).
 #[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
 pub struct CodeSnapshot {

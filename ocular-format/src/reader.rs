@@ -4,12 +4,13 @@ use crate::chunk::{codec, hex, kind, ChunkHeader, Preamble, CHUNK_HEADER_LEN, MA
 use crate::error::{Error, Result};
 use crate::event::RawEvent;
 use crate::meta::{
-    Calibration, CodeObject, CodeRecord, CodeSnapshot, Header, Lost, Position, RingInfo, ThreadInfo, Trailer,
+    Calibration, CodeObject, CodeRecord, CodeSnapshot, Dropped, Header, Lost, Position, RingInfo, ThreadInfo,
+    Trailer,
 };
 use serde::de::DeserializeOwned;
 use std::collections::HashMap;
 use std::fs::File;
-use std::io::{BufReader, Read, Seek, SeekFrom};
+use std::io::{BufReader, Cursor, Read, Seek, SeekFrom};
 use std::path::Path;
 use zerocopy::FromBytes;
 
@@ -75,6 +76,8 @@ pub enum Body<'a> {
     Calibration(Calibration),
     /// The recording's ring file (since 2.3, RING.md).
     Ring(RingInfo),
+    /// Events a flight recorder overwrote before the file was written (since 2.4).
+    Dropped(Dropped),
     /// A chunk this reader does not understand (unknown kind or codec); skipped, and counted in the report.
     Skipped(String),
 }
@@ -128,6 +131,9 @@ pub struct Report {
     clock: Option<(u64, f64)>,
     /// What was recovered from the recording's ring file (RING.md 4), if anything.
     pub recovered: Option<Recovered>,
+    /// Per thread, the events a flight recorder overwrote before the file was written (`DROPPED`, since
+    /// 2.4), by thread id. Not damage: the file holds the newest part of the recording.
+    pub dropped: std::collections::BTreeMap<u64, Dropped>,
 }
 
 /// What a reader took from a ring file after the last chunk of a trace that did not end (RING.md 4).
@@ -143,6 +149,12 @@ pub struct Recovered {
     pub records: u64,
     /// Code objects the ring had no room for (their events show as unknown code).
     pub dropped: u64,
+    /// Chunks of a flight recorder's chunk region (RING.md 3.5) recovered.
+    pub ring_chunks: u64,
+    /// Events in them.
+    pub chunk_events: u64,
+    /// Whether the trace was read from the ring file alone (RING.md 5).
+    pub alone: bool,
 }
 
 /// Where a thread lost events: the recorder had no buffer for them (FORMAT.md 6.3).
@@ -317,9 +329,20 @@ impl Report {
             } else {
                 String::new()
             };
+            let chunks = if r.ring_chunks > 0 {
+                format!(" ({} of them in {} compressed chunks of its flight recorder)", r.chunk_events, r.ring_chunks)
+            } else {
+                String::new()
+            };
+            let from = if r.alone {
+                "the ring file alone: the recording did not end (killed or crashed); recovered".to_string()
+            } else {
+                "no trailer: the recording did not end (killed or crashed); read up to its last whole chunk, then \
+                 recovered"
+                    .to_string()
+            };
             w.push(format!(
-                "{path}: no trailer: the recording did not end (killed or crashed); read up to its last whole \
-                 chunk, then recovered {} events of {} threads and {} code objects and names from {}{dropped}",
+                "{path}: {from} {} events{chunks} of {} threads and {} code objects and names from {}{dropped}",
                 r.events, r.threads, r.records, r.path
             ));
         } else if self.trailer.is_none() {
@@ -379,6 +402,8 @@ pub struct Reader<R> {
     file: Option<std::path::PathBuf>,
     /// The ring file a `RING` chunk named.
     ring: Option<String>,
+    /// Reading a ring file alone (RING.md 5).
+    alone: bool,
     /// Chunks recovered from the ring file, once looked for (RING.md 4).
     recovery: Option<std::collections::VecDeque<Pending>>,
     /// (thread, first ticks) of every `EVENTS` chunk read, code ids and named threads: what the ring
@@ -392,8 +417,36 @@ impl<R> std::fmt::Debug for Reader<R> {
     }
 }
 
-impl Reader<BufReader<File>> {
-    /// Opens a file and reads its preamble and header.
+/// What [`Reader::open`] reads: the file, or (for a ring file read alone, RING.md 5) the start of a trace
+/// made from its header, after which the ring file's content is recovered.
+#[derive(Debug)]
+pub enum Source {
+    /// An `.ocl` file.
+    File(BufReader<File>),
+    /// Bytes in memory.
+    Memory(Cursor<Vec<u8>>),
+}
+
+impl Read for Source {
+    fn read(&mut self, buf: &mut [u8]) -> std::io::Result<usize> {
+        match self {
+            Source::File(f) => f.read(buf),
+            Source::Memory(m) => m.read(buf),
+        }
+    }
+}
+
+impl Seek for Source {
+    fn seek(&mut self, pos: SeekFrom) -> std::io::Result<u64> {
+        match self {
+            Source::File(f) => f.seek(pos),
+            Source::Memory(m) => m.seek(pos),
+        }
+    }
+}
+
+impl Reader<Source> {
+    /// Opens a file and reads its preamble and header. A ring file (RING.md) is read as the trace it holds.
     pub fn open(path: impl AsRef<Path>) -> Result<Self> {
         Self::open_with(path, ReadOptions::default())
     }
@@ -401,15 +454,61 @@ impl Reader<BufReader<File>> {
     /// [`Reader::open`] with options.
     pub fn open_with(path: impl AsRef<Path>, opts: ReadOptions) -> Result<Self> {
         let name = path.as_ref().display().to_string();
-        let file = File::open(path.as_ref()).map_err(|source| Error::Io { path: name.clone(), error: source })?;
+        let mut file = File::open(path.as_ref()).map_err(|source| Error::Io { path: name.clone(), error: source })?;
         if file.metadata().map(|m| m.is_dir()).unwrap_or(false) {
             return Err(Error::Io {
                 path: name,
                 error: std::io::Error::new(std::io::ErrorKind::InvalidInput, "is a directory, not an .ocl file"),
             });
         }
-        let mut r = Reader::new(BufReader::with_capacity(256 << 10, file), &name, opts)?;
+        let mut magic = [0u8; 8];
+        let n = file.read(&mut magic).map_err(|source| Error::Io { path: name.clone(), error: source })?;
+        if n == 8 && magic == crate::ring::MAGIC {
+            return Self::open_ring(path.as_ref(), opts);
+        }
+        file.seek(SeekFrom::Start(0)).map_err(|source| Error::Io { path: name.clone(), error: source })?;
+        let mut r = Reader::new(Source::File(BufReader::with_capacity(256 << 10, file)), &name, opts)?;
         r.file = Some(path.as_ref().to_owned());
+        Ok(r)
+    }
+
+    /// A ring file read alone (RING.md 5): its `HEADER` (and `CALIBRATION`) records make the start of a
+    /// trace, and the rest is recovered from it as for an `.ocl` file without a trailer.
+    fn open_ring(path: &Path, opts: ReadOptions) -> Result<Self> {
+        let name = path.display().to_string();
+        let ring = crate::ring::RingFile::open(path)?;
+        let refuse = |what: String| Error::Corrupt { path: name.clone(), offset: 0, what };
+        if ring.state == crate::ring::file_state::ENDED {
+            return Err(refuse("the ring file of a recording that ended cleanly: read its .ocl file".into()));
+        }
+        if process_alive(ring.pid) {
+            return Err(refuse(format!(
+                "the recording (process {}) is still running: its ring is being rewritten; ask it for a dump \
+                 (rec.dump(), or the signal given to --dump-on), or read it once the process has ended",
+                ring.pid
+            )));
+        }
+        let Some(bytes) = ring.header_record() else {
+            return Err(refuse("a ring file without a HEADER record (written by Ocular before 1.1 of RING.md): \
+                               read its .ocl file"
+                .into()));
+        };
+        let header: Header = postcard::take_from_bytes(bytes)
+            .map(|(h, _)| h)
+            .map_err(|e| refuse(format!("its HEADER record does not decode: {e}")))?;
+        let plain = crate::writer::WriterOptions { compress: false, ..Default::default() };
+        let mut w = crate::writer::Writer::new(Vec::new(), &name, &header, plain)?;
+        for (k, payload) in ring.meta() {
+            if k == kind::CALIBRATION {
+                if let Ok((c, _)) = postcard::take_from_bytes::<Calibration>(payload) {
+                    w.calibration(&c)?;
+                }
+            }
+        }
+        let start = w.finish_open();
+        let mut r = Reader::new(Source::Memory(Cursor::new(start)), &name, opts)?;
+        r.ring = Some(name);
+        r.alone = true;
         Ok(r)
     }
 }
@@ -427,6 +526,9 @@ enum Pending {
     Code(Vec<CodeObject>),
     Thread(ThreadInfo),
     Events(u64, Vec<RawEvent>),
+    /// A whole chunk of a flight recorder's chunk region.
+    Chunk(Vec<u8>),
+    Dropped(Dropped),
 }
 
 /// A code object from its 2.x record: positions decoded from the location table.
@@ -477,6 +579,22 @@ impl<R: Read + Seek> Reader<R> {
             self.recovery = Some(self.recover().unwrap_or_default());
         }
         let Some(next) = self.recovery.as_mut().and_then(|q| q.pop_front()) else { return Ok(None) };
+        if let Pending::Chunk(bytes) = next {
+            // Checked as a chunk read from the file is (sanity, CRC), then decoded as one.
+            let bad = |why: String| Error::Corrupt { path: self.path.clone(), offset: self.pos, what: why };
+            let h = ChunkHeader::read_from_bytes(&bytes[..CHUNK_HEADER_LEN.min(bytes.len())])
+                .map_err(|_| bad("a ring chunk shorter than a chunk header".into()))?;
+            h.sanity().map_err(|why| bad(format!("ring chunk: {why}")))?;
+            let payload = &bytes[CHUNK_HEADER_LEN..];
+            if payload.len() != h.stored_len.get() as usize || h.compute_crc(payload) != h.crc32.get() {
+                return Err(bad("ring chunk: length or CRC does not match".into()));
+            }
+            self.stored.clear();
+            self.stored.extend_from_slice(payload);
+            let mut h = h;
+            h.seq = zerocopy::little_endian::U64::new(self.next_seq);
+            return self.decode_body(h, self.pos, true).map(Some);
+        }
         let mut info = ChunkInfo {
             offset: self.pos,
             kind: kind::CODE,
@@ -499,6 +617,15 @@ impl<R: Read + Seek> Reader<R> {
                 info.thread_id = t.thread_id;
                 Body::Thread(t)
             }
+            Pending::Dropped(d) => {
+                info.kind = kind::DROPPED;
+                info.thread_id = d.thread_id;
+                info.first_ts = d.first_ticks;
+                info.last_ts = d.last_ticks;
+                self.report.dropped.insert(d.thread_id, d.clone());
+                Body::Dropped(d)
+            }
+            Pending::Chunk(_) => unreachable!("handled above"),
             Pending::Events(tid, evs) => {
                 info.kind = kind::EVENTS;
                 info.thread_id = tid;
@@ -520,8 +647,11 @@ impl<R: Read + Seek> Reader<R> {
             return None;
         }
         let header = self.header.as_ref()?;
-        let file = self.file.as_ref()?;
-        let candidates = [self.ring.as_ref().map(std::path::PathBuf::from), Some(crate::ring::path_for(file))];
+        if self.file.is_none() && !self.alone {
+            return None;
+        }
+        let candidates =
+            [self.ring.as_ref().map(std::path::PathBuf::from), self.file.as_deref().map(crate::ring::path_for)];
         let ring = candidates.into_iter().flatten().filter(|p| p.exists()).find_map(|p| {
             crate::ring::RingFile::open(&p).ok().filter(|r| r.pid == header.pid && r.start_ticks == header.start_ticks)
         })?;
@@ -529,8 +659,12 @@ impl<R: Read + Seek> Reader<R> {
             return None;
         }
         let mut out = std::collections::VecDeque::new();
-        let mut rec =
-            Recovered { path: ring.path().display().to_string(), dropped: ring.meta_dropped, ..Default::default() };
+        let mut rec = Recovered {
+            path: ring.path().display().to_string(),
+            dropped: ring.meta_dropped,
+            alone: self.alone,
+            ..Default::default()
+        };
         let mut code = Vec::new();
         for (k, payload) in ring.meta() {
             match k {
@@ -556,9 +690,33 @@ impl<R: Read + Seek> Reader<R> {
             out.push_front(Pending::Code(code));
         }
         let mut threads = std::collections::HashSet::new();
+        // A flight recorder's chunks (RING.md 3.5), each thread's overwritten events said first.
+        let (records, _damaged) = ring.chunks();
+        let mut ring_firsts = std::collections::HashSet::new();
+        let mut said = std::collections::HashSet::new();
+        for r in &records {
+            let Ok(h) = ChunkHeader::read_from_bytes(&r.chunk[..CHUNK_HEADER_LEN]) else { continue };
+            if h.kind.get() == kind::EVENTS {
+                let tid = h.thread_id.get();
+                if said.insert(tid) && r.events_before > 0 && !self.report.dropped.contains_key(&tid) {
+                    out.push_back(Pending::Dropped(Dropped {
+                        thread_id: tid,
+                        events: r.events_before,
+                        first_ticks: r.thread_first_ticks,
+                        last_ticks: h.first_ts.get(),
+                    }));
+                }
+                ring_firsts.insert((tid, h.first_ts.get()));
+                threads.insert(tid);
+                rec.chunk_events += h.count.get() as u64;
+            }
+            rec.ring_chunks += 1;
+            out.push_back(Pending::Chunk(r.chunk.to_vec()));
+        }
+        rec.events += rec.chunk_events;
         for slot in ring.pending() {
             let first = slot.events[0].ticks.get();
-            if self.seen.firsts.contains(&(slot.thread_id, first)) {
+            if self.seen.firsts.contains(&(slot.thread_id, first)) || ring_firsts.contains(&(slot.thread_id, first)) {
                 continue;
             }
             rec.events += slot.events.len() as u64;
@@ -566,7 +724,7 @@ impl<R: Read + Seek> Reader<R> {
             out.push_back(Pending::Events(slot.thread_id, slot.events));
         }
         rec.threads = threads.len();
-        if rec.events == 0 && rec.records == 0 {
+        if rec.events == 0 && rec.records == 0 && rec.ring_chunks == 0 {
             return None;
         }
         self.report.recovered = Some(rec);
@@ -594,6 +752,7 @@ impl<R: Read + Seek> Reader<R> {
             bases: HashMap::new(),
             file: None,
             ring: None,
+            alone: false,
             recovery: None,
             seen: Seen::default(),
         };
@@ -733,13 +892,13 @@ impl<R: Read + Seek> Reader<R> {
                             });
                         }
                     }
-                    return self.decode_body(h, offset).map(Some);
+                    return self.decode_body(h, offset, false).map(Some);
                 }
             }
         }
     }
 
-    fn decode_body(&mut self, h: ChunkHeader, offset: u64) -> Result<Chunk<'_>> {
+    fn decode_body(&mut self, h: ChunkHeader, offset: u64, recovered: bool) -> Result<Chunk<'_>> {
         let info = ChunkInfo {
             offset,
             kind: h.kind.get(),
@@ -752,7 +911,13 @@ impl<R: Read + Seek> Reader<R> {
             stored_len: h.stored_len.get(),
             raw_len: h.raw_len.get(),
         };
-        self.accept(&h);
+        if recovered {
+            // After the file's end: counted, but no byte of the file.
+            self.next_seq = h.seq.get() + 1;
+            self.report.chunks += 1;
+        } else {
+            self.accept(&h);
+        }
         let known_kind = matches!(
             info.kind,
             kind::HEADER
@@ -764,6 +929,7 @@ impl<R: Read + Seek> Reader<R> {
                 | kind::TRAILER
                 | kind::CALIBRATION
                 | kind::RING
+                | kind::DROPPED
         );
         let known_codec = matches!(info.codec & 0x0f, codec::NONE | codec::ZSTD)
             && match info.codec >> 4 {
@@ -880,6 +1046,11 @@ impl<R: Read + Seek> Reader<R> {
                 let r: RingInfo = self.decode_one(offset)?;
                 self.ring = Some(r.path.clone());
                 Body::Ring(r)
+            }
+            kind::DROPPED => {
+                let d: Dropped = self.decode_one(offset)?;
+                self.report.dropped.insert(d.thread_id, d.clone());
+                Body::Dropped(d)
             }
             kind::TRAILER => {
                 let t: Trailer = self.decode_one(offset)?;

@@ -1,11 +1,14 @@
 //! The ring file (RING.md): a recording's event buffers and metadata in a file-backed shared mapping, so
 //! that what a recording had recorded survives the death of its process.
 //!
-//! [`RingWriter`] is the recording's side (it creates the file, hands out slots, appends metadata);
-//! [`RingFile`] reads one, for recovery after a crash ([`crate::Reader`] uses it for an `.ocl` file that
-//! has no trailer).
+//! [`RingWriter`] is the recording's side (it creates the file, hands out slots, appends metadata, and for
+//! a flight recorder keeps the newest chunks in the chunk region); [`RingFile`] reads one, for recovery
+//! after a crash ([`crate::Reader`] uses it for an `.ocl` file that has no trailer, or a ring file alone).
 
+use crate::chunk::{ChunkHeader, CHUNK_HEADER_LEN};
 use crate::event::RawEvent;
+use crate::meta::Dropped;
+use std::collections::{HashMap, VecDeque};
 use std::fs::File;
 use std::path::{Path, PathBuf};
 use std::sync::atomic::{AtomicU32, AtomicU64, Ordering};
@@ -16,12 +19,16 @@ pub const MAGIC: [u8; 8] = *b"OCLRING\0";
 /// Major version: a reader refuses another.
 pub const MAJOR: u16 = 1;
 /// Minor version.
-pub const MINOR: u16 = 0;
+pub const MINOR: u16 = 1;
 /// Header bytes.
 pub const HEADER_SIZE: u64 = 4096;
 /// Bytes per slot table entry.
 pub const ENTRY_SIZE: u64 = 32;
 const EVENT_SIZE: u64 = std::mem::size_of::<RawEvent>() as u64;
+/// A chunk record's head (RING.md 3.5).
+pub const RECORD_HEAD: u64 = 24;
+/// A chunk record's magic.
+pub const RECORD_MAGIC: [u8; 4] = *b"OCRR";
 const PAGE: u64 = 4096;
 
 /// Slot states (RING.md 3.2).
@@ -51,6 +58,8 @@ pub struct Layout {
     pub max_slots: u32,
     /// Bytes of the metadata region.
     pub meta_capacity: u64,
+    /// Bytes of the chunk region (a flight recorder's ring, RING.md 3.5); 0: none.
+    pub chunks_capacity: u64,
 }
 
 fn round_up(n: u64) -> u64 {
@@ -58,14 +67,29 @@ fn round_up(n: u64) -> u64 {
 }
 
 impl Layout {
-    /// (slots_offset, meta_offset, file size).
-    fn offsets(&self) -> Option<(u64, u64, u64)> {
+    /// (slots_offset, meta_offset, chunks_offset (0: none), file size).
+    fn offsets(&self) -> Option<(u64, u64, u64, u64)> {
         let table_end = HEADER_SIZE.checked_add((self.max_slots as u64).checked_mul(ENTRY_SIZE)?)?;
         let slots_offset = round_up(table_end);
         let slots_len = (self.max_slots as u64).checked_mul(self.slot_events as u64)?.checked_mul(EVENT_SIZE)?;
         let meta_offset = round_up(slots_offset.checked_add(slots_len)?);
-        let size = meta_offset.checked_add(round_up(self.meta_capacity))?;
-        Some((slots_offset, meta_offset, size))
+        let meta_end = meta_offset.checked_add(round_up(self.meta_capacity))?;
+        if self.chunks_capacity == 0 {
+            return Some((slots_offset, meta_offset, 0, meta_end));
+        }
+        if self.chunks_capacity % 8 != 0 {
+            return None;
+        }
+        let size = meta_end.checked_add(round_up(self.chunks_capacity))?;
+        Some((slots_offset, meta_offset, meta_end, size))
+    }
+
+    /// The smallest chunk region that holds any chunk of one slot's events: the largest a compressed
+    /// columnar chunk of `slot_events` events can be (FORMAT.md 3.1), with its record head, rounded to 8.
+    pub fn min_chunks_capacity(slot_events: u32) -> u64 {
+        let raw = 10 + 41 * slot_events as u64;
+        let stored = zstd::zstd_safe::compress_bound(raw as usize) as u64;
+        (RECORD_HEAD + CHUNK_HEADER_LEN as u64 + stored.max(raw)).div_ceil(8) * 8
     }
 
     fn slot_bytes(&self) -> u64 {
@@ -150,18 +174,67 @@ pub fn sweep(dir: &Path, age: std::time::Duration, keep: usize) -> usize {
 #[derive(Debug)]
 pub struct RingWriter {
     map: memmap2::MmapRaw,
-    file: File,
+    /// `None` for a ring in anonymous memory (a flight recorder without a ring file).
+    file: Option<File>,
     path: PathBuf,
     layout: Layout,
     slots_offset: u64,
     meta_offset: u64,
+    chunks_offset: u64,
     /// Serializes metadata appends (each is a reserve, a copy, then a store of `meta_len`).
     meta: Mutex<()>,
+    /// The chunk region's records, as the writer knows them (RING.md 3.5).
+    chunks: Mutex<ChunkRing>,
+}
+
+/// What the writer knows of the chunk region: where each record is, and per thread what was overwritten.
+#[derive(Debug, Default)]
+struct ChunkRing {
+    records: VecDeque<RecordPlace>,
+    head: u64,
+    evicted: u64,
+    threads: HashMap<u64, ThreadChunks>,
+}
+
+#[derive(Debug)]
+struct RecordPlace {
+    pos: u64,
+    /// Padded to 8.
+    size: u64,
+    thread_id: u64,
+    kind: u16,
+    count: u32,
+    last_ts: u64,
+}
+
+#[derive(Debug, Default, Clone, Copy)]
+struct ThreadChunks {
+    /// Events of the thread's records so far.
+    events: u64,
+    first_ticks: u64,
+    dropped: u64,
+    dropped_last: u64,
+}
+
+/// A chunk that cannot go into the chunk region: larger than the region.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct TooLarge {
+    /// The record's size.
+    pub size: u64,
+    /// The region's.
+    pub capacity: u64,
+}
+
+impl std::fmt::Display for TooLarge {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        write!(f, "a chunk of {} bytes does not fit a ring of {} bytes", self.size, self.capacity)
+    }
 }
 
 // SAFETY: the mapping is shared memory. Every field other threads may touch concurrently is read and
 // written through atomics (header counters, slot table entries); slot events are written by the one
-// thread that holds the slot, and read by the writer only after the slot was handed over (FULL, release).
+// thread that holds the slot, and read by the writer only after the slot was handed over (FULL, release),
+// or, for a dump, up to a time all of whose events were stored before the dump was asked for.
 unsafe impl Sync for RingWriter {}
 // SAFETY: as above; the mapping is not tied to a thread.
 unsafe impl Send for RingWriter {}
@@ -180,7 +253,7 @@ impl RingWriter {
         if layout.slot_events == 0 || layout.max_slots == 0 {
             return Err(bad("a ring file needs at least one slot of one event"));
         }
-        let (slots_offset, meta_offset, size) = layout.offsets().ok_or_else(|| bad("ring file too large"))?;
+        let (_, _, _, size) = layout.offsets().ok_or_else(|| bad("ring file too large"))?;
         // A new file, never one in use: two recordings must not share slots. (A file left there by a
         // recording of a process that is gone, with this pid, is replaced.)
         if path.exists() && RingFile::open(path).is_ok_and(|r| !crate::reader::process_alive(r.pid) || r.pid != pid) {
@@ -200,8 +273,42 @@ impl RingWriter {
                 return Err(e);
             }
         };
-        let w =
-            RingWriter { map, file, path: path.to_owned(), layout, slots_offset, meta_offset, meta: Mutex::new(()) };
+        Ok(Self::init(map, Some(file), path.to_owned(), pid, start_ticks, ticks_per_second, layout))
+    }
+
+    /// The same ring in anonymous memory: a flight recorder without a ring file (it does not outlive the
+    /// process). Pages are taken only as they are written.
+    pub fn anonymous(pid: u32, start_ticks: u64, ticks_per_second: f64, layout: Layout) -> std::io::Result<Self> {
+        let bad = |why: &str| std::io::Error::new(std::io::ErrorKind::InvalidInput, why.to_string());
+        if layout.slot_events == 0 || layout.max_slots == 0 {
+            return Err(bad("a ring needs at least one slot of one event"));
+        }
+        let (_, _, _, size) = layout.offsets().ok_or_else(|| bad("ring too large"))?;
+        let map = memmap2::MmapOptions::new().len(size as usize).map_anon()?;
+        Ok(Self::init(map.into(), None, PathBuf::new(), pid, start_ticks, ticks_per_second, layout))
+    }
+
+    fn init(
+        map: memmap2::MmapRaw,
+        file: Option<File>,
+        path: PathBuf,
+        pid: u32,
+        start_ticks: u64,
+        ticks_per_second: f64,
+        layout: Layout,
+    ) -> Self {
+        let (slots_offset, meta_offset, chunks_offset, _) = layout.offsets().expect("checked by the caller");
+        let w = RingWriter {
+            map,
+            file,
+            path,
+            layout,
+            slots_offset,
+            meta_offset,
+            chunks_offset,
+            meta: Mutex::new(()),
+            chunks: Mutex::new(ChunkRing::default()),
+        };
         // SAFETY: the header lies within the mapping (size >= HEADER_SIZE), which nothing else uses yet.
         let h = unsafe { std::slice::from_raw_parts_mut(w.map.as_mut_ptr(), HEADER_SIZE as usize) };
         h[0..8].copy_from_slice(&MAGIC);
@@ -217,13 +324,20 @@ impl RingWriter {
         h[56..64].copy_from_slice(&slots_offset.to_le_bytes());
         h[64..72].copy_from_slice(&meta_offset.to_le_bytes());
         h[72..80].copy_from_slice(&layout.meta_capacity.to_le_bytes());
+        h[96..104].copy_from_slice(&chunks_offset.to_le_bytes());
+        h[104..112].copy_from_slice(&layout.chunks_capacity.to_le_bytes());
         w.u32_at(20).store(file_state::RECORDING, Ordering::Release);
-        Ok(w)
+        w
     }
 
-    /// The file.
+    /// The file (empty for an anonymous ring).
     pub fn path(&self) -> &Path {
         &self.path
+    }
+
+    /// Whether the ring is a file (it outlives the process) rather than anonymous memory.
+    pub fn is_file(&self) -> bool {
+        self.file.is_some()
     }
 
     /// The sizes.
@@ -265,7 +379,9 @@ impl RingWriter {
             Err(e) if e.raw_os_error() != Some(libc::EINVAL) => return Err(e),
             Err(_) => {}
         }
-        reserve(&self.file, off, len as u64)?;
+        if let Some(file) = &self.file {
+            reserve(file, off, len as u64)?;
+        }
         // SAFETY: as above; the slot is not in use yet (it is being prepared), so nothing else writes it.
         unsafe { std::ptr::write_bytes(ptr, 0, len) };
         Ok(ptr as *mut RawEvent)
@@ -288,11 +404,22 @@ impl RingWriter {
         self.u32_at(e + 16).store(state::FULL, Ordering::Release);
     }
 
-    /// The writer wrote `slot`'s events into the `.ocl` file (and handed them to the kernel).
+    /// The writer wrote `slot`'s events into the `.ocl` file (and handed them to the kernel), or into the
+    /// chunk region.
     pub fn free(&self, slot: u32) {
         let e = self.entry(slot);
         self.u32_at(e + 16).store(state::FREE, Ordering::Release);
         self.u64_at(e).store(0, Ordering::Release);
+    }
+
+    /// The slots that are filling or full, as a dump takes them: a full slot whole, a filling one up to its
+    /// last event at or before `until` (RING.md 3.3). Call only from the one thread that frees slots (the
+    /// writer), so that no slot read here is reused meanwhile; events at or before `until` must have been
+    /// stored before it was taken (the GIL, or the channel that asked for the dump, orders them).
+    pub fn pending(&self, until: u64) -> Vec<PendingSlot> {
+        // SAFETY: the mapping covers the slot table and slots (checked at creation) and lives as long as
+        // self; concurrent stores by recording threads are read with volatile loads and checked.
+        unsafe { scan_slots(self.map.as_mut_ptr(), self.layout, self.slots_offset, until) }
     }
 
     /// Appends a metadata record (RING.md 3.4); false if it did not fit (then counted as dropped).
@@ -305,7 +432,7 @@ impl RingWriter {
             return false;
         }
         let off = self.meta_offset + len;
-        if reserve(&self.file, off, need).is_err() {
+        if self.file.as_ref().is_some_and(|f| reserve(f, off, need).is_err()) {
             self.u64_at(88).fetch_add(1, Ordering::AcqRel);
             return false;
         }
@@ -322,11 +449,177 @@ impl RingWriter {
         true
     }
 
+    /// Appends one whole `.ocl` chunk (`EVENTS` or `LOST`, its seq 0) to the chunk region (RING.md 3.5),
+    /// overwriting the oldest records it needs the room of. Only one thread (the writer) calls this.
+    pub fn push_chunk(&self, chunk: &[u8]) -> Result<(), TooLarge> {
+        let cap = self.layout.chunks_capacity;
+        let size = RECORD_HEAD + chunk.len() as u64;
+        let padded = size.div_ceil(8) * 8;
+        let Some(h) = chunk.get(..CHUNK_HEADER_LEN).and_then(|b| <ChunkHeader as zerocopy::FromBytes>::read_from_bytes(b).ok())
+        else {
+            return Err(TooLarge { size, capacity: cap });
+        };
+        if padded > cap {
+            return Err(TooLarge { size, capacity: cap });
+        }
+        let mut ring = self.chunks.lock().unwrap_or_else(|e| e.into_inner());
+        let head = ring.head;
+        let phys = head % cap;
+        let pad = if phys + padded > cap { cap - phys } else { 0 };
+        let start = head + pad;
+        let new_head = start + padded;
+        let limit = new_head.saturating_sub(cap);
+        while ring.records.front().is_some_and(|r| r.pos < limit) {
+            let r = ring.records.pop_front().expect("checked");
+            ring.evicted += 1;
+            if r.kind == crate::chunk::kind::EVENTS {
+                let t = ring.threads.entry(r.thread_id).or_default();
+                t.dropped += r.count as u64;
+                t.dropped_last = t.dropped_last.max(r.last_ts);
+            }
+        }
+        let tail = ring.records.front().map_or(start, |r| r.pos);
+        let ch = self.chunks_offset;
+        self.u64_at(120).store(tail, Ordering::Release);
+        self.u64_at(128).store(ring.evicted, Ordering::Release);
+        let is_events = h.kind.get() == crate::chunk::kind::EVENTS;
+        let thread_id = h.thread_id.get();
+        let t = ring.threads.entry(thread_id).or_default();
+        let (before, first) = if is_events {
+            if t.events == 0 {
+                t.first_ticks = h.first_ts.get();
+            }
+            (t.events, t.first_ticks)
+        } else {
+            (0, 0)
+        };
+        if is_events {
+            t.events += h.count.get() as u64;
+        }
+        // SAFETY: every write below lies in the chunk region ([ch, ch + cap) is in the mapping, checked at
+        // creation): the pad at `phys` (8-aligned, so 4 bytes fit before the end), the record at
+        // `start % cap` with `start % cap + padded <= cap`. Only this thread writes the region, and readers
+        // read only whole records between tail and head, which these bytes are not part of.
+        unsafe {
+            let base = self.map.as_mut_ptr().add(ch as usize);
+            if pad > 0 {
+                std::ptr::write_bytes(base.add(phys as usize), 0, 4);
+            }
+            let p = base.add((start % cap) as usize);
+            let mut head_bytes = [0u8; RECORD_HEAD as usize];
+            head_bytes[0..4].copy_from_slice(&(size as u32).to_le_bytes());
+            head_bytes[4..8].copy_from_slice(&RECORD_MAGIC);
+            head_bytes[8..16].copy_from_slice(&before.to_le_bytes());
+            head_bytes[16..24].copy_from_slice(&first.to_le_bytes());
+            std::ptr::copy_nonoverlapping(head_bytes.as_ptr(), p, head_bytes.len());
+            std::ptr::copy_nonoverlapping(chunk.as_ptr(), p.add(RECORD_HEAD as usize), chunk.len());
+        }
+        ring.records.push_back(RecordPlace {
+            pos: start,
+            size: padded,
+            thread_id,
+            kind: h.kind.get(),
+            count: h.count.get(),
+            last_ts: h.last_ts.get(),
+        });
+        ring.head = new_head;
+        self.u64_at(112).store(new_head, Ordering::Release);
+        Ok(())
+    }
+
+    /// Calls `f` with each chunk in the chunk region, oldest first. Only the thread that pushes chunks
+    /// calls this (nothing overwrites them meanwhile).
+    pub fn for_each_chunk(&self, mut f: impl FnMut(&[u8])) {
+        let ring = self.chunks.lock().unwrap_or_else(|e| e.into_inner());
+        let cap = self.layout.chunks_capacity;
+        for r in &ring.records {
+            // SAFETY: the record lies within the region (placed by push_chunk), whole, and not overwritten
+            // while the lock is held by this, the only writing thread.
+            let bytes = unsafe {
+                let p = self.map.as_mut_ptr().add((self.chunks_offset + r.pos % cap) as usize);
+                let size = u32::from_le_bytes(std::slice::from_raw_parts(p, 4).try_into().expect("4 bytes")) as u64;
+                std::slice::from_raw_parts(p.add(RECORD_HEAD as usize), (size - RECORD_HEAD) as usize)
+            };
+            f(bytes);
+        }
+    }
+
+    /// What the chunk region holds: (records, bytes of them, records overwritten so far).
+    pub fn chunk_stats(&self) -> (usize, u64, u64) {
+        let ring = self.chunks.lock().unwrap_or_else(|e| e.into_inner());
+        (ring.records.len(), ring.records.iter().map(|r| r.size).sum(), ring.evicted)
+    }
+
+    /// Per thread, the events overwritten so far (FORMAT.md 6.8), by thread id.
+    pub fn dropped(&self) -> Vec<Dropped> {
+        let ring = self.chunks.lock().unwrap_or_else(|e| e.into_inner());
+        let mut out: Vec<Dropped> = ring
+            .threads
+            .iter()
+            .filter(|(_, t)| t.dropped > 0)
+            .map(|(&thread_id, t)| Dropped {
+                thread_id,
+                events: t.dropped,
+                first_ticks: t.first_ticks,
+                last_ticks: t.dropped_last,
+            })
+            .collect();
+        out.sort_by_key(|d| d.thread_id);
+        out
+    }
+
     /// The recording ended cleanly: marks the file so and removes it (the mapping stays valid for the
     /// buffers that still point into it, until the last reference goes).
     pub fn finish(&self) -> std::io::Result<()> {
         self.u32_at(20).store(file_state::ENDED, Ordering::Release);
+        if self.file.is_none() {
+            return Ok(());
+        }
         std::fs::remove_file(&self.path)
+    }
+}
+
+/// The slots of a mapping at `base` that are filling or full (see [`RingWriter::pending`]): per thread, in
+/// the order their threads filled them.
+///
+/// # Safety
+/// `base` points to a mapping of at least the layout's size, alive for the call.
+unsafe fn scan_slots(base: *const u8, layout: Layout, slots_offset: u64, until: u64) -> Vec<PendingSlot> {
+    // SAFETY: every offset below is within the layout, which the caller guarantees is mapped; entries are
+    // 4/8-aligned (the mapping is page-aligned).
+    unsafe {
+        let u32_at = |o: u64| (*(base.add(o as usize) as *const AtomicU32)).load(Ordering::Acquire);
+        let u64_at = |o: u64| (*(base.add(o as usize) as *const AtomicU64)).load(Ordering::Acquire);
+        let mut out = Vec::new();
+        for i in 0..layout.max_slots as u64 {
+            let e = HEADER_SIZE + i * ENTRY_SIZE;
+            let st = u32_at(e + 16);
+            if st != state::FILLING && st != state::FULL {
+                continue;
+            }
+            let (thread_id, start_ticks, len) = (u64_at(e), u64_at(e + 8), u32_at(e + 20));
+            let slot = base.add((slots_offset + i * layout.slot_bytes()) as usize);
+            let mut events = Vec::new();
+            let mut last = start_ticks;
+            for k in 0..layout.slot_events as usize {
+                let rec = std::ptr::read_volatile(slot.add(k * EVENT_SIZE as usize) as *const [u8; EVENT_SIZE as usize]);
+                let Ok(ev) = <RawEvent as zerocopy::FromBytes>::read_from_bytes(&rec) else { break };
+                if st == state::FULL {
+                    if events.len() >= len as usize {
+                        break;
+                    }
+                } else if ev.ticks.get() < last || ev.ticks.get() > until {
+                    break;
+                }
+                last = ev.ticks.get();
+                events.push(ev);
+            }
+            if !events.is_empty() {
+                out.push(PendingSlot { thread_id, start_ticks, full: st == state::FULL, events });
+            }
+        }
+        out.sort_by_key(|s| (s.thread_id, s.start_ticks));
+        out
     }
 }
 
@@ -376,8 +669,13 @@ pub struct RingFile {
     pub layout: Layout,
     slots_offset: u64,
     meta_offset: u64,
+    chunks_offset: u64,
+    chunks_head: u64,
+    chunks_tail: u64,
     /// Metadata records that did not fit.
     pub meta_dropped: u64,
+    /// Chunk records overwritten (a flight recorder's, since 1.1).
+    pub chunks_evicted: u64,
 }
 
 impl RingFile {
@@ -399,10 +697,24 @@ impl RingFile {
         if u16_at(8) != MAJOR {
             return Err(bad(format!("ring file version {}.{}, this Ocular reads {MAJOR}.x", u16_at(8), u16_at(10))));
         }
-        let layout = Layout { slot_events: u32_at(40), max_slots: u32_at(44), meta_capacity: u64_at(72) };
+        // 1.0 files have zeros where 1.1 describes the chunk region: no region.
+        let (chunks_offset, chunks_capacity) = (u64_at(96), u64_at(104));
+        let layout = Layout {
+            slot_events: u32_at(40),
+            max_slots: u32_at(44),
+            meta_capacity: u64_at(72),
+            chunks_capacity: if chunks_offset == 0 { 0 } else { chunks_capacity },
+        };
         let (slots_offset, meta_offset) = (u64_at(56), u64_at(64));
-        let fits = layout.offsets().is_some_and(|(s, m, size)| {
-            s == slots_offset && m == meta_offset && size <= map.len() as u64 && u64_at(48) == HEADER_SIZE
+        let (head, tail) = (u64_at(112), u64_at(120));
+        let fits = layout.offsets().is_some_and(|(s, m, c, size)| {
+            s == slots_offset
+                && m == meta_offset
+                && c == chunks_offset
+                && size <= map.len() as u64
+                && u64_at(48) == HEADER_SIZE
+                && tail <= head
+                && head - tail <= layout.chunks_capacity
         });
         if !fits || layout.slot_events == 0 {
             return Err(bad(format!(
@@ -418,9 +730,13 @@ impl RingFile {
             state: u32_at(20),
             start_ticks: u64_at(24),
             meta_dropped: u64_at(88),
+            chunks_evicted: u64_at(128),
             layout,
             slots_offset,
             meta_offset,
+            chunks_offset,
+            chunks_head: head,
+            chunks_tail: tail,
             path: path.to_owned(),
             map,
         })
@@ -429,10 +745,6 @@ impl RingFile {
     /// The file.
     pub fn path(&self) -> &Path {
         &self.path
-    }
-
-    fn u32_at(&self, o: u64) -> u32 {
-        u32::from_le_bytes(self.map[o as usize..o as usize + 4].try_into().expect("4 bytes"))
     }
 
     fn u64_at(&self, o: u64) -> u64 {
@@ -459,35 +771,59 @@ impl RingFile {
 
     /// The slots that were filling or full: per thread, in the order their threads filled them.
     pub fn pending(&self) -> Vec<PendingSlot> {
+        // SAFETY: `open` checked that the mapping covers the layout; the map lives as long as self.
+        unsafe { scan_slots(self.map.as_ptr(), self.layout, self.slots_offset, u64::MAX) }
+    }
+
+    /// The `.ocl` header the recording stored in the metadata region (since 1.1), postcard.
+    pub fn header_record(&self) -> Option<&[u8]> {
+        self.meta().into_iter().find(|(k, _)| *k == crate::chunk::kind::HEADER).map(|(_, p)| p)
+    }
+
+    /// The chunk region's records from tail to head (RING.md 3.5), oldest first, and how many bytes of it
+    /// were not whole records (damage: the walk stops there).
+    pub fn chunks(&self) -> (Vec<RingRecord<'_>>, bool) {
         let mut out = Vec::new();
-        for i in 0..self.layout.max_slots as u64 {
-            let e = HEADER_SIZE + i * ENTRY_SIZE;
-            let st = self.u32_at(e + 16);
-            if st != state::FILLING && st != state::FULL {
+        let cap = self.layout.chunks_capacity;
+        if self.chunks_offset == 0 || cap == 0 {
+            return (out, false);
+        }
+        let region = &self.map[self.chunks_offset as usize..(self.chunks_offset + cap) as usize];
+        let (head, mut p) = (self.chunks_head, self.chunks_tail);
+        while p < head {
+            let phys = (p % cap) as usize;
+            let size = u32::from_le_bytes(region[phys..phys + 4].try_into().expect("4 bytes")) as u64;
+            if size == 0 {
+                p = (p / cap + 1) * cap;
                 continue;
             }
-            let (thread_id, start_ticks, len) = (self.u64_at(e), self.u64_at(e + 8), self.u32_at(e + 20));
-            let base = (self.slots_offset + i * self.layout.slot_bytes()) as usize;
-            let slot = &self.map[base..base + self.layout.slot_bytes() as usize];
-            let mut events = Vec::new();
-            let mut last = start_ticks;
-            for rec in slot.chunks_exact(EVENT_SIZE as usize) {
-                let Ok(ev) = <RawEvent as zerocopy::FromBytes>::read_from_bytes(rec) else { break };
-                if st == state::FULL {
-                    if events.len() >= len as usize {
-                        break;
-                    }
-                } else if ev.ticks.get() < last {
-                    break;
-                }
-                last = ev.ticks.get();
-                events.push(ev);
+            let whole = size >= RECORD_HEAD + CHUNK_HEADER_LEN as u64
+                && phys as u64 + size <= cap
+                && p + size <= head
+                && region[phys + 4..phys + 8] == RECORD_MAGIC;
+            if !whole {
+                return (out, true);
             }
-            if !events.is_empty() {
-                out.push(PendingSlot { thread_id, start_ticks, full: st == state::FULL, events });
-            }
+            let at = |o: usize| u64::from_le_bytes(region[phys + o..phys + o + 8].try_into().expect("8 bytes"));
+            out.push(RingRecord {
+                events_before: at(8),
+                thread_first_ticks: at(16),
+                chunk: &region[phys + RECORD_HEAD as usize..phys + size as usize],
+            });
+            p += size.div_ceil(8) * 8;
         }
-        out.sort_by_key(|s| (s.thread_id, s.start_ticks));
-        out
+        (out, false)
     }
+}
+
+/// One record of a ring file's chunk region (RING.md 3.5).
+#[derive(Clone, Copy, Debug)]
+pub struct RingRecord<'a> {
+    /// Events of the chunk's thread in its records before this one.
+    pub events_before: u64,
+    /// Ticks of the thread's first recorded event.
+    pub thread_first_ticks: u64,
+    /// The whole `.ocl` chunk (header and payload, seq 0).
+    pub chunk: &'a [u8],
+
 }

@@ -9,7 +9,9 @@ use crate::chunk::{
 const RAW_FALLBACK_EVENTS: usize = 1 << 21;
 use crate::error::{Error, Result};
 use crate::event::RawEvent;
-use crate::meta::{Calibration, CodeObject, CodeRecord, CodeSnapshot, Header, Lost, RingInfo, ThreadInfo, Trailer};
+use crate::meta::{
+    Calibration, CodeObject, CodeRecord, CodeSnapshot, Dropped, Header, Lost, RingInfo, ThreadInfo, Trailer,
+};
 use serde::Serialize;
 use std::borrow::Cow;
 use std::collections::HashMap;
@@ -77,6 +79,10 @@ pub struct Writer<W: Write> {
     cache_entries: Vec<u8>,
     /// The CODE chunk being built: see [`Writer::add_code_objects`].
     code: PendingCode,
+    /// A copy of every chunk written (a flight recorder's metadata, for its dumps): see [`Writer::keep_copy`].
+    tee: Option<Vec<u8>>,
+    /// Chunks made but not written (seq 0): see [`Writer::events_chunks`].
+    divert: Option<Vec<Vec<u8>>>,
 }
 
 /// Code objects added but not yet written. Their framed records build up in the writer's own `raw`, and
@@ -116,6 +122,8 @@ impl<W: Write> Writer<W> {
             bases: HashMap::new(),
             cache_entries: header.opcodes.cache_entries.clone(),
             code: PendingCode::default(),
+            tee: None,
+            divert: None,
         };
         let pre = Preamble { magic: MAGIC, major: U16::new(MAJOR), minor: U16::new(MINOR), flags: U32::new(0) };
         w.out.write_all(pre.as_bytes()).map_err(|e| io_err(path, e))?;
@@ -163,6 +171,75 @@ impl<W: Write> Writer<W> {
             self.events += part.len() as u64;
         }
         Ok(())
+    }
+
+    /// One thread's events as whole chunks (header and payload, `seq` 0), not written: a flight recorder
+    /// keeps them in its ring (RING.md 3.5) and copies them into a file later ([`Writer::copy_chunk`]). A
+    /// pending CODE chunk is written first, as for [`Writer::events`].
+    pub fn events_chunks(&mut self, thread_id: u64, events: &[RawEvent]) -> Result<Vec<Vec<u8>>> {
+        self.flush_code()?;
+        self.divert = Some(Vec::new());
+        let written = self.events;
+        let r = self.events(thread_id, events);
+        self.events = written;
+        let out = self.divert.take().unwrap_or_default();
+        r.map(|()| out)
+    }
+
+    /// A `LOST` record as a whole chunk (`seq` 0), not written (see [`Writer::events_chunks`]).
+    pub fn lost_chunk(&mut self, lost: &Lost) -> Result<Vec<u8>> {
+        self.flush_code()?;
+        self.divert = Some(Vec::new());
+        let written = self.lost;
+        let r = self.lost(lost);
+        self.lost = written;
+        let out = self.divert.take().unwrap_or_default();
+        r.map(|()| out.into_iter().next().unwrap_or_default())
+    }
+
+    /// Keeps a copy of every chunk written from now on ([`Writer::copy`]).
+    pub fn keep_copy(&mut self) {
+        self.tee = Some(Vec::new());
+    }
+
+    /// The chunks written since [`Writer::keep_copy`], back to back.
+    pub fn copy(&self) -> &[u8] {
+        self.tee.as_deref().unwrap_or_default()
+    }
+
+    /// Writes a whole chunk made elsewhere (by [`Writer::events_chunks`], or read from a file) with this
+    /// file's next sequence number, its CRC computed again; counts its events and lost events.
+    pub fn copy_chunk(&mut self, chunk: &[u8]) -> Result<()> {
+        self.flush_code()?;
+        let bad = |what: &str| Error::Corrupt { path: self.path.clone(), offset: 0, what: what.to_string() };
+        let head = chunk.get(..crate::chunk::CHUNK_HEADER_LEN).ok_or_else(|| bad("a copied chunk without a header"))?;
+        let mut h = <ChunkHeader as zerocopy::FromBytes>::read_from_bytes(head).map_err(|_| bad("chunk header"))?;
+        let payload = &chunk[crate::chunk::CHUNK_HEADER_LEN..];
+        if payload.len() != h.stored_len.get() as usize {
+            return Err(bad("a copied chunk whose length disagrees with its header"));
+        }
+        h.seq = U64::new(self.seq);
+        h.crc32 = U32::new(h.compute_crc(payload));
+        self.frame.clear();
+        self.frame.extend_from_slice(h.as_bytes());
+        self.frame.extend_from_slice(payload);
+        self.emit_frame()?;
+        match h.kind.get() {
+            kind::EVENTS => self.events += h.count.get() as u64,
+            kind::LOST => {
+                if let Ok((l, _)) = postcard::take_from_bytes::<Lost>(payload) {
+                    self.lost += l.count;
+                }
+            }
+            _ => {}
+        }
+        Ok(())
+    }
+
+    /// Says that a flight recorder overwrote a thread's oldest events (FORMAT.md 6.8, since 2.4).
+    pub fn dropped(&mut self, d: &Dropped) -> Result<()> {
+        let ts = (d.first_ticks, d.last_ticks);
+        self.record(Place { ts, ..Place::meta(kind::DROPPED, d.thread_id, 1) }, d, "dropped")
     }
 
     /// Writes code objects as one CODE chunk, with their `linetable` (encoded from `positions` when empty).
@@ -283,6 +360,12 @@ impl<W: Write> Writer<W> {
         Ok(self.out)
     }
 
+    /// The underlying writer as it is, without a trailer: the start of a file whose other chunks come
+    /// from elsewhere.
+    pub fn finish_open(self) -> W {
+        self.out
+    }
+
     /// Flushes the underlying writer.
     pub fn flush(&mut self) -> Result<()> {
         self.out.flush().map_err(|e| io_err(&self.path, e))
@@ -343,7 +426,7 @@ impl<W: Write> Writer<W> {
             stored_len: U32::new(payload.len() as u32),
             raw_len: U32::new(self.raw.len() as u32),
             thread_id: U64::new(thread_id),
-            seq: U64::new(self.seq),
+            seq: U64::new(if self.divert.is_some() { 0 } else { self.seq }),
             first_ts: U64::new(first_ts),
             last_ts: U64::new(last_ts),
             count: U32::new(count),
@@ -356,10 +439,22 @@ impl<W: Write> Writer<W> {
         self.frame.reserve(total);
         self.frame.extend_from_slice(h.as_bytes());
         self.frame.extend_from_slice(payload);
+        if let Some(d) = self.divert.as_mut() {
+            d.push(self.frame.clone());
+            return Ok(());
+        }
+        self.emit_frame()
+    }
+
+    /// Writes `self.frame` (a whole chunk with this file's sequence number) and counts it.
+    fn emit_frame(&mut self) -> Result<()> {
         self.out.write_all(&self.frame).map_err(|e| io_err(&self.path, e))?;
         self.out.flush().map_err(|e| io_err(&self.path, e))?;
+        if let Some(t) = self.tee.as_mut() {
+            t.extend_from_slice(&self.frame);
+        }
         self.seq += 1;
-        self.bytes += total as u64;
+        self.bytes += self.frame.len() as u64;
         Ok(())
     }
 }

@@ -21,6 +21,7 @@ use ocular_format::ring::{Layout as RingLayout, RingWriter};
 use ocular_format::{
     Calibration, CodeObject, CodeSnapshot, Header, Lost, RawEvent, RingInfo, ThreadInfo, Trailer, Writer, WriterOptions,
 };
+use std::sync::mpsc::Receiver;
 use std::fs::File;
 use std::io::BufWriter;
 use std::path::{Path, PathBuf};
@@ -111,6 +112,9 @@ pub struct Config {
     pub on_full: OnFull,
     /// Buffers in a ring file beside the trace (RING.md), so that a killed process loses nothing.
     pub ring: bool,
+    /// A flight recorder: bytes of compressed chunks kept, the newest (RING.md 3.5); 0: record everything
+    /// into the file.
+    pub flight: u64,
 }
 
 /// Slots of a ring file beyond `max_buffers`, for the buffers threads hold; more threads than this record
@@ -128,7 +132,7 @@ impl Default for Config {
         // 64 Ki events = 1.5 MiB per buffer, larger than a core's L2, so a buffer the writer reads does not
         // bounce between the two cores' caches (measured: BENCHMARKS.md); 64 buffers = 96 MiB besides the
         // threads' own, reached only if the disk cannot keep up.
-        Config { buffer_events: 64 * 1024, max_buffers: 64, on_full: OnFull::Drop, ring: true }
+        Config { buffer_events: 64 * 1024, max_buffers: 64, on_full: OnFull::Drop, ring: true, flight: 0 }
     }
 }
 
@@ -440,7 +444,26 @@ enum Msg {
     Lost(Lost),
     Snapshots(Vec<CodeSnapshot>),
     Calibration(Calibration),
+    /// Write the flight recorder's content into `file`: everything up to `at`.
+    Dump { file: File, name: String, at: ClockPoint, reply: Sender<DumpOutcome> },
     Finish(Trailer),
+}
+
+/// What a dump wrote (or why it could not).
+#[derive(Clone, Debug, Default, PartialEq)]
+pub struct DumpOutcome {
+    /// The file.
+    pub path: String,
+    /// Events written.
+    pub events: u64,
+    /// Events the ring had overwritten before, over all threads.
+    pub dropped: u64,
+    /// File size.
+    pub bytes: u64,
+    /// Milliseconds the writer thread spent on it (the program's threads do not wait for it).
+    pub writer_ms: f64,
+    /// Why it failed, if it did.
+    pub error: Option<String>,
 }
 
 /// What the writer did, reported when the session finishes.
@@ -454,6 +477,10 @@ pub struct Outcome {
     pub bytes: u64,
     /// The first write error, if any; events after it are counted in `lost`.
     pub error: Option<String>,
+    /// A flight recorder's dumps that failed while recording, as `path: why`.
+    pub dump_errors: Vec<String>,
+    /// A flight recorder's: events its ring overwrote (not in the file; FORMAT.md 6.8).
+    pub dropped: u64,
 }
 
 /// The writer thread's state. After a write error the writer is dropped: later events are counted as
@@ -462,6 +489,16 @@ struct WriterJob {
     writer: Option<Writer<BufWriter<File>>>,
     out: Outcome,
     pool: Arc<Pool>,
+    /// A flight recorder's: events go into the ring's chunk region, and the file is written by dumps.
+    flight: Option<Flight>,
+}
+
+/// What a flight recorder's writer needs to write dumps.
+struct Flight {
+    header: Header,
+    path: PathBuf,
+    /// Whether `path` is a regular file (the final dump replaces it), else it is written in place.
+    regular: bool,
 }
 
 impl WriterJob {
@@ -499,6 +536,39 @@ impl WriterJob {
             }
             Msg::Thread(t) => {
                 self.write(|w| w.thread(&t));
+            }
+            Msg::Events { thread_id, buf, len } if self.flight.is_some() => {
+                if len > 0 {
+                    let pushed = self.ring_events(thread_id, &buf[..len]);
+                    if pushed {
+                        self.out.events += len as u64;
+                    } else {
+                        self.out.lost += len as u64;
+                    }
+                }
+                if let (Some(slot), Some(ring)) = (buf.slot(), self.pool.ring()) {
+                    ring.free(slot);
+                }
+                self.pool.give(buf);
+                self.pool.keep_spares(SPARES);
+            }
+            Msg::Lost(l) if self.flight.is_some() => {
+                self.out.lost += l.count;
+                let chunk = self.writer.as_mut().map(|w| w.lost_chunk(&l));
+                if let (Some(Ok(c)), Some(ring)) = (chunk, self.pool.ring()) {
+                    let _ = ring.push_chunk(&c);
+                }
+            }
+            Msg::Dump { file, name, at, reply } => {
+                let out = self.dump(file, &name, at, None);
+                if let Some(e) = &out.error {
+                    self.out.dump_errors.push(format!("{name}: {e}"));
+                }
+                let _ = reply.send(out);
+            }
+            Msg::Finish(t) if self.flight.is_some() => {
+                self.finish_flight(t);
+                return true;
             }
             Msg::Events { thread_id, buf, len } => {
                 if len > 0 {
@@ -552,6 +622,146 @@ impl WriterJob {
             }
         }
         false
+    }
+}
+
+impl WriterJob {
+    /// A flight recorder's events into the ring's chunk region; false if they could not be (a write error
+    /// of the file, where code objects go, or a chunk larger than the ring).
+    fn ring_events(&mut self, thread_id: u64, events: &[RawEvent]) -> bool {
+        let Some(w) = self.writer.as_mut() else { return false };
+        match w.events_chunks(thread_id, events) {
+            Ok(chunks) => {
+                let ring = self.pool.ring().expect("a flight recorder has a ring");
+                chunks.iter().all(|c| ring.push_chunk(c).is_ok())
+            }
+            Err(e) => {
+                self.fail(e);
+                false
+            }
+        }
+    }
+
+    /// Writes the flight recorder's content into `file` (FORMAT.md: a whole trace, with a trailer): the
+    /// metadata written so far, each thread's overwritten events as `DROPPED`, the ring's chunks, the
+    /// events of the buffers not yet in the ring up to `at`, and `snapshots` at the end when `final_`.
+    fn dump(&mut self, file: File, name: &str, at: ClockPoint, trailer: Option<Trailer>) -> DumpOutcome {
+        let t0 = std::time::Instant::now();
+        let mut out = DumpOutcome { path: name.to_string(), ..DumpOutcome::default() };
+        let result = self.dump_into(file, name, at, trailer, &mut out);
+        if let Err(e) = result {
+            out.error = Some(e.to_string());
+        }
+        out.writer_ms = t0.elapsed().as_secs_f64() * 1e3;
+        out
+    }
+
+    fn dump_into(
+        &mut self,
+        file: File,
+        name: &str,
+        at: ClockPoint,
+        trailer: Option<Trailer>,
+        out: &mut DumpOutcome,
+    ) -> ocular_format::Result<()> {
+        let (Some(flight), Some(ring)) = (self.flight.as_ref(), self.pool.ring()) else {
+            return Err(ocular_format::Error::Io {
+                path: name.into(),
+                error: std::io::Error::other("not a flight recorder"),
+            });
+        };
+        let Some(w) = self.writer.as_mut() else {
+            let why = self.out.error.clone().unwrap_or_else(|| "the recording's writer stopped".into());
+            return Err(ocular_format::Error::Io { path: name.into(), error: std::io::Error::other(why) });
+        };
+        // Code objects still being compressed go into the copy first.
+        w.flush_code()?;
+        let meta = w.copy();
+        let mut d = Writer::new(BufWriter::with_capacity(1 << 20, file), name, &flight.header, WriterOptions::default())?;
+        let mut snapshots = Vec::new();
+        let mut at_byte = 0usize;
+        while at_byte + ocular_format::chunk::CHUNK_HEADER_LEN <= meta.len() {
+            let kind = u16::from_le_bytes([meta[at_byte + 4], meta[at_byte + 5]]);
+            let len = u32::from_le_bytes(meta[at_byte + 8..at_byte + 12].try_into().expect("4 bytes")) as usize;
+            let end = (at_byte + ocular_format::chunk::CHUNK_HEADER_LEN + len).min(meta.len());
+            let chunk = &meta[at_byte..end];
+            match kind {
+                // The dump is a whole trace: no ring to complete it from.
+                ocular_format::chunk::kind::RING => {}
+                // After every EVENTS chunk (FORMAT.md 3.2).
+                ocular_format::chunk::kind::SNAPSHOT => snapshots.push(chunk),
+                _ => d.copy_chunk(chunk)?,
+            }
+            at_byte = end;
+        }
+        for dr in ring.dropped() {
+            out.dropped += dr.events;
+            d.dropped(&dr)?;
+        }
+        let mut copied = Ok(());
+        ring.for_each_chunk(|c| {
+            if copied.is_ok() {
+                copied = d.copy_chunk(c);
+            }
+        });
+        copied?;
+        for slot in ring.pending(at.ticks) {
+            d.events(slot.thread_id, &slot.events)?;
+        }
+        for s in snapshots {
+            d.copy_chunk(s)?;
+        }
+        out.events = d.events_written();
+        let t = trailer.unwrap_or(Trailer {
+            end_unix_ns: at.unix_ns,
+            end_monotonic_ns: at.monotonic_ns,
+            end_ticks: at.ticks,
+            events: 0,
+            lost: 0,
+            chunks: 0,
+        });
+        let bw = d.finish(t)?;
+        let f = bw.into_inner().map_err(|e| ocular_format::Error::Io { path: name.into(), error: e.into_error() })?;
+        out.bytes = f.metadata().map(|m| m.len()).unwrap_or(0);
+        Ok(())
+    }
+
+    /// The stop of a flight recorder: its content becomes the trace at its path (written beside it, then
+    /// renamed over it, so that a crash in between leaves the recording's own file and ring to recover).
+    fn finish_flight(&mut self, t: Trailer) {
+        let flight = self.flight.as_ref().expect("a flight recorder");
+        let (path, regular) = (flight.path.clone(), flight.regular);
+        let name = path.display().to_string();
+        let at = ClockPoint { ticks: t.end_ticks, monotonic_ns: t.end_monotonic_ns, unix_ns: t.end_unix_ns };
+        let tmp = {
+            let mut p = path.clone().into_os_string();
+            p.push(format!(".{}.tmp", std::process::id()));
+            PathBuf::from(p)
+        };
+        let target = if regular { &tmp } else { &path };
+        let opened = if regular {
+            File::create(target)
+        } else {
+            std::fs::OpenOptions::new().write(true).open(target)
+        };
+        let out = match opened {
+            Ok(f) => self.dump(f, &name, at, Some(t)),
+            Err(e) => DumpOutcome { error: Some(e.to_string()), ..DumpOutcome::default() },
+        };
+        let renamed = if regular && out.error.is_none() { std::fs::rename(&tmp, &path) } else { Ok(()) };
+        if regular && (out.error.is_some() || renamed.is_err()) {
+            let _ = std::fs::remove_file(&tmp);
+        }
+        match (out.error, renamed) {
+            (Some(e), _) => self.fail(e),
+            (None, Err(e)) => self.fail(format!("cannot rename {} to {name}: {e}", tmp.display())),
+            (None, Ok(())) => {
+                self.out.events = out.events;
+                self.out.bytes = out.bytes;
+                self.out.dropped = out.dropped;
+            }
+        }
+        self.writer = None;
     }
 }
 
@@ -629,7 +839,26 @@ impl Session {
         // A ring file beside a regular file: the buffers' events and the metadata the writer has not
         // written yet survive a killed process there (RING.md). Without one (no space, no permission, a
         // pipe), the recording goes on as before, and a crash loses each thread's last buffer.
-        let (ring, ring_error) = match (cfg.ring && is_file).then(|| Self::ring(path, header, cfg)) {
+        if cfg.flight > 0 {
+            let least = RingLayout::min_chunks_capacity(u32::try_from(cfg.buffer_events).unwrap_or(u32::MAX));
+            if cfg.flight < least {
+                return Err(io(std::io::Error::new(
+                    std::io::ErrorKind::InvalidInput,
+                    format!(
+                        "a ring of {} is smaller than one chunk of {} events (up to {}): give at least that, or \
+                         fewer buffer_events",
+                        human_bytes(cfg.flight),
+                        cfg.buffer_events,
+                        human_bytes(least)
+                    ),
+                )));
+            }
+        }
+        // A ring file beside a regular file: the buffers' events and the metadata the writer has not
+        // written yet survive a killed process there (RING.md). Without one (no space, no permission, a
+        // pipe), the recording goes on as before, and a crash loses each thread's last buffer; a flight
+        // recorder then keeps its ring in anonymous memory.
+        let (mut ring, ring_error) = match (cfg.ring && (is_file || cfg.flight > 0)).then(|| Self::ring(path, header, cfg)) {
             Some(Ok(r)) => (Some(r), None),
             Some(Err(e)) => (None, Some(e)),
             None => (None, None),
@@ -638,14 +867,28 @@ impl Session {
             let abs = std::path::absolute(r.path()).unwrap_or_else(|_| r.path().to_owned());
             writer.ring(&RingInfo { path: abs.display().to_string() })?;
         }
+        if ring.is_none() && cfg.flight > 0 {
+            let layout = Self::layout(cfg).map_err(io)?;
+            let anon =
+                RingWriter::anonymous(header.pid, header.start_ticks, header.ticks_per_second, layout).map_err(io)?;
+            ring = Some(Arc::new(anon));
+        }
+        if let (Some(r), Ok(bytes)) = (&ring, postcard::to_allocvec(header)) {
+            // A ring file read alone is a trace (RING.md 5).
+            r.append_meta(ocular_format::chunk::kind::HEADER, &bytes);
+        }
         writer.flush()?;
+        let flight = (cfg.flight > 0).then(|| {
+            writer.keep_copy();
+            Flight { header: header.clone(), path: path.to_owned(), regular: is_file }
+        });
         let pool = Pool::new(cfg);
         let pool = Arc::new(match &ring {
             Some(r) => pool.with_ring(Arc::clone(r)),
             None => pool,
         });
         let (tx, rx) = channel::<Msg>();
-        let mut job = WriterJob { writer: Some(writer), out: Outcome::default(), pool: Arc::clone(&pool) };
+        let mut job = WriterJob { writer: Some(writer), out: Outcome::default(), pool: Arc::clone(&pool), flight };
         let handle = std::thread::Builder::new()
             .name("ocular-writer".into())
             .spawn(move || {
@@ -683,14 +926,20 @@ impl Session {
         })
     }
 
-    /// Creates the ring file of `path`, or says why it cannot be made.
-    fn ring(path: &Path, header: &Header, cfg: Config) -> Result<Arc<RingWriter>, String> {
-        let too_big = |_| "buffers too large for a ring file".to_string();
-        let layout = RingLayout {
+    /// The ring's sizes for `cfg`.
+    fn layout(cfg: Config) -> std::io::Result<RingLayout> {
+        let too_big = |_| std::io::Error::new(std::io::ErrorKind::InvalidInput, "buffers too large for a ring file");
+        Ok(RingLayout {
             slot_events: u32::try_from(cfg.buffer_events).map_err(too_big)?,
             max_slots: u32::try_from(cfg.max_buffers).map_err(too_big)?.saturating_add(RING_THREAD_SLOTS),
             meta_capacity: RING_META,
-        };
+            chunks_capacity: cfg.flight.div_ceil(8) * 8,
+        })
+    }
+
+    /// Creates the ring file of `path`, or says why it cannot be made.
+    fn ring(path: &Path, header: &Header, cfg: Config) -> Result<Arc<RingWriter>, String> {
+        let layout = Self::layout(cfg).map_err(|e| e.to_string())?;
         static RECORDINGS: AtomicUsize = AtomicUsize::new(0);
         let n = RECORDINGS.fetch_add(1, Ordering::Relaxed) as u64;
         let ring_path = ocular_format::ring::path_for_recording(path, header.pid, n);
@@ -706,7 +955,7 @@ impl Session {
 
     /// The ring file beside it, if there is one.
     pub fn ring_path(&self) -> Option<&Path> {
-        self.ring.as_deref().map(RingWriter::path)
+        self.ring.as_deref().filter(|r| r.is_file()).map(RingWriter::path)
     }
 
     /// Why there is no ring file although one was asked for (no space, a file size limit, ...).
@@ -758,8 +1007,29 @@ impl Session {
         let _ = self.send(Msg::Thread(info));
     }
 
+    /// A flight recorder's content, written into `path` by the writer thread while recording goes on:
+    /// the file is created here (an error here is the caller's to see, nothing else waits), the rest is
+    /// reported on the returned channel. Everything recorded up to now is in it.
+    pub fn dump(&self, path: &Path) -> std::io::Result<Receiver<DumpOutcome>> {
+        if self.pool.ring().is_none_or(|r| r.layout().chunks_capacity == 0) {
+            return Err(std::io::Error::new(
+                std::io::ErrorKind::Unsupported,
+                "only a flight recorder dumps: record with a ring budget (ring=\"64MB\", or --ring 64MB)",
+            ));
+        }
+        let file = File::create(path)?;
+        let at = ClockPoint::now();
+        let (reply, rx) = channel();
+        self.send(Msg::Dump { file, name: path.display().to_string(), at, reply })
+            .map_err(|_| std::io::Error::other("the recording's writer thread has stopped"))?;
+        Ok(rx)
+    }
+
     /// Sends the recorder's cost per event kind (before any events).
     pub fn calibration(&self, c: Calibration) {
+        if let (Some(ring), Ok(bytes)) = (&self.ring, postcard::to_allocvec(&c)) {
+            ring.append_meta(ocular_format::chunk::kind::CALIBRATION, &bytes);
+        }
         let _ = self.send(Msg::Calibration(c));
     }
 
@@ -835,6 +1105,22 @@ impl Sink for Session {
     }
 }
 
+/// `n` bytes for a person: `64 MiB`, `1.5 KiB`, `100 B`.
+pub fn human_bytes(n: u64) -> String {
+    const UNITS: [&str; 4] = ["KiB", "MiB", "GiB", "TiB"];
+    if n < 1024 {
+        return format!("{n} B");
+    }
+    let mut v = n as f64 / 1024.0;
+    let mut u = 0;
+    while v >= 1024.0 && u + 1 < UNITS.len() {
+        v /= 1024.0;
+        u += 1;
+    }
+    let s = format!("{v:.1}");
+    format!("{} {}", s.strip_suffix(".0").unwrap_or(&s), UNITS[u])
+}
+
 /// A sink that records nothing: calibration runs push into one buffer that is reused when full.
 #[derive(Debug)]
 pub struct Discard {
@@ -844,7 +1130,7 @@ pub struct Discard {
 impl Discard {
     /// A discarding sink with buffers of `buffer_events`.
     pub fn new(buffer_events: usize) -> Self {
-        Discard { pool: Pool::new(Config { buffer_events, max_buffers: 2, on_full: OnFull::Drop, ring: false }) }
+        Discard { pool: Pool::new(Config { buffer_events, max_buffers: 2, on_full: OnFull::Drop, ring: false, flight: 0 }) }
     }
 }
 

@@ -75,12 +75,16 @@ def _run(opts: dict) -> int:
         rec = Recording(opts["output"], opts["mode"], opts["threshold"], opts["include"], opts["exclude"],
                         window_period=opts["window_period"], window_length=opts["window_length"],
                         buffer_events=opts["buffer_events"], max_buffers=opts["max_buffers"],
-                        on_full=opts["on_full"], ring_file=opts["ring_file"])
+                        on_full=opts["on_full"], ring_file=opts["ring_file"], ring=opts["ring"],
+                        dump_on=opts["dump_on"])
     except ValueError as e:
         print(f"python -m ocular run: {e}", file=sys.stderr)
         return 2
     try:
         rec.start()
+    except ValueError as e:
+        print(f"python -m ocular run: {e}", file=sys.stderr)
+        return 2
     except OSError as e:
         # The message names the file: a missing directory, no permission, another recording writing it.
         print(f"python -m ocular run: cannot write the trace: {e}", file=sys.stderr)

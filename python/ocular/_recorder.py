@@ -268,6 +268,8 @@ class Recording:
         max_buffers: int = 64,
         on_full: str = "drop",
         ring_file: bool = True,
+        ring: int | str | None = None,
+        dump_on: int | str | None = None,
         window_period: float | None = None,
         window_length: float = 0.0005,
     ) -> None:
@@ -303,6 +305,13 @@ class Recording:
         self.max_buffers = max_buffers
         self.on_full = on_full
         self.ring_file = bool(ring_file)
+        self.ring = parse_size(ring) if ring is not None else 0
+        self.dump_on = _signal_number(dump_on) if dump_on is not None else None
+        if self.dump_on is not None and not self.ring:
+            raise ValueError("dump_on needs a flight recorder: give ring= a size too (ring='64MB')")
+        self.dumped = 0
+        self.dropped = 0
+        self._old_dump_handler: Any = None
         self.tool_id: int = -1
         self.events = 0
         self.lost = 0
@@ -361,11 +370,13 @@ class Recording:
             no_ring = nat.start(self.path, header, self.mode, self.deinstrument_threshold, self.include_only,
                       self.exclude, self.buffer_events, self.max_buffers, cost,
                       _interp.boot_thread_name, boot, main.native_id or 0, main.name, [_OWN_CODE], per_kind,
-                      self.on_full, self.ring_file)
+                      self.on_full, self.ring_file, self.ring)
             if no_ring:
                 import warnings
 
-                note = f"{no_ring}: if the program is killed, each thread's last buffer of events is lost"
+                note = (f"{no_ring}: the flight recorder's ring is in this process's memory, lost if it is killed"
+                        if self.ring else
+                        f"{no_ring}: if the program is killed, each thread's last buffer of events is lost")
                 self.notes.append(note)
                 warnings.warn(f"Ocular: {note}", RuntimeWarning, skip_file_prefixes=(_OWN_CODE,))
         except BaseException:
@@ -387,6 +398,10 @@ class Recording:
             # default action (_sigterm). Only when nobody else handles SIGTERM.
             if _signal.getsignal(_signal.SIGTERM) == _signal.SIG_DFL:
                 self._old_sigterm = _signal.signal(_signal.SIGTERM, _sigterm)
+        if self.dump_on is not None:
+            if threading.current_thread() is not threading.main_thread():
+                raise ValueError("dump_on installs a signal handler: start the recording in the main thread")
+            self._old_dump_handler = _signal.signal(self.dump_on, self._dump_on_signal)
         atexit.register(self._stop_at_exit)
         main_ident = threading.main_thread().ident or 0
         # Last: everything above runs Python (threading, atexit) that is not the user's program.
@@ -413,6 +428,10 @@ class Recording:
         _active = None
         _quiet_fork_warning(False)
         atexit.unregister(self._stop_at_exit)
+        if self._old_dump_handler is not None and threading.current_thread() is threading.main_thread():
+            if _signal.getsignal(self.dump_on) == self._dump_on_signal:
+                _signal.signal(self.dump_on, self._old_dump_handler)
+            self._old_dump_handler = None
         if self._old_sigterm is not None and threading.current_thread() is threading.main_thread():
             if _signal.getsignal(_signal.SIGTERM) is _sigterm:
                 _signal.signal(_signal.SIGTERM, self._old_sigterm)
@@ -423,9 +442,45 @@ class Recording:
         self.threads = out["threads"]
         self.code_objects = out["code_objects"]
         self.error = out["error"]
-        if out["errors"] or self.error or self.lost:
-            self._warn(out["errors"])
+        self.dropped = out.get("dropped", 0)
+        errors = out["errors"] + [f"a dump failed: {e}" for e in out.get("dump_errors", ())]
+        if errors or self.error or self.lost:
+            self._warn(errors)
         return self
+
+    # -- flight recorder -------------------------------------------------------------------------------
+
+    def dump(self, path: str | os.PathLike[str] | None = None, wait: bool = False) -> str:
+        """Write what the flight recorder holds (``ring=``) into ``path`` now, while recording goes on: an
+        ``.ocl`` trace of the newest events every command reads, with what the ring overwrote before said
+        in it. The file is created at once (an ``OSError`` if it cannot be); the writer thread writes the
+        rest, so the calling thread does not wait (``wait=True`` waits and returns when it is written).
+        Without ``path``, the dump goes beside the recording's file, numbered: ``run.1.ocl``,
+        ``run.2.ocl``, ... Returns the path."""
+        if not self._running:
+            raise RuntimeError("the recording is not running: its file already holds what its ring held")
+        if path is None:
+            path = self._next_dump_path()
+        path = os.fspath(path)
+        out = _native().dump(path, wait)
+        self.dumped += 1
+        return path
+
+    def _next_dump_path(self) -> str:
+        base, ext = os.path.splitext(self.path)
+        if not ext:
+            base, ext = self.path, ".ocl"
+        n = self.dumped + 1
+        while os.path.exists(f"{base}.{n}{ext}"):
+            n += 1
+        return f"{base}.{n}{ext}"
+
+    def _dump_on_signal(self, signum: int, frame: object) -> None:
+        try:
+            path = self.dump()
+            print(f"ocular: signal {signum}: writing the flight recorder's ring into {path}", file=sys.stderr)
+        except Exception as e:  # noqa: BLE001 - a signal handler must not raise into the program
+            print(f"ocular: signal {signum}: the dump failed: {e}", file=sys.stderr)
 
     def _warn(self, errors: list[str]) -> None:
         """The stop's warnings, shown at the user's code that stopped the recording (whether through stop(),
@@ -483,9 +538,11 @@ class Recording:
 
     def summary(self) -> str:
         per = f", {self.bytes / self.events:.2f} bytes/event" if self.events else ""
+        ring = (f"; flight recorder of {_human(self.ring)}: the newest events, {self.dropped:,} older ones "
+                f"overwritten" if self.ring else "")
         return (
             f"{self.path}: {self.events:,} events ({self.mode} mode), {self.lost:,} lost, "
-            f"{self.threads} threads, {self.code_objects} code objects, {self.bytes:,} bytes{per}"
+            f"{self.threads} threads, {self.code_objects} code objects, {self.bytes:,} bytes{per}{ring}"
         )
 
     def __repr__(self) -> str:
@@ -531,6 +588,57 @@ def _sigterm(signum: int, frame: object) -> None:
     _signal.raise_signal(signum)
 
 
+_UNITS = {"": 1, "b": 1, "k": 1 << 10, "m": 1 << 20, "g": 1 << 30, "t": 1 << 40}
+
+
+def parse_size(size: int | str) -> int:
+    """Bytes from ``1048576``, ``"64MB"``, ``"64M"``, ``"64MiB"`` or ``"1.5 GB"``: units are powers of 1024
+    (K, M, G, T, with or without B or iB), as for memory."""
+    if isinstance(size, bool):
+        raise TypeError("a size is a number of bytes or a string such as '64MB'")
+    if isinstance(size, int):
+        n = size
+    elif isinstance(size, str):
+        t = size.strip().lower().replace(" ", "")
+        for suffix in ("ib", "b"):
+            if t.endswith(suffix) and t[:-len(suffix)][-1:].isalpha():
+                t = t[:-len(suffix)]
+                break
+        unit = t[-1:] if t[-1:].isalpha() else ""
+        try:
+            n = int(float(t[:len(t) - len(unit)]) * _UNITS[unit])
+        except (KeyError, ValueError):
+            raise ValueError(f"not a size: {size!r} (say '64MB', '512KiB', '1GB', or a number of bytes)") from None
+    else:
+        raise TypeError(f"a size is a number of bytes or a string such as '64MB', not {type(size).__name__}")
+    if n <= 0:
+        raise ValueError(f"a ring must hold something: {size!r}")
+    return n
+
+
+def _human(n: int) -> str:
+    for unit in ("B", "KiB", "MiB", "GiB"):
+        if n < 1024 or unit == "GiB":
+            return f"{n:.0f} {unit}" if unit == "B" else f"{n:.1f} {unit}".replace(".0 ", " ")
+        n /= 1024
+    return f"{n} B"
+
+
+def _signal_number(sig: int | str) -> int:
+    """SIGUSR2, "SIGUSR2", "USR2" or 12."""
+    if isinstance(sig, int):
+        return sig
+    name = sig.upper()
+    if not name.startswith("SIG"):
+        name = "SIG" + name
+    n = getattr(_signal, name, None)
+    if not isinstance(n, int):
+        raise ValueError(f"unknown signal {sig!r}: give a name such as SIGUSR2, or a number")
+    if n in (_signal.SIGKILL, getattr(_signal, "SIGSTOP", -1)):
+        raise ValueError(f"{sig} cannot be caught")
+    return n
+
+
 def _patterns(p: str | Iterable[str] | None) -> list[str]:
     if p is None:
         return []
@@ -570,6 +678,12 @@ def record(
     ring_file: the buffers live in a file beside the trace (``run.ocl.ring``, removed at the end), so that
     a program killed (SIGKILL, the OOM killer, a crash) loses none of what was recorded: every command
     reads the trace completed from it. False keeps them in memory, as before.
+
+    ring: a flight recorder. With a size (``ring="64MB"``), the recording keeps only its newest events,
+    that many bytes of compressed chunks (several times as many events as raw), however long the program
+    runs; ``rec.dump(path)`` writes them into a trace at any moment while recording goes on, the stop
+    writes them into ``path``, and after a kill every command reads them from the ring file.
+    dump_on: a signal (``"SIGUSR2"``) on which the recording dumps beside ``path`` (``run.1.ocl``, ...).
     """
     return Recording(path, mode, deinstrument_threshold, include_only, exclude, **kwargs)
 

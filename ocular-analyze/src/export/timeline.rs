@@ -15,8 +15,6 @@
 
 use ocular_format::{Body, CodeObject, EventKind, Header, RawEvent, ReadOptions, Reader};
 use rustc_hash::FxHashMap as HashMap;
-use std::fs::File;
-use std::io::BufReader;
 use std::path::Path;
 
 /// One thing on the timeline. Times are in ticks of the file's clock.
@@ -130,7 +128,7 @@ struct Thread {
 /// An opened trace, ready to be walked.
 #[derive(Debug)]
 pub struct Timeline {
-    reader: Reader<BufReader<File>>,
+    reader: Reader<ocular_format::Source>,
     path: String,
     size: u64,
     loops: bool,

@@ -45,7 +45,10 @@ fn check_synthetic(bytes: &[u8], version: (u16, u16)) {
     assert_eq!(all.snapshots[0].bytecode, [151, 0, 194, 2, 0, 0, 1, 0, 140, 4, 83, 0]);
     let t = all.trailer.unwrap();
     // Since 2.3 a RING chunk follows the header (FORMAT.md 6.7): one chunk more.
-    let want = if version >= (2, 3) {
+    // Since 2.4 a DROPPED chunk (FORMAT.md 6.8): one more.
+    let want = if version >= (2, 4) {
+        (86, 3, 12)
+    } else if version >= (2, 3) {
         (86, 3, 11)
     } else if windows {
         (86, 3, 10)
@@ -82,6 +85,16 @@ fn v2_2_synthetic_reads_forever() {
     let bytes = fixture("v2.2/synthetic.ocl");
     assert_eq!(bytes.len(), 1976);
     check_synthetic(&bytes, (2, 2));
+}
+
+#[test]
+fn v2_4_synthetic_reads_forever() {
+    let bytes = fixture("v2.4/synthetic.ocl");
+    check_synthetic(&bytes, (2, 4));
+    let all = read_all(&bytes, false).unwrap();
+    let d = all.report.dropped.get(&1002).expect("a DROPPED chunk for thread 1002");
+    assert_eq!((d.events, d.first_ticks, d.last_ticks), (640, 2_000, 9_990));
+    assert_eq!(all.report.dropped.len(), 1);
 }
 
 #[test]

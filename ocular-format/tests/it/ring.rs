@@ -4,7 +4,7 @@
 use ocular_format::ring::{path_for, state, Layout, RingFile, RingWriter};
 use ocular_format::*;
 
-const LAYOUT: Layout = Layout { slot_events: 8, max_slots: 4, meta_capacity: 4096 };
+const LAYOUT: Layout = Layout { slot_events: 8, max_slots: 4, meta_capacity: 4096, chunks_capacity: 0 };
 
 fn ev(t: u64, code: u32) -> RawEvent {
     RawEvent::new(t, code, 2, 0, EventKind::PY_START as u8)
@@ -39,7 +39,7 @@ fn the_header_and_slot_table_are_where_ring_md_says() {
     let u32_at = |o: usize| u32::from_le_bytes(bytes[o..o + 4].try_into().unwrap());
     let u64_at = |o: usize| u64::from_le_bytes(bytes[o..o + 8].try_into().unwrap());
     assert_eq!(&bytes[0..8], b"OCLRING\0");
-    assert_eq!((u16::from_le_bytes([bytes[8], bytes[9]]), u16::from_le_bytes([bytes[10], bytes[11]])), (1, 0));
+    assert_eq!((u16::from_le_bytes([bytes[8], bytes[9]]), u16::from_le_bytes([bytes[10], bytes[11]])), (1, 1));
     assert_eq!((u32_at(12), u32_at(16), u32_at(20)), (4096, 4242, 1));
     assert_eq!((u64_at(24), f64::from_le_bytes(bytes[32..40].try_into().unwrap())), (1000, 3.0e9));
     assert_eq!((u32_at(40), u32_at(44), u64_at(48)), (8, 4, 4096));
@@ -113,7 +113,7 @@ fn a_foreign_truncated_or_oversized_ring_file_is_a_clear_error() {
     bytes[8] = 2;
     std::fs::write(&p, &bytes).unwrap();
     let e = RingFile::open(&p).unwrap_err().to_string();
-    assert!(e.contains("ring file version 2.0, this Ocular reads 1.x"), "{e}");
+    assert!(e.contains("ring file version 2.1, this Ocular reads 1.x"), "{e}");
     std::fs::write(&p, &bytes[..100]).unwrap();
     assert!(RingFile::open(&p).is_err());
 }
@@ -263,4 +263,168 @@ fn a_zombie_is_not_a_running_recording() {
     while r.next_chunk().unwrap().is_some() {}
     assert!(r.report().recovered.is_some(), "the zombie's ring was not used");
     c.wait().unwrap();
+}
+
+/// One thread's EVENTS chunk of `n` events from `t0`, as a flight recorder's writer makes it (seq 0).
+fn events_chunk(thread: u64, t0: u64, n: u64) -> Vec<u8> {
+    let mut w = Writer::new(Vec::new(), "mem", &testing::header(), WriterOptions::default()).unwrap();
+    let evs: Vec<RawEvent> = (0..n).map(|i| ev(t0 + i * 7, 1)).collect();
+    let mut chunks = w.events_chunks(thread, &evs).unwrap();
+    assert_eq!(chunks.len(), 1);
+    chunks.remove(0)
+}
+
+const FLIGHT: Layout = Layout { slot_events: 8, max_slots: 4, meta_capacity: 4096, chunks_capacity: 1024 };
+
+#[test]
+fn chunk_records_are_where_ring_md_says_and_wrap_with_a_pad() {
+    let dir = tempfile::tempdir().unwrap();
+    let path = dir.path().join("f.ring");
+    let w = RingWriter::create(&path, 4242, 1000, 3.0e9, FLIGHT).unwrap();
+    let c = events_chunk(9, 5000, 20);
+    let size = 24 + c.len() as u64;
+    let padded = size.div_ceil(8) * 8;
+    let fit = 1024 / padded;
+    assert!(fit >= 2, "the test needs at least two records in the region ({padded} bytes each)");
+    for _ in 0..fit {
+        w.push_chunk(&c).unwrap();
+    }
+    let bytes = std::fs::read(&path).unwrap();
+    let u64_at = |o: usize| u64::from_le_bytes(bytes[o..o + 8].try_into().unwrap());
+    // Header (RING.md 3.1): the chunk region after the metadata region, head, tail, evicted.
+    let region = u64_at(64) as usize + 4096;
+    assert_eq!((u64_at(96), u64_at(104)), (region as u64, 1024));
+    assert_eq!((u64_at(112), u64_at(120), u64_at(128)), (fit * padded, 0, 0));
+    assert_eq!(bytes.len(), region + 4096);
+    // The first record (RING.md 3.5): size, magic, events before it, the thread's first ticks, the chunk.
+    assert_eq!(u32::from_le_bytes(bytes[region..region + 4].try_into().unwrap()) as u64, size);
+    assert_eq!(&bytes[region + 4..region + 8], b"OCRR");
+    assert_eq!((u64_at(region + 8), u64_at(region + 16)), (0, 5000));
+    assert_eq!(&bytes[region + 24..region + 24 + c.len()], &c[..]);
+    let second = region + padded as usize;
+    assert_eq!((u64_at(second + 8), u64_at(second + 16)), (20, 5000), "20 events of the thread before it");
+    // The next record does not fit before the end: a pad (size 0) there, the record at the region's start,
+    // and the records it overwrites are gone from the tail.
+    w.push_chunk(&c).unwrap();
+    let bytes = std::fs::read(&path).unwrap();
+    let u64_at = |o: usize| u64::from_le_bytes(bytes[o..o + 8].try_into().unwrap());
+    let at_end = region + (fit * padded) as usize;
+    if fit * padded < 1024 {
+        assert_eq!(u32::from_le_bytes(bytes[at_end..at_end + 4].try_into().unwrap()), 0, "a pad");
+    }
+    assert_eq!((u64_at(112), u64_at(120), u64_at(128)), (1024 + padded, padded, 1));
+    assert_eq!((u64_at(region + 8), u64_at(region + 16)), (fit * 20, 5000));
+    assert_eq!(w.dropped(), vec![Dropped { thread_id: 9, events: 20, first_ticks: 5000, last_ticks: 5000 + 19 * 7 }]);
+    let (records, bytes_held, evicted) = w.chunk_stats();
+    assert_eq!((records as u64, bytes_held, evicted), (fit, fit * padded, 1));
+    let r = RingFile::open(&path).unwrap();
+    let (recs, damaged) = r.chunks();
+    assert!(!damaged);
+    assert_eq!(recs.len() as u64, fit);
+    assert_eq!(recs.iter().map(|r| r.events_before).collect::<Vec<_>>(), (1..=fit).map(|i| i * 20).collect::<Vec<_>>());
+    assert!(recs.iter().all(|r| r.chunk == &c[..]));
+}
+
+#[test]
+fn a_chunk_larger_than_the_region_is_refused_and_the_smallest_region_holds_any_chunk() {
+    let dir = tempfile::tempdir().unwrap();
+    let tiny = Layout { chunks_capacity: 64, ..FLIGHT };
+    let w = RingWriter::create(&dir.path().join("t.ring"), 1, 0, 1e9, tiny).unwrap();
+    let c = events_chunk(1, 100, 20);
+    let e = w.push_chunk(&c).unwrap_err();
+    assert_eq!(e.to_string(), format!("a chunk of {} bytes does not fit a ring of 64 bytes", 24 + c.len()));
+    // The worst a buffer of 65,536 events compresses to, as FORMAT.md 3.1 bounds it: 2.7 MB.
+    let least = Layout::min_chunks_capacity(65536);
+    assert!((2_600_000..2_800_000).contains(&least), "{least}");
+    assert_eq!(least % 8, 0);
+}
+
+/// A flight recorder killed after its ring wrapped: its `.ocl` file holds metadata only, its ring holds the
+/// newest chunks of two threads and a filling slot.
+fn killed_flight(dir: &std::path::Path, pid: u32) -> (std::path::PathBuf, std::path::PathBuf) {
+    let ocl = dir.join("fr.ocl");
+    let ring_path = dir.join("fr.ring");
+    let mut header = testing::header();
+    header.pid = pid;
+    let ring = RingWriter::create(&ring_path, pid, header.start_ticks, header.ticks_per_second, FLIGHT).unwrap();
+    assert!(ring.append_meta(0x0001, &postcard::to_allocvec(&header).unwrap()));
+    let mut w =
+        Writer::new(std::fs::File::create(&ocl).unwrap(), "fr.ocl", &header, WriterOptions::default()).unwrap();
+    w.ring(&RingInfo { path: ring_path.display().to_string() }).unwrap();
+    let code = CodeObject {
+        id: 1,
+        name: "f".into(),
+        qualname: "f".into(),
+        filename: "w.py".into(),
+        first_line: 1,
+        flags: 3,
+        bytecode: vec![151, 0, 83, 0],
+        linetable: Vec::new(),
+        positions: vec![Position { line: 1, end_line: 1, column: 0, end_column: 4 }; 2],
+    };
+    w.code_objects(std::slice::from_ref(&code)).unwrap();
+    drop(w);
+    let (mut one, mut framed) = (Vec::new(), Vec::new());
+    frame_code(&code, &mut one, &mut framed).unwrap();
+    assert!(ring.append_meta(0x0003, &framed));
+    // Thread 7's chunks at 10,000, 20,000, ... and thread 8's: alternating, so the oldest go first.
+    for k in 0..12u64 {
+        ring.push_chunk(&events_chunk(7 + k % 2, 10_000 * (k + 1), 20)).unwrap();
+    }
+    fill(&ring, 0, &[ev(500_000, 1), ev(500_001, 1), ev(500_002, 1)]);
+    ring.filling(0, 7, 500_000);
+    (ocl, ring_path)
+}
+
+fn ticks_by_thread(r: &mut Reader<Source>) -> std::collections::BTreeMap<u64, Vec<u64>> {
+    let mut out = std::collections::BTreeMap::<u64, Vec<u64>>::new();
+    while let Some(c) = r.next_chunk().unwrap() {
+        if let Body::Events(e) = c.body {
+            out.entry(c.info.thread_id).or_default().extend(e.iter().map(|e| e.ticks.get()));
+        }
+    }
+    out
+}
+
+#[test]
+fn a_killed_flight_recorder_is_read_from_its_ring_with_what_it_overwrote() {
+    let dir = tempfile::tempdir().unwrap();
+    let (ocl, ring_path) = killed_flight(dir.path(), dead_pid());
+    let kept = RingFile::open(&ring_path).unwrap().chunks().0.len() as u64;
+    assert!((2..12).contains(&kept), "the ring wrapped: {kept} of 12 chunks kept");
+    for path in [&ocl, &ring_path] {
+        let mut r = Reader::open(path).unwrap();
+        let got = ticks_by_thread(&mut r);
+        // The newest `kept` chunks, each thread's in time order, then the filling slot's 3 events.
+        let mut want = std::collections::BTreeMap::<u64, Vec<u64>>::new();
+        for k in 12 - kept..12 {
+            want.entry(7 + k % 2).or_default().extend((0..20).map(|i| 10_000 * (k + 1) + i * 7));
+        }
+        want.entry(7).or_default().extend([500_000, 500_001, 500_002]);
+        assert_eq!(got, want, "{}", path.display());
+        let report = r.report();
+        let rec = report.recovered.clone().unwrap();
+        assert_eq!((rec.ring_chunks, rec.chunk_events, rec.events), (kept, kept * 20, kept * 20 + 3));
+        assert_eq!(rec.alone, path == &ring_path);
+        // What was overwritten, per thread: 12 - kept chunks of 20 events, from the thread's first.
+        let gone = 12 - kept;
+        let d7 = report.dropped.get(&7).unwrap();
+        assert_eq!((d7.events, d7.first_ticks), (gone.div_ceil(2) * 20, 10_000));
+        if gone >= 2 {
+            assert_eq!(report.dropped.get(&8).unwrap().first_ticks, 20_000);
+        }
+        assert_eq!(report.dropped.values().map(|d| d.events).sum::<u64>(), gone * 20);
+    }
+}
+
+#[test]
+fn a_ring_file_alone_is_refused_while_its_process_runs_or_without_a_header() {
+    let dir = tempfile::tempdir().unwrap();
+    let (_, ring_path) = killed_flight(dir.path(), std::process::id());
+    let e = Reader::open(&ring_path).unwrap_err().to_string();
+    assert!(e.contains("is still running: its ring is being rewritten; ask it for a dump"), "{e}");
+    let old = dir.path().join("old.ring");
+    RingWriter::create(&old, dead_pid(), 0, 1e9, LAYOUT).unwrap();
+    let e = Reader::open(&old).unwrap_err().to_string();
+    assert!(e.contains("a ring file without a HEADER record"), "{e}");
 }

@@ -85,6 +85,15 @@ struct RunArgs {
     /// the OOM killer, a crash) then loses each thread's last buffer of events
     #[arg(long)]
     no_ring_file: bool,
+    /// A flight recorder: keep only the newest SIZE of compressed events (64MB, 512KiB, 1GB; powers of
+    /// 1024), however long the program runs. OUTPUT gets them at the end; after a kill, every command reads
+    /// them from the ring file. At least one compressed buffer: 2.7 MiB at the default --buffer-events
+    #[arg(long, value_name = "SIZE")]
+    ring: Option<String>,
+    /// With --ring: on this signal (SIGUSR2, USR2, 12), write the ring into a trace beside OUTPUT
+    /// (run.1.ocl, run.2.ocl, ...) while the program goes on: `kill -USR2 PID`
+    #[arg(long, value_name = "SIGNAL", requires = "ring")]
+    dump_on: Option<String>,
     /// Record only code whose file or qualified name contains P (repeatable)
     #[arg(long, value_name = "P")]
     include: Vec<String>,
@@ -132,6 +141,8 @@ pub(super) fn parse_run<'py>(py: Python<'py>, argv: Vec<OsString>) -> PyResult<B
     d.set_item("max_buffers", run.max_buffers)?;
     d.set_item("on_full", run.on_full)?;
     d.set_item("ring_file", !run.no_ring_file)?;
+    d.set_item("ring", run.ring)?;
+    d.set_item("dump_on", run.dump_on)?;
     d.set_item("include", run.include)?;
     d.set_item("exclude", run.exclude)?;
     d.set_item("quiet", run.quiet)?;

@@ -233,7 +233,7 @@ fn header_from(d: &Bound<'_, PyDict>, options: Options, cost: f64) -> PyResult<H
 #[pyfunction]
 #[pyo3(signature = (path, header, mode, threshold, include_only, exclude, buffer_events, max_buffers,
                     event_cost_ticks, thread_name, boot_code, main_native_id, main_name, internal,
-                    calibration=Vec::new(), on_full="drop", ring=true))]
+                    calibration=Vec::new(), on_full="drop", ring=true, flight=0))]
 #[allow(clippy::too_many_arguments)]
 fn start(
     py: Python<'_>,
@@ -254,6 +254,7 @@ fn start(
     calibration: Vec<(u8, f64)>,
     on_full: &str,
     ring: bool,
+    flight: u64,
 ) -> PyResult<Option<String>> {
     // SAFETY: GIL held (we have `py`); no Python call while the reference is alive.
     if unsafe { state() }.recorder.is_some() {
@@ -280,8 +281,14 @@ fn start(
     let out = match path {
         Some(p) => {
             let h = header_from(header, options, event_cost_ticks)?;
-            let cfg = Config { buffer_events, max_buffers, on_full, ring };
-            let session = py.detach(|| Session::start(&p, &h, cfg)).map_err(|e| PyOSError::new_err(e.to_string()))?;
+            let cfg = Config { buffer_events, max_buffers, on_full, ring, flight };
+            let session = py.detach(|| Session::start(&p, &h, cfg)).map_err(|e| match &e {
+                // A ring smaller than one chunk: the caller's value, not the file system.
+                ocular_format::Error::Io { error, .. } if error.kind() == std::io::ErrorKind::InvalidInput => {
+                    PyValueError::new_err(error.to_string())
+                }
+                _ => PyOSError::new_err(e.to_string()),
+            })?;
             if !calibration.is_empty() {
                 session.calibration(ocular_format::Calibration { costs: calibration });
             }
@@ -417,6 +424,8 @@ fn stop<'py>(py: Python<'py>, names: &Bound<'py, PyDict>) -> PyResult<Bound<'py,
             result.set_item("lost", out.lost)?;
             result.set_item("bytes", out.bytes)?;
             result.set_item("error", out.error)?;
+            result.set_item("dropped", out.dropped)?;
+            result.set_item("dump_errors", out.dump_errors)?;
         }
         Output::Discard(_) => {
             result.set_item("events", pushed)?;
@@ -429,6 +438,37 @@ fn stop<'py>(py: Python<'py>, names: &Bound<'py, PyDict>) -> PyResult<Bound<'py,
     unsafe { ffi::Py_DECREF(rec.disable) };
     drop(rec.keep);
     Ok(result)
+}
+
+/// A flight recorder's dump into `path` (see `Session::dump`). The file is created here, so a path that
+/// cannot be written is an `OSError` at once; the writer thread writes it while the program goes on. With
+/// `wait`, returns what it wrote once it is written (the GIL released meanwhile), else `None`.
+#[pyfunction]
+#[pyo3(signature = (path, wait=false))]
+fn dump<'py>(py: Python<'py>, path: std::path::PathBuf, wait: bool) -> PyResult<Option<Bound<'py, PyDict>>> {
+    // SAFETY: GIL held; no Python call while the reference is alive.
+    let st = unsafe { state() };
+    let Some(Output::File(session)) = st.recorder.as_ref().map(|r| &r.out) else {
+        return Err(PyRuntimeError::new_err("Ocular is not recording"));
+    };
+    let rx = session.dump(&path).map_err(|e| match e.kind() {
+        std::io::ErrorKind::Unsupported => PyRuntimeError::new_err(e.to_string()),
+        _ => PyOSError::new_err(format!("cannot write the dump {}: {e}", path.display())),
+    })?;
+    if !wait {
+        return Ok(None);
+    }
+    let out = py.detach(move || rx.recv()).map_err(|_| PyRuntimeError::new_err("the recording's writer thread stopped"))?;
+    if let Some(e) = out.error {
+        return Err(PyOSError::new_err(format!("cannot write the dump {}: {e}", path.display())));
+    }
+    let d = PyDict::new(py);
+    d.set_item("path", out.path)?;
+    d.set_item("events", out.events)?;
+    d.set_item("dropped", out.dropped)?;
+    d.set_item("bytes", out.bytes)?;
+    d.set_item("writer_ms", out.writer_ms)?;
+    Ok(Some(d))
 }
 
 /// In a forked child: forget the parent's recording without writing to its file.
@@ -676,6 +716,7 @@ fn _ocular(m: &Bound<'_, PyModule>) -> PyResult<()> {
     m.add_function(wrap_pyfunction!(clock_point, m)?)?;
     m.add_function(wrap_pyfunction!(start, m)?)?;
     m.add_function(wrap_pyfunction!(stop, m)?)?;
+    m.add_function(wrap_pyfunction!(dump, m)?)?;
     m.add_function(wrap_pyfunction!(abandon_after_fork, m)?)?;
     m.add_function(wrap_pyfunction!(is_recording, m)?)?;
     m.add_function(wrap_pyfunction!(windows::start_windows, m)?)?;

@@ -38,6 +38,7 @@ pub(super) fn read<'py>(py: Python<'py>, path: std::path::PathBuf, salvage: bool
     let code = PyDict::new(py);
     let threads = PyDict::new(py);
     let lost = PyList::empty(py);
+    let dropped = PyList::empty(py);
     let snaps = PyDict::new(py);
     let positions = PyDict::new(py);
     let bytecode = PyDict::new(py);
@@ -86,9 +87,11 @@ pub(super) fn read<'py>(py: Python<'py>, path: std::path::PathBuf, salvage: bool
                 d.set_item("lost", t.lost)?;
                 out.set_item("trailer", d)?;
             }
+            Body::Dropped(d) => dropped.append((d.thread_id, d.events, d.first_ticks, d.last_ticks))?,
             Body::Skipped(_) | Body::Ring(_) => {}
         }
     }
+    out.set_item("dropped", dropped)?;
     out.set_item("events", events)?;
     out.set_item("code", code)?;
     out.set_item("threads", threads)?;
