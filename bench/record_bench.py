@@ -1,7 +1,8 @@
 """Recorder overhead, side by side in one run: ns per event over the untraced run for each mode, next to
 the physical floor (a native METH_FASTCALL callback that reads the TSC and stores a 24-byte record), a
-native no-op callback, a no-op Python callback, and cProfile; and Ocular with its buffers on the heap instead
-of in the ring file (RING.md), for the ring's own cost. Interleaved repeats, medians.
+native no-op callback, a no-op Python callback, and cProfile; Ocular with its buffers on the heap instead
+of in the ring file (RING.md), for the ring's own cost; and Ocular as a flight recorder (ring="64MB": chunks
+into the ring file's chunk region instead of the .ocl file). Interleaved repeats, medians.
 
     make bench-record            (or: .venv/3.12/bin/python bench/record_bench.py [--repeats N])
 """
@@ -95,8 +96,8 @@ def with_callback(fn, mode, cb):
         mon.free_tool_id(TOOL)
 
 
-def with_ocular(fn, mode, threshold, path, ring_file=True):
-    rec = ocular.record(path, mode=mode, deinstrument_threshold=threshold, ring_file=ring_file)
+def with_ocular(fn, mode, threshold, path, ring_file=True, ring=None):
+    rec = ocular.record(path, mode=mode, deinstrument_threshold=threshold, ring_file=ring_file, ring=ring)
     rec.start()
     try:
         t = timed(fn)
@@ -133,14 +134,16 @@ def main():
     print()
     print("| workload | mode | events/run | untraced ms | floor ns/ev | native no-op ns/ev | Python no-op ns/ev "
           "| Ocular ns/ev | **Ocular / floor**, median of paired repeats (quartiles) | best-of CPU Ocular / floor "
-          "| Ocular slowdown | cProfile slowdown | buffers in memory / floor | ring file / in memory |")
-    print("|---|---|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|")
+          "| Ocular slowdown | cProfile slowdown | buffers in memory / floor | ring file / in memory "
+          "| **flight recorder / file**, median (quartiles) |")
+    print("|---|---|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|")
     rows = []
     for wname, fn in WORKLOADS.items():
         fn()  # warm up and specialize
         for mode in modes:
-            runs = {k: [] for k in ("untraced", "floor", "noop", "python", "ocular", "memory", "cprofile")}
-            ratios, mem_ratios, ring_ratios = [], [], []
+            runs = {k: [] for k in ("untraced", "floor", "noop", "python", "ocular", "memory", "flight",
+                                    "cprofile")}
+            ratios, mem_ratios, ring_ratios, flight_ratios = [], [], [], []
             events = lost = 0
             configs = {
                 "floor": lambda: with_callback(fn, mode, floor),
@@ -149,6 +152,8 @@ def main():
                 "ocular": lambda: with_ocular(fn, mode, 0, path),
                 # The buffers on the heap instead of in the ring file (RING.md): the ring's own cost.
                 "memory": lambda: with_ocular(fn, mode, 0, path, ring_file=False),
+                # A flight recorder: the newest 64 MiB of compressed chunks, in the ring file.
+                "flight": lambda: with_ocular(fn, mode, 0, path, ring="64MB"),
                 "cprofile": lambda: with_cprofile(fn),
             }
             for _ in range(args.repeats):
@@ -160,7 +165,7 @@ def main():
                 got = {"untraced": timed(fn)}
                 for k in order:
                     r = configs[k]()
-                    if k in ("ocular", "memory"):
+                    if k in ("ocular", "memory", "flight"):
                         r, events, lost = r
                     got[k] = r
                 got["untraced"] = min(got["untraced"], timed(fn))
@@ -172,6 +177,7 @@ def main():
                 ratios.append((got["ocular"][0] - base) / max(1, got["floor"][0] - base))
                 mem_ratios.append((got["memory"][0] - base) / max(1, got["floor"][0] - base))
                 ring_ratios.append((got["ocular"][0] - base) / max(1, got["memory"][0] - base))
+                flight_ratios.append((got["flight"][0] - base) / max(1, got["ocular"][0] - base))
             if events < 5_000:
                 continue  # e.g. a loop without calls in calls mode: nothing to measure per event
             # Absolute figures: best of the repeats per configuration (interference only adds time).
@@ -182,6 +188,9 @@ def main():
             ratios.sort()
             mem_ratios.sort()
             ring_ratios.sort()
+            flight_ratios.sort()
+            n = len(flight_ratios)
+            fq1, fmed, fq3 = flight_ratios[n // 4], flight_ratios[n // 2], flight_ratios[(3 * n) // 4]
             q1, med, q3 = ratios[len(ratios) // 4], ratios[len(ratios) // 2], ratios[(3 * len(ratios)) // 4]
             mem_med, ring_med = mem_ratios[len(mem_ratios) // 2], ring_ratios[len(ring_ratios) // 2]
             rows.append(
@@ -189,7 +198,7 @@ def main():
                 f"{ns['noop']:.1f} | {ns['python']:.1f} | {ns['ocular']:.1f} | **{med:.2f}x** ({q1:.2f}-{q3:.2f}) | "
                 f"{cns['ocular'] / cns['floor']:.2f}x | "
                 f"{wall['ocular'] / wall['untraced']:.2f}x | {wall['cprofile'] / wall['untraced']:.2f}x | "
-                f"{mem_med:.2f}x | {ring_med:.3f}x |"
+                f"{mem_med:.2f}x | {ring_med:.3f}x | **{fmed:.3f}x** ({fq1:.2f}-{fq3:.2f}) |"
                 + (f" (lost {lost})" if lost else "")
             )
             print(rows[-1], flush=True)
