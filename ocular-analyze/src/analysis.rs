@@ -396,6 +396,8 @@ pub struct Analysis {
     pub windows: Option<Windows>,
     /// Threads that lost events (the recorder had no free buffer for them), by thread id.
     pub losses: Vec<Loss>,
+    /// Threads whose oldest events a flight recorder overwrote (FORMAT.md 6.8): the trace is the newest part.
+    pub dropped: Vec<ocular_format::Dropped>,
     /// Branch events per (code id, branch offset): each destination seen, with the event's kind
     /// (BRANCH up to CPython 3.13; BRANCH_LEFT or BRANCH_RIGHT from 3.14) and how many times.
     pub branches: HashMap<(u32, u32), Vec<BranchWay>>,
@@ -647,6 +649,7 @@ pub fn analyze(path: &Path, opts: ReadOptions) -> ocular_format::Result<Analysis
     let name = path.display().to_string();
     a.warnings = r.report().warnings(&name);
     a.losses = losses(r.report());
+    a.dropped = r.report().dropped.values().cloned().collect();
     a.branches = std::mem::take(&mut tables.branches);
     a.header = Some(header);
     Ok(a)

@@ -206,6 +206,24 @@ pub fn report(a: &Analysis, span: Span, per_thread: bool, sort: SortBy, top: usi
 /// What the figures cover: with windows, which part is estimated; in a thresholded recording made before
 /// windows (format 2.1 and earlier), that a function's calls after its first `n` were not recorded.
 fn threshold_note(a: &Analysis, rows: &[Row]) -> Option<String> {
+    let notes: Vec<String> = [flight_note(a), windows_note(a, rows)].into_iter().flatten().collect();
+    (!notes.is_empty()).then(|| notes.join("\nnote: "))
+}
+
+/// A flight recorder's trace covers its newest events only: say from when, and how many came before.
+fn flight_note(a: &Analysis) -> Option<String> {
+    if a.dropped.is_empty() {
+        return None;
+    }
+    let events: u64 = a.dropped.iter().map(|d| d.events).sum();
+    Some(format!(
+        "a flight recorder's newest events: {events} earlier ones were overwritten by its ring and are not counted \
+         here (ocular-analyze info shows from when, per thread); a function running when the kept part begins \
+         counts from there"
+    ))
+}
+
+fn windows_note(a: &Analysis, rows: &[Row]) -> Option<String> {
     let h = a.header.as_ref()?;
     if let Some(w) = &a.windows {
         return Some(w.describe(h.ticks_per_second));
