@@ -18,6 +18,8 @@ use std::path::PathBuf;
 ///   ocular-analyze export --perfetto ocular.ocl -o ocular.json
 ///   ocular-analyze flamegraph ocular.ocl -o flame.svg
 ///   ocular-analyze dump ocular.ocl | less
+///
+/// And while a program records: ocular-analyze top PID
 #[derive(Parser, Debug)]
 #[command(name = "ocular-analyze", version, about, long_about, propagate_version = true)]
 struct Cli {
@@ -138,6 +140,41 @@ enum Command {
         #[arg(long)]
         salvage: bool,
     },
+    /// A live view of a running recording: its hottest functions (calls/s, share of exclusive time) and
+    /// loops over the last seconds, per thread or merged, refreshed every second; q or Ctrl-C quits.
+    ///
+    /// It follows the recording's ring file in the user's runtime directory, from another process,
+    /// without slowing it: events it cannot read in time are counted as missed. Record with `--live`
+    /// (python -m ocular run --live ...) so that it misses nothing; a flight recorder (--ring) can be
+    /// watched too. Default-mode recordings record calls in windows: calls/s are scaled up and marked ~.
+    /// Times include the recorder's own cost (~25 ns per event).
+    ///
+    /// Examples:
+    ///   ocular-analyze top 12345
+    ///   ocular-analyze top 12345 --once --seconds 2
+    ///   ocular-analyze top 12345 --json | jq '.functions[0]'
+    Top {
+        /// The recording process's pid, or its ring file.
+        target: String,
+        /// Print one snapshot of SECONDS and exit, instead of the live view.
+        #[arg(long)]
+        once: bool,
+        /// Print one snapshot as JSON and exit.
+        #[arg(long)]
+        json: bool,
+        /// The span the figures cover (and, with --once/--json, how long to follow).
+        #[arg(long, default_value_t = 1.0, value_name = "SECONDS")]
+        seconds: f64,
+        /// Redraw every SECONDS.
+        #[arg(long, default_value_t = 1.0, value_name = "SECONDS")]
+        interval: f64,
+        /// One row per function and thread instead of merged (t toggles it in the live view).
+        #[arg(long)]
+        per_thread: bool,
+        /// Rows per table.
+        #[arg(long, default_value_t = 15)]
+        top: usize,
+    },
     /// Print every record of a trace as text, one line per event (the golden format of the tests).
     ///
     /// Example: ocular-analyze dump run.ocl | grep PY_START | head
@@ -219,6 +256,20 @@ fn run(cli: Cli) -> anyhow::Result<()> {
             let warnings = write_output(&file, &out_path, |w| crate::export::flame::svg(&file, opts, &title, w))?;
             warn(&warnings);
             eprintln!("wrote {}", out_path.display());
+        }
+        Command::Top { target, once, json, seconds, interval, per_thread, top } => {
+            anyhow::ensure!(seconds > 0.0 && interval > 0.0, "--seconds and --interval must be above 0");
+            if once || json {
+                let snap = crate::top::once(&target, seconds, per_thread, top)?;
+                print_report(json, &snap, |out| write!(out, "{snap}"))?;
+            } else {
+                use std::io::IsTerminal;
+                anyhow::ensure!(
+                    std::io::stdout().is_terminal(),
+                    "top's live view needs a terminal; use --once (text) or --json for one snapshot"
+                );
+                crate::top::interactive(&target, interval, seconds, per_thread, top)?;
+            }
         }
         Command::Dump { file, salvage } => {
             let mut out = std::io::BufWriter::new(std::io::stdout().lock());

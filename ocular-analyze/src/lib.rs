@@ -16,3 +16,4 @@ pub mod output;
 pub mod progress;
 pub mod stats;
 pub mod table;
+pub mod top;

@@ -32,6 +32,7 @@ pub mod codec;
 mod error;
 mod event;
 pub mod linetable;
+pub mod live;
 mod meta;
 mod reader;
 pub mod ring;
@@ -41,8 +42,8 @@ pub use chunk::{MAGIC, MAJOR, MINOR};
 pub use error::{Error, Result};
 pub use event::{kind_name, EventKind, RawEvent};
 pub use meta::{
-    Calibration, Clock, CodeObject, CodeSnapshot, Dropped, Header, Lost, Mode, OpcodeTable, Options, Position, RingInfo,
-    ThreadInfo, Trailer,
+    Calibration, Clock, CodeObject, CodeSnapshot, Dropped, Header, Lost, Mode, OpcodeTable, Options, Position,
+    RingInfo, ThreadInfo, Trailer,
 };
 pub use reader::{
     Body, Chunk, ChunkInfo, Damage, Mismatch, ReadOptions, Reader, Report, Source, ThreadLoss, MAX_LOSS_RANGES,

@@ -4,8 +4,7 @@ use crate::chunk::{codec, hex, kind, ChunkHeader, Preamble, CHUNK_HEADER_LEN, MA
 use crate::error::{Error, Result};
 use crate::event::RawEvent;
 use crate::meta::{
-    Calibration, CodeObject, CodeRecord, CodeSnapshot, Dropped, Header, Lost, Position, RingInfo, ThreadInfo,
-    Trailer,
+    Calibration, CodeObject, CodeRecord, CodeSnapshot, Dropped, Header, Lost, Position, RingInfo, ThreadInfo, Trailer,
 };
 use serde::de::DeserializeOwned;
 use std::collections::HashMap;
@@ -489,9 +488,11 @@ impl Reader<Source> {
             )));
         }
         let Some(bytes) = ring.header_record() else {
-            return Err(refuse("a ring file without a HEADER record (written by Ocular before 1.1 of RING.md): \
+            return Err(refuse(
+                "a ring file without a HEADER record (written by Ocular before 1.1 of RING.md): \
                                read its .ocl file"
-                .into()));
+                    .into(),
+            ));
         };
         let header: Header = postcard::take_from_bytes(bytes)
             .map(|(h, _)| h)
@@ -541,7 +542,7 @@ fn code_from_v2(c: CodeRecord<serde_bytes::ByteBuf>) -> CodeObject {
 }
 
 /// One framed 2.x `CodeObject` record (FORMAT.md 6.1), as a ring file's metadata holds it.
-fn decode_code_record(framed: &[u8]) -> std::result::Result<CodeObject, postcard::Error> {
+pub(crate) fn decode_code_record(framed: &[u8]) -> std::result::Result<CodeObject, postcard::Error> {
     let (frame, _) = postcard::take_from_bytes::<&[u8]>(framed)?;
     let (c, _) = postcard::take_from_bytes::<CodeRecord<serde_bytes::ByteBuf>>(frame)?;
     Ok(code_from_v2(c))

@@ -19,11 +19,13 @@ pub const MAGIC: [u8; 8] = *b"OCLRING\0";
 /// Major version: a reader refuses another.
 pub const MAJOR: u16 = 1;
 /// Minor version.
-pub const MINOR: u16 = 1;
+pub const MINOR: u16 = 2;
 /// Header bytes.
 pub const HEADER_SIZE: u64 = 4096;
 /// Bytes per slot table entry.
 pub const ENTRY_SIZE: u64 = 32;
+/// Bytes per slot extension table entry (since 1.2).
+pub const EXT_SIZE: u64 = 16;
 const EVENT_SIZE: u64 = std::mem::size_of::<RawEvent>() as u64;
 /// A chunk record's head (RING.md 3.5).
 pub const RECORD_HEAD: u64 = 24;
@@ -60,6 +62,8 @@ pub struct Layout {
     pub meta_capacity: u64,
     /// Bytes of the chunk region (a flight recorder's ring, RING.md 3.5); 0: none.
     pub chunks_capacity: u64,
+    /// Whether the slot extension table follows the slot table (since 1.2; every file this crate makes).
+    pub slot_ext: bool,
 }
 
 fn round_up(n: u64) -> u64 {
@@ -69,7 +73,10 @@ fn round_up(n: u64) -> u64 {
 impl Layout {
     /// (slots_offset, meta_offset, chunks_offset (0: none), file size).
     fn offsets(&self) -> Option<(u64, u64, u64, u64)> {
-        let table_end = HEADER_SIZE.checked_add((self.max_slots as u64).checked_mul(ENTRY_SIZE)?)?;
+        let mut table_end = HEADER_SIZE.checked_add((self.max_slots as u64).checked_mul(ENTRY_SIZE)?)?;
+        if self.slot_ext {
+            table_end = table_end.checked_add((self.max_slots as u64).checked_mul(EXT_SIZE)?)?;
+        }
         let slots_offset = round_up(table_end);
         let slots_len = (self.max_slots as u64).checked_mul(self.slot_events as u64)?.checked_mul(EVENT_SIZE)?;
         let meta_offset = round_up(slots_offset.checked_add(slots_len)?);
@@ -90,6 +97,15 @@ impl Layout {
         let raw = 10 + 41 * slot_events as u64;
         let stored = zstd::zstd_safe::compress_bound(raw as usize) as u64;
         (RECORD_HEAD + CHUNK_HEADER_LEN as u64 + stored.max(raw)).div_ceil(8) * 8
+    }
+
+    /// Where the slot extension table starts (0: none).
+    fn ext_offset(&self) -> u64 {
+        if self.slot_ext {
+            HEADER_SIZE + self.max_slots as u64 * ENTRY_SIZE
+        } else {
+            0
+        }
     }
 
     fn slot_bytes(&self) -> u64 {
@@ -326,6 +342,7 @@ impl RingWriter {
         h[72..80].copy_from_slice(&layout.meta_capacity.to_le_bytes());
         h[96..104].copy_from_slice(&chunks_offset.to_le_bytes());
         h[104..112].copy_from_slice(&layout.chunks_capacity.to_le_bytes());
+        h[136..144].copy_from_slice(&layout.ext_offset().to_le_bytes());
         w.u32_at(20).store(file_state::RECORDING, Ordering::Release);
         w
     }
@@ -387,9 +404,25 @@ impl RingWriter {
         Ok(ptr as *mut RawEvent)
     }
 
-    /// A thread took `slot`: its first event will be at or after `start_ticks`.
-    pub fn filling(&self, slot: u32, thread_id: u64, start_ticks: u64) {
+    /// Slot `slot`'s first event, without preparing it (it was prepared before): for tests that write
+    /// slots as a recording thread does.
+    #[doc(hidden)]
+    pub fn prepare_slot_ptr(&self, slot: u32) -> *mut RawEvent {
+        let _ = self.entry(slot);
+        // SAFETY: within the mapping (checked by `entry` and the layout).
+        unsafe {
+            self.map.as_mut_ptr().add((self.slots_offset + slot as u64 * self.layout.slot_bytes()) as usize)
+                as *mut RawEvent
+        }
+    }
+
+    /// A thread took `slot`: its first event will be at or after `start_ticks`, and is the thread's
+    /// `events_before`-th (from 0).
+    pub fn filling(&self, slot: u32, thread_id: u64, start_ticks: u64, events_before: u64) {
         let e = self.entry(slot);
+        if self.layout.slot_ext {
+            self.u64_at(self.layout.ext_offset() + slot as u64 * EXT_SIZE).store(events_before, Ordering::Release);
+        }
         self.u64_at(e).store(thread_id, Ordering::Release);
         self.u64_at(e + 8).store(start_ticks, Ordering::Release);
         self.u32_at(e + 20).store(0, Ordering::Release);
@@ -408,8 +441,9 @@ impl RingWriter {
     /// chunk region.
     pub fn free(&self, slot: u32) {
         let e = self.entry(slot);
+        // `thread_id` stays (RING.md 3.2, since 1.2): a reader following the recording reads a freed
+        // slot's events until the slot is taken again.
         self.u32_at(e + 16).store(state::FREE, Ordering::Release);
-        self.u64_at(e).store(0, Ordering::Release);
     }
 
     /// The slots that are filling or full, as a dump takes them: a full slot whole, a filling one up to its
@@ -455,7 +489,8 @@ impl RingWriter {
         let cap = self.layout.chunks_capacity;
         let size = RECORD_HEAD + chunk.len() as u64;
         let padded = size.div_ceil(8) * 8;
-        let Some(h) = chunk.get(..CHUNK_HEADER_LEN).and_then(|b| <ChunkHeader as zerocopy::FromBytes>::read_from_bytes(b).ok())
+        let Some(h) =
+            chunk.get(..CHUNK_HEADER_LEN).and_then(|b| <ChunkHeader as zerocopy::FromBytes>::read_from_bytes(b).ok())
         else {
             return Err(TooLarge { size, capacity: cap });
         };
@@ -602,7 +637,8 @@ unsafe fn scan_slots(base: *const u8, layout: Layout, slots_offset: u64, until: 
             let mut events = Vec::new();
             let mut last = start_ticks;
             for k in 0..layout.slot_events as usize {
-                let rec = std::ptr::read_volatile(slot.add(k * EVENT_SIZE as usize) as *const [u8; EVENT_SIZE as usize]);
+                let rec =
+                    std::ptr::read_volatile(slot.add(k * EVENT_SIZE as usize) as *const [u8; EVENT_SIZE as usize]);
                 let Ok(ev) = <RawEvent as zerocopy::FromBytes>::read_from_bytes(&rec) else { break };
                 if st == state::FULL {
                     if events.len() >= len as usize {
@@ -699,16 +735,20 @@ impl RingFile {
         }
         // 1.0 files have zeros where 1.1 describes the chunk region: no region.
         let (chunks_offset, chunks_capacity) = (u64_at(96), u64_at(104));
+        // 1.0 and 1.1 files have zeros where 1.2 places the slot extension table: none.
+        let ext_offset = u64_at(136);
         let layout = Layout {
             slot_events: u32_at(40),
             max_slots: u32_at(44),
             meta_capacity: u64_at(72),
             chunks_capacity: if chunks_offset == 0 { 0 } else { chunks_capacity },
+            slot_ext: ext_offset != 0,
         };
         let (slots_offset, meta_offset) = (u64_at(56), u64_at(64));
         let (head, tail) = (u64_at(112), u64_at(120));
         let fits = layout.offsets().is_some_and(|(s, m, c, size)| {
             s == slots_offset
+                && layout.ext_offset() == ext_offset
                 && m == meta_offset
                 && c == chunks_offset
                 && size <= map.len() as u64
@@ -775,6 +815,40 @@ impl RingFile {
         unsafe { scan_slots(self.map.as_ptr(), self.layout, self.slots_offset, u64::MAX) }
     }
 
+    /// The metadata records from byte `*at` of the region up to its current length (the recording may be
+    /// appending), copied; `*at` moves past them.
+    pub fn meta_from(&self, at: &mut u64) -> Vec<(u16, Vec<u8>)> {
+        let len = self.live_u64(80).min(self.layout.meta_capacity);
+        let mut out = Vec::new();
+        while *at + 6 <= len {
+            let base = (self.meta_offset + *at) as usize;
+            let n = u32::from_le_bytes(self.map[base..base + 4].try_into().expect("4 bytes")) as u64;
+            if n < 2 || *at + 4 + n > len {
+                break;
+            }
+            let kind = u16::from_le_bytes(self.map[base + 4..base + 6].try_into().expect("2 bytes"));
+            out.push((kind, self.map[base + 6..base + 4 + n as usize].to_vec()));
+            *at += 4 + n;
+        }
+        out
+    }
+
+    /// The recording's tick rate.
+    pub fn ticks_per_second(&self) -> f64 {
+        f64::from_le_bytes(self.map[32..40].try_into().expect("8 bytes"))
+    }
+
+    pub(crate) fn slots_offset(&self) -> u64 {
+        self.slots_offset
+    }
+
+    /// A pointer to `len` bytes at `off`, checked to lie in the mapping.
+    pub(crate) fn map_ptr(&self, off: u64, len: usize) -> *const u8 {
+        assert!(off as usize + len <= self.map.len(), "ring read at {off} past its {} bytes", self.map.len());
+        // SAFETY: checked above.
+        unsafe { self.map.as_ptr().add(off as usize) }
+    }
+
     /// The `.ocl` header the recording stored in the metadata region (since 1.1), postcard.
     pub fn header_record(&self) -> Option<&[u8]> {
         self.meta().into_iter().find(|(k, _)| *k == crate::chunk::kind::HEADER).map(|(_, p)| p)
@@ -825,5 +899,4 @@ pub struct RingRecord<'a> {
     pub thread_first_ticks: u64,
     /// The whole `.ocl` chunk (header and payload, seq 0).
     pub chunk: &'a [u8],
-
 }

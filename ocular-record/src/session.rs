@@ -21,17 +21,20 @@ use ocular_format::ring::{Layout as RingLayout, RingWriter};
 use ocular_format::{
     Calibration, CodeObject, CodeSnapshot, Header, Lost, RawEvent, RingInfo, ThreadInfo, Trailer, Writer, WriterOptions,
 };
-use std::sync::mpsc::Receiver;
 use std::fs::File;
 use std::io::BufWriter;
 use std::path::{Path, PathBuf};
 use std::sync::atomic::{AtomicUsize, Ordering};
+use std::sync::mpsc::Receiver;
 use std::sync::mpsc::{channel, Sender};
 use std::sync::{Arc, Condvar, Mutex};
 use std::thread::JoinHandle;
 
 /// Free buffers kept ready for the recording threads, allocated off their path.
 const SPARES: usize = 3;
+/// Spares when a reader follows the recording (RING.md 6): slots are taken oldest first, so a freed slot
+/// stays readable until this many others were filled after it (16 x 1.5 MiB).
+const LIVE_SPARES: usize = 16;
 
 /// A buffer of events, owned by one thread while it fills it: on the heap, or a slot of the recording's
 /// ring file (RING.md), where what the thread writes survives the death of the process.
@@ -115,6 +118,8 @@ pub struct Config {
     /// A flight recorder: bytes of compressed chunks kept, the newest (RING.md 3.5); 0: record everything
     /// into the file.
     pub flight: u64,
+    /// Followed live (RING.md 6): more spare buffers, so that a freed slot stays readable longer.
+    pub live: bool,
 }
 
 /// Slots of a ring file beyond `max_buffers`, for the buffers threads hold; more threads than this record
@@ -132,14 +137,16 @@ impl Default for Config {
         // 64 Ki events = 1.5 MiB per buffer, larger than a core's L2, so a buffer the writer reads does not
         // bounce between the two cores' caches (measured: BENCHMARKS.md); 64 buffers = 96 MiB besides the
         // threads' own, reached only if the disk cannot keep up.
-        Config { buffer_events: 64 * 1024, max_buffers: 64, on_full: OnFull::Drop, ring: true, flight: 0 }
+        Config { buffer_events: 64 * 1024, max_buffers: 64, on_full: OnFull::Drop, ring: true, flight: 0, live: false }
     }
 }
 
 /// Free buffers, and how many exist.
 #[derive(Debug)]
 pub struct Pool {
-    free: Mutex<Vec<Buffer>>,
+    /// Oldest first: a freed ring slot keeps its events until it is taken again, and a reader following
+    /// the recording (RING.md 6) gets as long as possible to read them.
+    free: Mutex<std::collections::VecDeque<Buffer>>,
     /// The ring file whose slots buffers are, while it has slots left.
     ring: Option<Arc<RingWriter>>,
     /// Slots of the ring handed out so far.
@@ -157,7 +164,7 @@ impl Pool {
     /// `cfg.max_buffers` more.
     pub fn new(cfg: Config) -> Self {
         Pool {
-            free: Mutex::new(Vec::new()),
+            free: Mutex::new(std::collections::VecDeque::new()),
             ring: None,
             slots: AtomicUsize::new(0),
             returned: Condvar::new(),
@@ -169,7 +176,7 @@ impl Pool {
 
     /// A free buffer, allocating one if the limit allows; `None` when all are in flight.
     pub fn take(&self) -> Option<Buffer> {
-        if let Some(b) = self.free.lock().unwrap_or_else(|e| e.into_inner()).pop() {
+        if let Some(b) = self.free.lock().unwrap_or_else(|e| e.into_inner()).pop_front() {
             return Some(b);
         }
         self.allocate()
@@ -187,7 +194,7 @@ impl Pool {
         if self.cfg.on_full == OnFull::Wait {
             let mut free = self.free.lock().unwrap_or_else(|e| e.into_inner());
             loop {
-                if let Some(b) = free.pop() {
+                if let Some(b) = free.pop_front() {
                     return Some(b);
                 }
                 // The timeout only guards against a writer that died without giving buffers back.
@@ -239,6 +246,15 @@ impl Pool {
         Some(Buffer::heap(self.cfg.buffer_events))
     }
 
+    /// How many free buffers the writer keeps ready.
+    pub fn spares(&self) -> usize {
+        if self.cfg.live {
+            LIVE_SPARES
+        } else {
+            SPARES
+        }
+    }
+
     /// The ring file, if buffers are its slots.
     pub fn ring(&self) -> Option<&RingWriter> {
         self.ring.as_deref()
@@ -261,7 +277,7 @@ impl Pool {
 
     /// Returns a buffer for reuse.
     pub fn give(&self, b: Buffer) {
-        self.free.lock().unwrap_or_else(|e| e.into_inner()).push(b);
+        self.free.lock().unwrap_or_else(|e| e.into_inner()).push_back(b);
         if self.cfg.on_full == OnFull::Wait {
             self.returned.notify_one();
         }
@@ -277,7 +293,7 @@ impl Pool {
 pub trait Sink {
     /// An empty buffer for thread `thread_id`, whose first event will be at `ticks`; `None` if none can
     /// be had now.
-    fn take(&self, thread_id: u64, ticks: u64) -> Option<Buffer>;
+    fn take(&self, thread_id: u64, ticks: u64, events_before: u64) -> Option<Buffer>;
     /// The first `len` events of `buf`, from `thread_id`, are complete.
     fn submit(&self, thread_id: u64, buf: Buffer, len: usize);
     /// Events were dropped.
@@ -366,7 +382,7 @@ impl ThreadBuffer {
     #[inline(never)]
     fn refill(&mut self, sink: &dyn Sink, ticks: u64) {
         self.submit(sink);
-        match sink.take(self.thread_id, ticks) {
+        match sink.take(self.thread_id, ticks, self.pushed) {
             Some(b) => {
                 self.install(b);
                 if self.lost.count > 0 {
@@ -438,14 +454,23 @@ impl ThreadBuffer {
 }
 
 enum Msg {
-    Events { thread_id: u64, buf: Buffer, len: usize },
+    Events {
+        thread_id: u64,
+        buf: Buffer,
+        len: usize,
+    },
     Code(Vec<CodeObject>),
     Thread(ThreadInfo),
     Lost(Lost),
     Snapshots(Vec<CodeSnapshot>),
     Calibration(Calibration),
     /// Write the flight recorder's content into `file`: everything up to `at`.
-    Dump { file: File, name: String, at: ClockPoint, reply: Sender<DumpOutcome> },
+    Dump {
+        file: File,
+        name: String,
+        at: ClockPoint,
+        reply: Sender<DumpOutcome>,
+    },
     Finish(Trailer),
 }
 
@@ -550,7 +575,7 @@ impl WriterJob {
                     ring.free(slot);
                 }
                 self.pool.give(buf);
-                self.pool.keep_spares(SPARES);
+                self.pool.keep_spares(self.pool.spares());
             }
             Msg::Lost(l) if self.flight.is_some() => {
                 self.out.lost += l.count;
@@ -591,7 +616,7 @@ impl WriterJob {
                     ring.free(slot);
                 }
                 self.pool.give(buf);
-                self.pool.keep_spares(SPARES);
+                self.pool.keep_spares(self.pool.spares());
             }
             Msg::Lost(l) => {
                 self.out.lost += l.count;
@@ -677,7 +702,8 @@ impl WriterJob {
         // Code objects still being compressed go into the copy first.
         w.flush_code()?;
         let meta = w.copy();
-        let mut d = Writer::new(BufWriter::with_capacity(1 << 20, file), name, &flight.header, WriterOptions::default())?;
+        let mut d =
+            Writer::new(BufWriter::with_capacity(1 << 20, file), name, &flight.header, WriterOptions::default())?;
         let mut snapshots = Vec::new();
         let mut at_byte = 0usize;
         while at_byte + ocular_format::chunk::CHUNK_HEADER_LEN <= meta.len() {
@@ -706,13 +732,13 @@ impl WriterJob {
         ring.for_each_chunk(|c| {
             if copied.is_ok() {
                 copied = d.copy_chunk(c);
-                pool.keep_spares(SPARES);
+                pool.keep_spares(pool.spares());
             }
         });
         copied?;
         for slot in ring.pending(at.ticks) {
             d.events(slot.thread_id, &slot.events)?;
-            pool.keep_spares(SPARES);
+            pool.keep_spares(pool.spares());
         }
         for s in snapshots {
             d.copy_chunk(s)?;
@@ -745,11 +771,7 @@ impl WriterJob {
             PathBuf::from(p)
         };
         let target = if regular { &tmp } else { &path };
-        let opened = if regular {
-            File::create(target)
-        } else {
-            std::fs::OpenOptions::new().write(true).open(target)
-        };
+        let opened = if regular { File::create(target) } else { std::fs::OpenOptions::new().write(true).open(target) };
         let out = match opened {
             Ok(f) => self.dump(f, &name, at, Some(t)),
             Err(e) => DumpOutcome { error: Some(e.to_string()), ..DumpOutcome::default() },
@@ -864,11 +886,12 @@ impl Session {
         // written yet survive a killed process there (RING.md). Without one (no space, no permission, a
         // pipe), the recording goes on as before, and a crash loses each thread's last buffer; a flight
         // recorder then keeps its ring in anonymous memory.
-        let (mut ring, ring_error) = match (cfg.ring && (is_file || cfg.flight > 0)).then(|| Self::ring(path, header, cfg)) {
-            Some(Ok(r)) => (Some(r), None),
-            Some(Err(e)) => (None, Some(e)),
-            None => (None, None),
-        };
+        let (mut ring, ring_error) =
+            match (cfg.ring && (is_file || cfg.flight > 0)).then(|| Self::ring(path, header, cfg)) {
+                Some(Ok(r)) => (Some(r), None),
+                Some(Err(e)) => (None, Some(e)),
+                None => (None, None),
+            };
         if let Some(r) = &ring {
             let abs = std::path::absolute(r.path()).unwrap_or_else(|_| r.path().to_owned());
             writer.ring(&RingInfo { path: abs.display().to_string() })?;
@@ -940,6 +963,7 @@ impl Session {
             max_slots: u32::try_from(cfg.max_buffers).map_err(too_big)?.saturating_add(RING_THREAD_SLOTS),
             meta_capacity: RING_META,
             chunks_capacity: cfg.flight.div_ceil(8) * 8,
+            slot_ext: true,
         })
     }
 
@@ -1017,7 +1041,7 @@ impl Session {
     /// the file is created here (an error here is the caller's to see, nothing else waits), the rest is
     /// reported on the returned channel. Everything recorded up to now is in it.
     pub fn dump(&self, path: &Path) -> std::io::Result<Receiver<DumpOutcome>> {
-        if self.pool.ring().is_none_or(|r| r.layout().chunks_capacity == 0) {
+        if !self.pool.ring().is_some_and(|r| r.layout().chunks_capacity > 0) {
             return Err(std::io::Error::new(
                 std::io::ErrorKind::Unsupported,
                 "only a flight recorder dumps: record with a ring budget (ring=\"64MB\", or --ring 64MB)",
@@ -1087,10 +1111,10 @@ impl Session {
 }
 
 impl Sink for Session {
-    fn take(&self, thread_id: u64, ticks: u64) -> Option<Buffer> {
+    fn take(&self, thread_id: u64, ticks: u64, events_before: u64) -> Option<Buffer> {
         let b = self.pool.take_held()?;
         if let (Some(slot), Some(ring)) = (b.slot(), &self.ring) {
-            ring.filling(slot, thread_id, ticks);
+            ring.filling(slot, thread_id, ticks, events_before);
         }
         Some(b)
     }
@@ -1136,12 +1160,21 @@ pub struct Discard {
 impl Discard {
     /// A discarding sink with buffers of `buffer_events`.
     pub fn new(buffer_events: usize) -> Self {
-        Discard { pool: Pool::new(Config { buffer_events, max_buffers: 2, on_full: OnFull::Drop, ring: false, flight: 0 }) }
+        Discard {
+            pool: Pool::new(Config {
+                buffer_events,
+                max_buffers: 2,
+                on_full: OnFull::Drop,
+                ring: false,
+                flight: 0,
+                live: false,
+            }),
+        }
     }
 }
 
 impl Sink for Discard {
-    fn take(&self, _: u64, _: u64) -> Option<Buffer> {
+    fn take(&self, _: u64, _: u64, _: u64) -> Option<Buffer> {
         self.pool.take()
     }
     fn submit(&self, _: u64, buf: Buffer, _: usize) {

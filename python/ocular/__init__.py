@@ -25,6 +25,7 @@ if TYPE_CHECKING:
     from typing import Iterable
 
     from ._analysis import Trace, load
+    from ._live import Cursor, attach
 from ._recorder import MODES, VERSION, Recording, active, record
 from .errors import AlreadyRecording, MissingDependency, OcularError, ToolIdInUse, UnsupportedPython
 
@@ -34,6 +35,8 @@ __all__ = [
     "Recording",
     "load",
     "Trace",
+    "attach",
+    "Cursor",
     "start_tracing",
     "stop_tracing",
     "MODES",
@@ -52,6 +55,10 @@ def __getattr__(name: str) -> object:
         from . import _analysis
 
         return getattr(_analysis, name)
+    if name in ("attach", "Cursor", "Event", "Poll"):
+        from . import _live
+
+        return getattr(_live, name)
     raise AttributeError(f"module 'ocular' has no attribute {name!r}")
 
 

@@ -2,7 +2,7 @@
 
     python -m ocular run [-o run.ocl] [--mode M] [--threshold N] [--include P]... [--exclude P]... script.py [args]
     python -m ocular run [options] -m module [args]
-    python -m ocular info|hot|stats|export|flamegraph|dump ...     (the commands of ocular-analyze)
+    python -m ocular info|hot|stats|export|flamegraph|dump|top ... (the commands of ocular-analyze)
 """
 
 from __future__ import annotations
@@ -19,7 +19,7 @@ from ._recorder import Recording
 from .errors import OcularError
 
 # The analyzer's commands, run by the analyzer compiled into the extension (the same clap parser).
-ANALYZE_COMMANDS = ("info", "hot", "stats", "export", "flamegraph", "dump")
+ANALYZE_COMMANDS = ("info", "hot", "stats", "export", "flamegraph", "dump", "top")
 
 
 def _run(opts: dict) -> int:
@@ -76,7 +76,7 @@ def _run(opts: dict) -> int:
                         window_period=opts["window_period"], window_length=opts["window_length"],
                         buffer_events=opts["buffer_events"], max_buffers=opts["max_buffers"],
                         on_full=opts["on_full"], ring_file=opts["ring_file"], ring=opts["ring"],
-                        dump_on=opts["dump_on"])
+                        dump_on=opts["dump_on"], live=opts["live"])
     except ValueError as e:
         print(f"python -m ocular run: {e}", file=sys.stderr)
         return 2

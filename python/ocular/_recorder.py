@@ -12,6 +12,8 @@ TYPE_CHECKING = False
 if TYPE_CHECKING:
     from typing import Any, Callable, Iterable, TypeVar
 
+    from ._live import Cursor
+
 from . import _interp
 from .errors import AlreadyRecording, ToolIdInUse
 
@@ -270,6 +272,7 @@ class Recording:
         ring_file: bool = True,
         ring: int | str | None = None,
         dump_on: int | str | None = None,
+        live: bool = False,
         window_period: float | None = None,
         window_length: float = 0.0005,
     ) -> None:
@@ -309,6 +312,9 @@ class Recording:
         self.dump_on = _signal_number(dump_on) if dump_on is not None else None
         if self.dump_on is not None and not self.ring:
             raise ValueError("dump_on needs a flight recorder: give ring= a size too (ring='64MB')")
+        self.live = bool(live)
+        if self.live and not self.ring_file:
+            raise ValueError("live=True needs the ring file (ring_file=True): it is what another process reads")
         self.dumped = 0
         self.dropped = 0
         self._old_dump_handler: Any = None
@@ -370,7 +376,7 @@ class Recording:
             no_ring = nat.start(self.path, header, self.mode, self.deinstrument_threshold, self.include_only,
                       self.exclude, self.buffer_events, self.max_buffers, cost,
                       _interp.boot_thread_name, boot, main.native_id or 0, main.name, [_OWN_CODE], per_kind,
-                      self.on_full, self.ring_file, self.ring)
+                      self.on_full, self.ring_file, self.ring, self.live)
             if no_ring:
                 import warnings
 
@@ -448,6 +454,21 @@ class Recording:
             self._warn(errors)
         return self
 
+    # -- live ------------------------------------------------------------------------------------------
+
+    def cursor(self) -> "Cursor":
+        """A cursor over this recording's events as they are recorded (``ocular.attach`` for another
+        process's): ``poll()`` returns the events since the last poll."""
+        if not self._running:
+            raise RuntimeError("the recording is not running: read its file with ocular.load()")
+        path = _native().ring_path()
+        if path is None:
+            raise RuntimeError("this recording has no ring file (ring_file=False, or it could not be made): "
+                               "nothing to follow")
+        from ._live import attach
+
+        return attach(path)
+
     # -- flight recorder -------------------------------------------------------------------------------
 
     def dump(self, path: str | os.PathLike[str] | None = None, wait: bool = False) -> str:
@@ -467,13 +488,18 @@ class Recording:
         return path
 
     def _next_dump_path(self) -> str:
-        base, ext = os.path.splitext(self.path)
-        if not ext:
-            base, ext = self.path, ".ocl"
+        # String operations and os.stat only: os.path's functions are Python code the recording would show.
+        slash = self.path.rfind(os.sep) + 1
+        dot = self.path.rfind(".")
+        base, ext = (self.path[:dot], self.path[dot:]) if dot > slash else (self.path, ".ocl")
         n = self.dumped + 1
-        while os.path.exists(f"{base}.{n}{ext}"):
+        while True:
+            candidate = f"{base}.{n}{ext}"
+            try:
+                os.stat(candidate)
+            except OSError:
+                return candidate
             n += 1
-        return f"{base}.{n}{ext}"
 
     def _dump_on_signal(self, signum: int, frame: object) -> None:
         try:
@@ -684,6 +710,10 @@ def record(
     runs; ``rec.dump(path)`` writes them into a trace at any moment while recording goes on, the stop
     writes them into ``path``, and after a kill every command reads them from the ring file.
     dump_on: a signal (``"SIGUSR2"``) on which the recording dumps beside ``path`` (``run.1.ocl``, ...).
+
+    live: another process follows the recording (``ocular.attach(pid)``, ``python -m ocular top PID``):
+    16 spare buffers instead of 3 (24 MiB), so a reader that polls every few milliseconds misses nothing.
+    Any recording with a ring file can be followed; without ``live`` a reader must poll more often.
     """
     return Recording(path, mode, deinstrument_threshold, include_only, exclude, **kwargs)
 

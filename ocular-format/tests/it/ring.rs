@@ -4,7 +4,7 @@
 use ocular_format::ring::{path_for, state, Layout, RingFile, RingWriter};
 use ocular_format::*;
 
-const LAYOUT: Layout = Layout { slot_events: 8, max_slots: 4, meta_capacity: 4096, chunks_capacity: 0 };
+const LAYOUT: Layout = Layout { slot_events: 8, max_slots: 4, meta_capacity: 4096, chunks_capacity: 0, slot_ext: true };
 
 fn ev(t: u64, code: u32) -> RawEvent {
     RawEvent::new(t, code, 2, 0, EventKind::PY_START as u8)
@@ -32,19 +32,22 @@ fn the_header_and_slot_table_are_where_ring_md_says() {
     let dir = tempfile::tempdir().unwrap();
     let path = dir.path().join("t.ocl.ring");
     let w = RingWriter::create(&path, 4242, 1000, 3.0e9, LAYOUT).unwrap();
-    w.filling(2, 77, 5000);
+    w.filling(2, 77, 5000, 123_456);
     w.full(2, 6);
     assert!(w.append_meta(0x0004, b"abc"));
     let bytes = std::fs::read(&path).unwrap();
     let u32_at = |o: usize| u32::from_le_bytes(bytes[o..o + 4].try_into().unwrap());
     let u64_at = |o: usize| u64::from_le_bytes(bytes[o..o + 8].try_into().unwrap());
     assert_eq!(&bytes[0..8], b"OCLRING\0");
-    assert_eq!((u16::from_le_bytes([bytes[8], bytes[9]]), u16::from_le_bytes([bytes[10], bytes[11]])), (1, 1));
+    assert_eq!((u16::from_le_bytes([bytes[8], bytes[9]]), u16::from_le_bytes([bytes[10], bytes[11]])), (1, 2));
     assert_eq!((u32_at(12), u32_at(16), u32_at(20)), (4096, 4242, 1));
     assert_eq!((u64_at(24), f64::from_le_bytes(bytes[32..40].try_into().unwrap())), (1000, 3.0e9));
     assert_eq!((u32_at(40), u32_at(44), u64_at(48)), (8, 4, 4096));
-    // 4 entries of 32 bytes after the header round up to the next page; 4 slots of 8 x 24 bytes then.
+    // 4 entries of 32 bytes after the header, then (1.2) 4 of 16 bytes, round up to the next page; 4 slots
+    // of 8 x 24 bytes then.
     assert_eq!((u64_at(56), u64_at(64), u64_at(72)), (8192, 8192 + 4096, 4096));
+    assert_eq!(u64_at(136), 4096 + 4 * 32, "the slot extension table follows the slot table");
+    assert_eq!(u64_at(4096 + 4 * 32 + 2 * 16), 123_456, "slot 2's events_before");
     assert_eq!((u64_at(80), u64_at(88)), (9, 0), "one record: 4-byte length, 2-byte kind, 3 bytes");
     let e = 4096 + 2 * 32;
     assert_eq!((u64_at(e), u64_at(e + 8), u32_at(e + 16), u32_at(e + 20), u64_at(e + 24)), (77, 5000, 2, 6, 1));
@@ -64,14 +67,14 @@ fn a_filling_slot_ends_where_its_ticks_stop_rising_and_a_full_one_at_its_length(
     // Slot 0 was used before (older ticks), then taken again at 500: three new events, then the old ones.
     fill(&w, 0, &[ev(100, 1), ev(110, 1), ev(120, 1), ev(130, 1), ev(140, 1)]);
     fill(&w, 0, &[ev(500, 2), ev(510, 2), ev(505, 2)]);
-    w.filling(0, 9, 500);
+    w.filling(0, 9, 500, 0);
     // Slot 1: full with 2 events of 8 (flushed early, at the thread's end).
     fill(&w, 1, &[ev(200, 3), ev(210, 3), ev(220, 3)]);
-    w.filling(1, 9, 200);
+    w.filling(1, 9, 200, 0);
     w.full(1, 2);
     // Slot 2: handed to the writer and written: free, not pending.
     fill(&w, 2, &[ev(300, 4)]);
-    w.filling(2, 8, 300);
+    w.filling(2, 8, 300, 0);
     w.full(2, 1);
     w.free(2);
     let r = RingFile::open(&path).unwrap();
@@ -113,7 +116,7 @@ fn a_foreign_truncated_or_oversized_ring_file_is_a_clear_error() {
     bytes[8] = 2;
     std::fs::write(&p, &bytes).unwrap();
     let e = RingFile::open(&p).unwrap_err().to_string();
-    assert!(e.contains("ring file version 2.1, this Ocular reads 1.x"), "{e}");
+    assert!(e.contains("ring file version 2.2, this Ocular reads 1.x"), "{e}");
     std::fs::write(&p, &bytes[..100]).unwrap();
     assert!(RingFile::open(&p).is_err());
 }
@@ -154,13 +157,13 @@ fn killed_trace(dir: &std::path::Path, pid: u32) -> std::path::PathBuf {
     let t = ThreadInfo { thread_id: 6, name: "worker".into(), is_main: false };
     assert!(ring.append_meta(0x0004, &postcard::to_allocvec(&t).unwrap()));
     fill(&ring, 0, &written);
-    ring.filling(0, 5, 2000);
+    ring.filling(0, 5, 2000, 0);
     ring.full(0, 2);
     fill(&ring, 1, &[ev(3000, 2), ev(3005, 2), ev(3009, 2)]);
-    ring.filling(1, 5, 3000);
+    ring.filling(1, 5, 3000, 0);
     ring.full(1, 3);
     fill(&ring, 2, &[ev(4000, 2), ev(4001, 1)]);
-    ring.filling(2, 6, 4000);
+    ring.filling(2, 6, 4000, 0);
     ocl
 }
 
@@ -274,7 +277,8 @@ fn events_chunk(thread: u64, t0: u64, n: u64) -> Vec<u8> {
     chunks.remove(0)
 }
 
-const FLIGHT: Layout = Layout { slot_events: 8, max_slots: 4, meta_capacity: 4096, chunks_capacity: 1024 };
+const FLIGHT: Layout =
+    Layout { slot_events: 8, max_slots: 4, meta_capacity: 4096, chunks_capacity: 1024, slot_ext: true };
 
 #[test]
 fn chunk_records_are_where_ring_md_says_and_wrap_with_a_pad() {
@@ -348,8 +352,7 @@ fn killed_flight(dir: &std::path::Path, pid: u32) -> (std::path::PathBuf, std::p
     header.pid = pid;
     let ring = RingWriter::create(&ring_path, pid, header.start_ticks, header.ticks_per_second, FLIGHT).unwrap();
     assert!(ring.append_meta(0x0001, &postcard::to_allocvec(&header).unwrap()));
-    let mut w =
-        Writer::new(std::fs::File::create(&ocl).unwrap(), "fr.ocl", &header, WriterOptions::default()).unwrap();
+    let mut w = Writer::new(std::fs::File::create(&ocl).unwrap(), "fr.ocl", &header, WriterOptions::default()).unwrap();
     w.ring(&RingInfo { path: ring_path.display().to_string() }).unwrap();
     let code = CodeObject {
         id: 1,
@@ -372,7 +375,7 @@ fn killed_flight(dir: &std::path::Path, pid: u32) -> (std::path::PathBuf, std::p
         ring.push_chunk(&events_chunk(7 + k % 2, 10_000 * (k + 1), 20)).unwrap();
     }
     fill(&ring, 0, &[ev(500_000, 1), ev(500_001, 1), ev(500_002, 1)]);
-    ring.filling(0, 7, 500_000);
+    ring.filling(0, 7, 500_000, 0);
     (ocl, ring_path)
 }
 
@@ -427,4 +430,96 @@ fn a_ring_file_alone_is_refused_while_its_process_runs_or_without_a_header() {
     RingWriter::create(&old, dead_pid(), 0, 1e9, LAYOUT).unwrap();
     let e = Reader::open(&old).unwrap_err().to_string();
     assert!(e.contains("a ring file without a HEADER record"), "{e}");
+}
+
+/// Writes `events` into slot `slot` from index `from`, ticks last, as the recording does.
+fn append(w: &RingWriter, slot: u32, from: usize, events: &[RawEvent]) {
+    let p = w.prepare_slot_ptr(slot);
+    for (i, e) in events.iter().enumerate() {
+        // SAFETY: the tests stay within LAYOUT.slot_events.
+        unsafe { p.add(from + i).write(*e) };
+    }
+}
+
+#[test]
+fn a_cursor_follows_slots_from_when_it_opens_and_counts_exactly_what_it_missed() {
+    use ocular_format::live::{Cursor, End};
+    let dir = tempfile::tempdir().unwrap();
+    let path = dir.path().join("live.ring");
+    let w = RingWriter::create(&path, std::process::id(), 0, 1e9, LAYOUT).unwrap();
+    // Thread 5 has recorded 3 events before the cursor opens: they are not delivered.
+    w.prepare_slot(0).unwrap();
+    w.filling(0, 5, 100, 0);
+    append(&w, 0, 0, &[ev(100, 1), ev(101, 1), ev(102, 1)]);
+    let mut c = Cursor::open(&path).unwrap();
+    let take = |c: &mut Cursor| {
+        let mut v = Vec::new();
+        let p = c.poll(|t, e| v.push((t, e.ticks.get())));
+        (v, p)
+    };
+    assert_eq!(take(&mut c).0, vec![]);
+    // Two more, then the slot fills (8 events) and is handed over; the thread goes on in slot 1.
+    append(&w, 0, 3, &[ev(103, 1), ev(104, 1)]);
+    let (v, p) = take(&mut c);
+    assert_eq!((v, p.missed), (vec![(5, 103), (5, 104)], 0));
+    append(&w, 0, 5, &[ev(105, 1), ev(106, 1), ev(107, 1)]);
+    w.full(0, 8);
+    w.prepare_slot(1).unwrap();
+    w.filling(1, 5, 108, 8);
+    append(&w, 1, 0, &[ev(108, 1)]);
+    let (v, p) = take(&mut c);
+    assert_eq!((v.len(), p.missed), (4, 0), "105-107 from the full slot, then 108: {v:?}");
+    // The writer frees slot 0; it is read no more. Slot 1 fills and is freed, and slot 0 is taken again
+    // for slot 1's successor, all before the next poll: slot 1's 7 unread events are still in it (freed,
+    // same generation), slot 0's old ones are gone, replaced by the thread's events 16..
+    w.free(0);
+    append(&w, 1, 1, &(109..116).map(|t| ev(t, 1)).collect::<Vec<_>>());
+    w.full(1, 8);
+    w.free(1);
+    w.filling(0, 5, 116, 16);
+    append(&w, 0, 0, &[ev(116, 1), ev(117, 1)]);
+    let (v, p) = take(&mut c);
+    assert_eq!(p.missed, 0);
+    assert_eq!(v.iter().map(|x| x.1).collect::<Vec<_>>(), (109..118).collect::<Vec<_>>());
+    // Now the cursor falls behind: slot 0 fills, slot 1 is taken for 24.., filled, freed, and slot 0 is
+    // taken again for 32.., all unread.
+    append(&w, 0, 2, &(118..124).map(|t| ev(t, 1)).collect::<Vec<_>>());
+    w.full(0, 8);
+    w.free(0);
+    w.filling(1, 5, 124, 24);
+    append(&w, 1, 0, &(124..132).map(|t| ev(t, 1)).collect::<Vec<_>>());
+    w.full(1, 8);
+    w.free(1);
+    w.filling(0, 5, 132, 32);
+    append(&w, 0, 0, &[ev(132, 1)]);
+    // Slot 1 (the thread's events 24..32, 124..131) was freed but not taken again: still readable. Slot 0's
+    // events 16..24 (118..123 unread) were overwritten by 32..: those 6 are missed, exactly.
+    let (v, p) = take(&mut c);
+    assert_eq!(v.iter().map(|x| x.1).collect::<Vec<_>>(), (124..133).collect::<Vec<_>>());
+    assert_eq!(p.missed, 6);
+    assert_eq!((c.delivered, c.missed), (2 + 4 + 9 + 9, 6));
+    // A second thread appears in slot 2 from its first event.
+    w.prepare_slot(2).unwrap();
+    w.filling(2, 6, 200, 0);
+    append(&w, 2, 0, &[ev(200, 2)]);
+    w.finish().unwrap();
+    let (v, p) = take(&mut c);
+    assert_eq!((v, p.ended), (vec![(6, 200)], Some(End::Stopped)));
+    assert_eq!(take(&mut c).1.ended, Some(End::Stopped));
+}
+
+#[test]
+fn a_cursor_refuses_a_ring_file_that_cannot_be_followed() {
+    use ocular_format::live::{find_ring, Cursor};
+    let dir = tempfile::tempdir().unwrap();
+    let p = dir.path().join("old.ring");
+    drop(RingWriter::create(&p, 1, 0, 1e9, Layout { slot_ext: false, ..LAYOUT }).unwrap());
+    let e = Cursor::open(&p).unwrap_err().to_string();
+    assert!(e.contains("an older Ocular (RING.md 1.0 or 1.1), which cannot be followed live"), "{e}");
+    std::fs::write(&p, b"hello").unwrap();
+    assert!(Cursor::open(&p).unwrap_err().to_string().contains("not an Ocular ring file"));
+    let e = find_ring(dead_pid()).unwrap_err().to_string();
+    assert!(e.contains("no process"), "{e}");
+    let e = find_ring(std::process::id()).unwrap_err().to_string();
+    assert!(e.contains("is not recording with Ocular"), "{e}");
 }

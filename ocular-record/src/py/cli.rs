@@ -12,7 +12,8 @@ Examples:
   python -m ocular run script.py --its-own-flag        record script.py into ocular.ocl
   python -m ocular run -o run.ocl --mode calls -m http.server 8000
   python -m ocular run --exclude threading --threshold 0 job.py   gapless, without threading.py
-then:  python -m ocular hot run.ocl           (or ocular-analyze hot run.ocl)";
+then:  python -m ocular hot run.ocl           (or ocular-analyze hot run.ocl)
+while it runs:  python -m ocular top PID   (record with --live)";
 
 /// Record what a Python program executes (sys.monitoring, PEP 669) into an .ocl file, and analyze it.
 #[derive(Parser, Debug)]
@@ -43,6 +44,8 @@ enum Command {
     Flamegraph,
     /// Every record as text (python -m ocular dump --help)
     Dump,
+    /// A live view of a running recording: python -m ocular top PID (python -m ocular top --help)
+    Top,
 }
 
 /// The options of `run`.
@@ -94,6 +97,10 @@ struct RunArgs {
     /// (run.1.ocl, run.2.ocl, ...) while the program goes on: `kill -USR2 PID`
     #[arg(long, value_name = "SIGNAL", requires = "ring")]
     dump_on: Option<String>,
+    /// Another process will follow the recording (python -m ocular top PID, ocular.attach(PID)): keeps 16
+    /// spare buffers instead of 3 (24 MiB), so a reader polling every few ms misses nothing
+    #[arg(long, conflicts_with = "no_ring_file")]
+    live: bool,
     /// Record only code whose file or qualified name contains P (repeatable)
     #[arg(long, value_name = "P")]
     include: Vec<String>,
@@ -143,6 +150,7 @@ pub(super) fn parse_run<'py>(py: Python<'py>, argv: Vec<OsString>) -> PyResult<B
     d.set_item("ring_file", !run.no_ring_file)?;
     d.set_item("ring", run.ring)?;
     d.set_item("dump_on", run.dump_on)?;
+    d.set_item("live", run.live)?;
     d.set_item("include", run.include)?;
     d.set_item("exclude", run.exclude)?;
     d.set_item("quiet", run.quiet)?;

@@ -10,6 +10,7 @@
 mod analyze;
 mod callbacks;
 mod cli;
+mod live;
 mod read;
 mod windows;
 
@@ -233,7 +234,7 @@ fn header_from(d: &Bound<'_, PyDict>, options: Options, cost: f64) -> PyResult<H
 #[pyfunction]
 #[pyo3(signature = (path, header, mode, threshold, include_only, exclude, buffer_events, max_buffers,
                     event_cost_ticks, thread_name, boot_code, main_native_id, main_name, internal,
-                    calibration=Vec::new(), on_full="drop", ring=true, flight=0))]
+                    calibration=Vec::new(), on_full="drop", ring=true, flight=0, live=false))]
 #[allow(clippy::too_many_arguments)]
 fn start(
     py: Python<'_>,
@@ -255,6 +256,7 @@ fn start(
     on_full: &str,
     ring: bool,
     flight: u64,
+    live: bool,
 ) -> PyResult<Option<String>> {
     // SAFETY: GIL held (we have `py`); no Python call while the reference is alive.
     if unsafe { state() }.recorder.is_some() {
@@ -281,7 +283,7 @@ fn start(
     let out = match path {
         Some(p) => {
             let h = header_from(header, options, event_cost_ticks)?;
-            let cfg = Config { buffer_events, max_buffers, on_full, ring, flight };
+            let cfg = Config { buffer_events, max_buffers, on_full, ring, flight, live };
             let session = py.detach(|| Session::start(&p, &h, cfg)).map_err(|e| match &e {
                 // A ring smaller than one chunk: the caller's value, not the file system.
                 ocular_format::Error::Io { error, .. } if error.kind() == std::io::ErrorKind::InvalidInput => {
@@ -458,7 +460,8 @@ fn dump<'py>(py: Python<'py>, path: std::path::PathBuf, wait: bool) -> PyResult<
     if !wait {
         return Ok(None);
     }
-    let out = py.detach(move || rx.recv()).map_err(|_| PyRuntimeError::new_err("the recording's writer thread stopped"))?;
+    let out =
+        py.detach(move || rx.recv()).map_err(|_| PyRuntimeError::new_err("the recording's writer thread stopped"))?;
     if let Some(e) = out.error {
         return Err(PyOSError::new_err(format!("cannot write the dump {}: {e}", path.display())));
     }
@@ -469,6 +472,17 @@ fn dump<'py>(py: Python<'py>, path: std::path::PathBuf, wait: bool) -> PyResult<
     d.set_item("bytes", out.bytes)?;
     d.set_item("writer_ms", out.writer_ms)?;
     Ok(Some(d))
+}
+
+/// The running recording's ring file, if it has one (a cursor follows it: RING.md 6).
+#[pyfunction]
+fn ring_path() -> Option<String> {
+    // SAFETY: GIL held (a pyfunction); no Python call while the reference is alive.
+    let st = unsafe { state() };
+    match st.recorder.as_ref().map(|r| &r.out) {
+        Some(Output::File(s)) => s.ring_path().map(|p| p.display().to_string()),
+        _ => None,
+    }
 }
 
 /// In a forked child: forget the parent's recording without writing to its file.
@@ -717,6 +731,7 @@ fn _ocular(m: &Bound<'_, PyModule>) -> PyResult<()> {
     m.add_function(wrap_pyfunction!(start, m)?)?;
     m.add_function(wrap_pyfunction!(stop, m)?)?;
     m.add_function(wrap_pyfunction!(dump, m)?)?;
+    m.add_function(wrap_pyfunction!(ring_path, m)?)?;
     m.add_function(wrap_pyfunction!(abandon_after_fork, m)?)?;
     m.add_function(wrap_pyfunction!(is_recording, m)?)?;
     m.add_function(wrap_pyfunction!(windows::start_windows, m)?)?;
@@ -729,6 +744,8 @@ fn _ocular(m: &Bound<'_, PyModule>) -> PyResult<()> {
     m.add_function(wrap_pyfunction!(cli::parse_run, m)?)?;
     m.add_function(wrap_pyfunction!(analyze::table, m)?)?;
     m.add_class::<analyze::ArrowTable>()?;
+    m.add_function(wrap_pyfunction!(live::attach, m)?)?;
+    m.add_class::<live::LiveCursor>()?;
     m.add("callbacks", callbacks::callbacks(m.py())?)?;
     m.add("callbacks_gapless", callbacks::callbacks_gapless(m.py())?)?;
     m.add("bench_callbacks", callbacks::bench_callbacks(m.py())?)?;

@@ -1,0 +1,489 @@
+//! `top`: a live view of a running recording (RING.md 6): the hottest functions and loops of the last
+//! seconds, per thread or merged, from a cursor that follows the recording's ring file.
+
+use ocular_format::live::{Cursor, End};
+use ocular_format::{EventKind, Header, RawEvent};
+use serde::Serialize;
+use std::collections::{HashMap, VecDeque};
+use std::time::{Duration, Instant};
+
+/// How often the cursor is polled: often enough that a recording made with `--live` loses nothing at
+/// tens of millions of events per second (16 spare slots of 65,536 events).
+const POLL: Duration = Duration::from_millis(2);
+/// Aggregation bucket.
+const BUCKET: Duration = Duration::from_millis(250);
+
+/// Per function (and thread): calls and exclusive ticks.
+#[derive(Clone, Copy, Debug, Default)]
+struct Func {
+    calls: u64,
+    excl: u64,
+}
+
+#[derive(Debug, Default)]
+struct Bucket {
+    at: Option<Instant>,
+    funcs: HashMap<(u64, u32), Func>,
+    /// (code, loop head offset) -> backward jumps (iterations).
+    loops: HashMap<(u32, u32), u64>,
+    events: u64,
+    missed: u64,
+    /// Ticks of function-boundary recording in this bucket (windows: the default mode's calls).
+    covered: u64,
+}
+
+#[derive(Debug, Default)]
+struct ThreadState {
+    stack: Vec<u32>,
+    last: Option<u64>,
+}
+
+/// The aggregation behind the view.
+#[derive(Debug)]
+pub struct Top {
+    cursor: Cursor,
+    header: Option<Header>,
+    tps: f64,
+    threads: HashMap<u64, ThreadState>,
+    buckets: VecDeque<Bucket>,
+    /// The default mode records calls in windows only: until when the current one records them.
+    window_end: u64,
+    windowed: bool,
+    ended: Option<End>,
+    started: Instant,
+}
+
+/// One row of the function table.
+#[derive(Debug, Serialize, Clone)]
+pub struct FuncRow {
+    /// Thread (0: merged).
+    pub thread_id: u64,
+    /// Qualified name.
+    pub function: String,
+    /// File.
+    pub file: String,
+    /// First line.
+    pub line: u32,
+    /// Calls per second.
+    pub calls_per_s: f64,
+    /// Share of the recorded threads' time spent in it (not in its callees).
+    pub exclusive_share: f64,
+}
+
+/// One row of the loop table.
+#[derive(Debug, Serialize, Clone)]
+pub struct LoopRow {
+    /// The function.
+    pub function: String,
+    /// File.
+    pub file: String,
+    /// Line of the loop's head.
+    pub line: i32,
+    /// Iterations per second (backward jumps recorded).
+    pub iterations_per_s: f64,
+}
+
+/// What `top --json` prints, and what the view shows.
+#[derive(Debug, Serialize)]
+pub struct Snapshot {
+    /// The recording process.
+    pub pid: u32,
+    /// Its Python and mode, if its ring file says.
+    pub python_version: String,
+    /// Recording mode.
+    pub mode: String,
+    /// Seconds the figures cover.
+    pub seconds: f64,
+    /// Events read per second.
+    pub events_per_s: f64,
+    /// Events the cursor could not read in time (the recording reused their memory), in that span.
+    pub missed: u64,
+    /// Whether call figures are estimates (the default mode records calls in windows; events were missed).
+    pub estimated: bool,
+    /// `null`, `"stopped"` or `"killed"`.
+    pub ended: Option<&'static str>,
+    /// Threads seen, by id, with names.
+    pub threads: Vec<(u64, String)>,
+    /// Hottest functions.
+    pub functions: Vec<FuncRow>,
+    /// Hottest loops.
+    pub loops: Vec<LoopRow>,
+}
+
+impl Top {
+    /// Follows the recording of `target`: a pid, or a ring file's path.
+    pub fn open(target: &str) -> anyhow::Result<Top> {
+        let cursor = match target.parse::<u32>() {
+            Ok(pid) => Cursor::open_pid(pid)?,
+            Err(_) => Cursor::open(std::path::Path::new(target))?,
+        };
+        let header = ocular_format::ring::RingFile::open(cursor.path())
+            .ok()
+            .and_then(|r| r.header_record().and_then(|b| postcard::take_from_bytes::<Header>(b).ok()).map(|(h, _)| h));
+        let (tps, _) = cursor.clock();
+        Ok(Top {
+            cursor,
+            header,
+            tps: if tps > 0.0 { tps } else { 1e9 },
+            threads: HashMap::new(),
+            buckets: VecDeque::new(),
+            window_end: 0,
+            windowed: false,
+            ended: None,
+            started: Instant::now(),
+        })
+    }
+
+    /// Reads what the recording wrote since the last call.
+    pub fn poll(&mut self) {
+        let now = Instant::now();
+        let fresh = match self.buckets.back().and_then(|b| b.at) {
+            None => true,
+            Some(at) => now.duration_since(at) >= BUCKET,
+        };
+        if fresh {
+            self.buckets.push_back(Bucket { at: Some(now), ..Bucket::default() });
+        }
+        while self.buckets.len() > 240 {
+            self.buckets.pop_front();
+        }
+        let bucket = self.buckets.back_mut().expect("pushed above");
+        let threads = &mut self.threads;
+        let (tps, window_end, windowed) = (self.tps, &mut self.window_end, &mut self.windowed);
+        let gaps = std::cell::RefCell::new(Vec::new());
+        let p = self.cursor.poll_gaps(
+            |tid, e| {
+                let ts = threads.entry(tid).or_default();
+                if gaps.borrow().contains(&tid) {
+                    // Events were missed just before: the time across the gap and the stack are unknown.
+                    gaps.borrow_mut().retain(|&t| t != tid);
+                    ts.last = None;
+                    ts.stack.clear();
+                }
+                step(ts, tid, e, bucket, tps, window_end, windowed)
+            },
+            |tid, _| gaps.borrow_mut().push(tid),
+        );
+        bucket.events += p.events;
+        bucket.missed += p.missed;
+        if self.ended.is_none() {
+            self.ended = p.ended;
+        }
+    }
+
+    /// Whether the recording has ended.
+    pub fn ended(&self) -> Option<End> {
+        self.ended
+    }
+
+    /// The figures of the last `seconds`, `top` rows each, merged or per thread.
+    pub fn snapshot(&self, seconds: f64, per_thread: bool, top: usize) -> Snapshot {
+        let now = Instant::now();
+        let span = Duration::from_secs_f64(seconds);
+        let recent: Vec<&Bucket> =
+            self.buckets.iter().filter(|b| b.at.is_some_and(|at| now.duration_since(at) <= span + BUCKET)).collect();
+        let secs = recent
+            .first()
+            .and_then(|b| b.at)
+            .map_or(0.0, |at| now.duration_since(at).as_secs_f64().min(now.duration_since(self.started).as_secs_f64()))
+            .max(1e-3);
+        let mut funcs: HashMap<(u64, u32), Func> = HashMap::new();
+        let mut loops: HashMap<(u32, u32), u64> = HashMap::new();
+        let (mut events, mut missed, mut covered) = (0u64, 0u64, 0u64);
+        for b in &recent {
+            for (&(tid, code), f) in &b.funcs {
+                let e = funcs.entry((if per_thread { tid } else { 0 }, code)).or_default();
+                e.calls += f.calls;
+                e.excl += f.excl;
+            }
+            for (&k, &n) in &b.loops {
+                *loops.entry(k).or_default() += n;
+            }
+            events += b.events;
+            missed += b.missed;
+            covered += b.covered;
+        }
+        // The default mode: calls are recorded in windows covering a share of the time; scale them up.
+        let mut scale = if self.windowed && covered > 0 { (secs * self.tps / covered as f64).max(1.0) } else { 1.0 };
+        // Events the cursor missed are of the same functions, in the same mix as far as it can tell.
+        if missed > 0 && events > 0 {
+            scale *= (events + missed) as f64 / events as f64;
+        }
+        let total_excl: u64 = funcs.values().map(|f| f.excl).sum();
+        let code = &self.cursor.code;
+        let name = |id: u32| {
+            code.get(&id).map_or_else(
+                || (format!("<code {id}>"), String::new(), 0),
+                |c| (c.qualname.clone(), c.filename.clone(), c.first_line),
+            )
+        };
+        let mut frows: Vec<FuncRow> = funcs
+            .iter()
+            .map(|(&(tid, id), f)| {
+                let (function, file, line) = name(id);
+                FuncRow {
+                    thread_id: tid,
+                    function,
+                    file,
+                    line,
+                    calls_per_s: f.calls as f64 * scale / secs,
+                    exclusive_share: if total_excl > 0 { f.excl as f64 / total_excl as f64 } else { 0.0 },
+                }
+            })
+            .collect();
+        frows.sort_by(|a, b| {
+            b.exclusive_share.total_cmp(&a.exclusive_share).then(b.calls_per_s.total_cmp(&a.calls_per_s))
+        });
+        frows.truncate(top);
+        let mut lrows: Vec<LoopRow> = loops
+            .iter()
+            .map(|(&(id, head), &n)| {
+                let (function, file, first) = name(id);
+                let line =
+                    code.get(&id).and_then(|c| c.positions.get(head as usize / 2)).map_or(first as i32, |p| p.line);
+                LoopRow { function, file, line, iterations_per_s: n as f64 / secs }
+            })
+            .collect();
+        lrows.sort_by(|a, b| b.iterations_per_s.total_cmp(&a.iterations_per_s));
+        lrows.truncate(top.min(10));
+        let mut threads: Vec<(u64, String)> =
+            self.threads.keys().map(|&t| (t, self.cursor.threads.get(&t).cloned().unwrap_or_default())).collect();
+        threads.sort();
+        Snapshot {
+            pid: self.cursor.pid(),
+            python_version: self.header.as_ref().map_or_else(String::new, |h| h.python_version.clone()),
+            mode: self.header.as_ref().map_or_else(String::new, |h| h.options.mode.name().to_string()),
+            seconds: secs,
+            events_per_s: events as f64 / secs,
+            missed,
+            estimated: self.windowed || missed > 0,
+            ended: self.ended.map(|e| match e {
+                End::Stopped => "stopped",
+                End::Gone => "killed",
+            }),
+            threads,
+            functions: frows,
+            loops: lrows,
+        }
+    }
+}
+
+/// One event of one thread: the time since its previous event goes to the function running (the top of
+/// its stack, or, for a return seen before the function's start, that function), then the stack moves.
+fn step(
+    ts: &mut ThreadState,
+    tid: u64,
+    e: &RawEvent,
+    b: &mut Bucket,
+    tps: f64,
+    window_end: &mut u64,
+    windowed: &mut bool,
+) {
+    let t = e.ticks.get();
+    let kind = EventKind::from_u8(e.kind);
+    let code = e.code.get();
+    match kind {
+        Some(EventKind::WINDOW) => {
+            *windowed = true;
+            ts.stack.clear();
+            ts.last = None;
+            let len = e.arg.get();
+            let end = if len == u32::MAX { u64::MAX } else { t + (len as f64 * tps / 1e6) as u64 };
+            if end > *window_end {
+                // Counted once per window, whichever thread's marker comes first.
+                if len != u32::MAX && *window_end < t {
+                    b.covered += end - t;
+                }
+                *window_end = end;
+            }
+            return;
+        }
+        Some(EventKind::WINDOW_END) => {
+            *windowed = true;
+            *window_end = t;
+            ts.last = None;
+            return;
+        }
+        Some(EventKind::STACK) => {
+            ts.stack.push(code);
+            ts.last = Some(t);
+            return;
+        }
+        _ => {}
+    }
+    // Outside a window (default mode), function boundaries are not recorded: time is not attributed.
+    let in_window = !*windowed || t < *window_end;
+    if *windowed && !in_window {
+        ts.last = None;
+        if kind == Some(EventKind::JUMP) && e.arg.get() < e.offset.get() {
+            *b.loops.entry((code, e.arg.get())).or_default() += 1;
+        }
+        return;
+    }
+    if let Some(last) = ts.last {
+        let running = match (ts.stack.last(), kind) {
+            (Some(&top), _) => Some(top),
+            (None, Some(EventKind::PY_RETURN | EventKind::PY_YIELD | EventKind::PY_UNWIND)) => Some(code),
+            _ => None,
+        };
+        if let Some(r) = running {
+            b.funcs.entry((tid, r)).or_default().excl += t.saturating_sub(last);
+        }
+    }
+    ts.last = Some(t);
+    match kind {
+        Some(EventKind::PY_START) => {
+            b.funcs.entry((tid, code)).or_default().calls += 1;
+            ts.stack.push(code);
+        }
+        Some(EventKind::PY_RESUME | EventKind::PY_THROW) => ts.stack.push(code),
+        Some(EventKind::PY_RETURN | EventKind::PY_YIELD | EventKind::PY_UNWIND) => {
+            if let Some(i) = ts.stack.iter().rposition(|&c| c == code) {
+                ts.stack.truncate(i);
+            }
+        }
+        Some(EventKind::JUMP) if e.arg.get() < e.offset.get() => {
+            *b.loops.entry((code, e.arg.get())).or_default() += 1;
+        }
+        _ => {}
+    }
+}
+
+impl std::fmt::Display for Snapshot {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        let what = match (self.python_version.is_empty(), self.mode.is_empty()) {
+            (false, false) => format!(" (Python {}, {} mode)", self.python_version, self.mode),
+            _ => String::new(),
+        };
+        writeln!(
+            f,
+            "ocular top: pid {}{what}, last {:.1} s: {:.0} events/s, {} missed{}",
+            self.pid,
+            self.seconds,
+            self.events_per_s,
+            self.missed,
+            match self.ended {
+                Some("stopped") => ", recording stopped",
+                Some(_) => ", recording process killed",
+                None => "",
+            }
+        )?;
+        let names: Vec<String> = self
+            .threads
+            .iter()
+            .map(|(id, n)| if n.is_empty() { id.to_string() } else { format!("{n} ({id})") })
+            .collect();
+        writeln!(f, "threads: {}", if names.is_empty() { "none yet".into() } else { names.join(", ") })?;
+        let est = if self.estimated { "~" } else { "" };
+        writeln!(f, "{:>14}  {:>7}  function  file:line", "calls/s", "excl %")?;
+        for r in &self.functions {
+            let thread = if r.thread_id != 0 { format!(" [{}]", r.thread_id) } else { String::new() };
+            writeln!(
+                f,
+                "{:>14}  {:>6.1}%  {}{thread}  {}:{}",
+                format!("{est}{:.0}", r.calls_per_s),
+                r.exclusive_share * 100.0,
+                r.function,
+                r.file,
+                r.line
+            )?;
+        }
+        if !self.loops.is_empty() {
+            writeln!(f, "{:>14}  loop", "iterations/s")?;
+            for l in &self.loops {
+                writeln!(f, "{:>14.0}  {}  {}:{}", l.iterations_per_s, l.function, l.file, l.line)?;
+            }
+        }
+        if self.estimated {
+            writeln!(
+                f,
+                "~ estimated: calls/s scaled up from {}",
+                if self.missed > 0 {
+                    "the events read (the reader missed some: record with --live, or it is too slow for this rate)"
+                } else {
+                    "the default mode's windows, where calls are recorded"
+                }
+            )?;
+        }
+        Ok(())
+    }
+}
+
+/// `top --once` / `--json`: follow for `seconds`, then one snapshot.
+pub fn once(target: &str, seconds: f64, per_thread: bool, top: usize) -> anyhow::Result<Snapshot> {
+    let mut t = Top::open(target)?;
+    let start = Instant::now();
+    let end = start + Duration::from_secs_f64(seconds);
+    while Instant::now() < end && t.ended().is_none() {
+        t.poll();
+        std::thread::sleep(POLL);
+    }
+    t.poll();
+    // Everything since the cursor opened, however long the polls took.
+    Ok(t.snapshot(start.elapsed().as_secs_f64().max(seconds), per_thread, top))
+}
+
+/// The interactive view: redrawn every `interval` seconds over the last `seconds`, until `q`, Esc or
+/// Ctrl-C, or a few seconds after the recording ended.
+pub fn interactive(target: &str, interval: f64, seconds: f64, per_thread: bool, top: usize) -> anyhow::Result<()> {
+    use ratatui::crossterm::event::{self, Event, KeyCode, KeyModifiers};
+    use ratatui::widgets::{Block, Paragraph};
+    let mut t = Top::open(target)?;
+    let mut terminal = ratatui::try_init()?;
+    let _restore = Restore;
+    let mut per_thread = per_thread;
+    terminal.draw(|f| {
+        let p = Paragraph::new(format!("following process {} ...", t.cursor.pid()))
+            .block(Block::bordered().title(" ocular top "));
+        f.render_widget(p, f.area());
+    })?;
+    let mut next_draw = Instant::now() + Duration::from_secs_f64(interval.min(seconds));
+    let mut ended_at: Option<Instant> = None;
+    loop {
+        t.poll();
+        if Instant::now() >= next_draw {
+            let snap = t.snapshot(seconds, per_thread, top);
+            let mut text = snap.to_string();
+            text.push_str(if ended_at.is_some() || snap.ended.is_some() {
+                "\nthe recording ended: q to quit"
+            } else {
+                "\nq quit   t per thread / merged"
+            });
+            terminal.draw(|f| {
+                let p = Paragraph::new(text).block(Block::bordered().title(" ocular top "));
+                f.render_widget(p, f.area());
+            })?;
+            next_draw = Instant::now() + Duration::from_secs_f64(interval);
+        }
+        if t.ended().is_some() && ended_at.is_none() {
+            ended_at = Some(Instant::now());
+            next_draw = Instant::now();
+        }
+        if ended_at.is_some_and(|at| at.elapsed() > Duration::from_secs(5)) {
+            break;
+        }
+        if event::poll(POLL)? {
+            if let Event::Key(k) = event::read()? {
+                match k.code {
+                    KeyCode::Char('q') | KeyCode::Esc => break,
+                    KeyCode::Char('c') if k.modifiers.contains(KeyModifiers::CONTROL) => break,
+                    KeyCode::Char('t') => {
+                        per_thread = !per_thread;
+                        next_draw = Instant::now();
+                    }
+                    _ => {}
+                }
+            }
+        }
+    }
+    Ok(())
+}
+
+/// Gives the terminal back (raw mode off, main screen) however the view ends.
+struct Restore;
+
+impl Drop for Restore {
+    fn drop(&mut self) {
+        ratatui::restore();
+    }
+}

@@ -1,0 +1,270 @@
+"""Live: following a running recording from another process (ocular.attach, Recording.cursor, top)."""
+
+import collections
+import json
+import os
+import signal
+import subprocess
+import sys
+import textwrap
+import time
+
+import pytest
+
+import ocular
+from ocular import _ocular
+
+ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+ANALYZE = os.environ.get("OCULAR_ANALYZE", os.path.join(ROOT, "target", "debug", "ocular-analyze"))
+
+WL = """
+def leaf(i):
+    return i + 1
+
+def work(n):
+    s = 0
+    for i in range(n):
+        s += leaf(i)
+    return s
+"""
+
+# The program: records with --include wl.py, so that only wl's code (run after the go file appears, once
+# the test's cursor is attached) is in the trace; prints its pid when it is recording.
+PROGRAM = """
+import os, sys, threading, time
+import wl
+go, rounds, n, threads, pause = sys.argv[1], int(sys.argv[2]), int(sys.argv[3]), int(sys.argv[4]), float(sys.argv[5])
+print(os.getpid(), flush=True)
+while not os.path.exists(go):
+    time.sleep(0.005)
+def run():
+    for _ in range(rounds):
+        wl.work(n)
+        if pause:
+            time.sleep(pause)
+ts = [threading.Thread(target=run) for _ in range(threads - 1)]
+for t in ts: t.start()
+run()
+for t in ts: t.join()
+if os.environ.get("KILL_AT_END"):
+    os.kill(os.getpid(), 9)
+"""
+
+
+def _start(tmp_path, rounds, n, threads=1, pause=0.0, mode="adaptive", extra=(), env=None):
+    (tmp_path / "wl.py").write_text(WL)
+    (tmp_path / "prog.py").write_text(PROGRAM)
+    out = tmp_path / "live.ocl"
+    go = tmp_path / "go"
+    p = subprocess.Popen(
+        [sys.executable, "-m", "ocular", "run", "-q", "--live", "--mode", mode, "--threshold", "0",
+         "--include", "wl.py", *extra, "-o", str(out), str(tmp_path / "prog.py"),
+         str(go), str(rounds), str(n), str(threads), str(pause)],
+        stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, cwd=tmp_path,
+        env={**os.environ, "PYTHONPATH": str(tmp_path), **(env or {})})
+    pid = int(p.stdout.readline())
+    return p, pid, go, out
+
+
+def _file_counts(path):
+    """Per kind, the events of wl's functions in the file (not its module's import: that ran before the
+    cursor was attached, and a cursor starts when it is made)."""
+    f = _ocular.read(str(path), False)
+    return collections.Counter(k for _, _, k, cid, _, _ in f["events"] if f["code"][cid][0] != "<module>"), f
+
+
+def test_a_cursor_in_another_process_sees_what_the_file_holds(tmp_path):
+    p, pid, go, out = _start(tmp_path, rounds=40, n=500, threads=2, pause=0.01)
+    try:
+        cur = ocular.attach(pid)
+        go.write_text("")
+        seen = collections.Counter()
+        missed = 0
+        for poll in cur.follow(interval=0.002):
+            seen.update(e.kind for e in poll.events)
+            missed += poll.missed
+            assert all(e.filename.endswith("wl.py") for e in poll.events)
+        assert poll.ended == "stopped"
+    finally:
+        p.communicate(timeout=60)
+    assert p.returncode == 0
+    want, _ = _file_counts(out)
+    assert missed == 0
+    assert seen == want, (seen, want)
+    assert want["PY_START"] == 2 * 40 * (1 + 500)
+    assert cur.totals == (sum(want.values()), 0)
+
+
+def test_a_cursor_that_falls_behind_counts_exactly_what_it_missed(tmp_path):
+    # 2 threads make ~10 M events without pause; the cursor polls only every 0.3 s, so the recording
+    # reuses most slots before it reads them: what it got plus what it missed is what was recorded.
+    p, pid, go, out = _start(tmp_path, rounds=20, n=120_000, threads=2, mode="calls")
+    try:
+        cur = ocular.attach(pid)
+        go.write_text("")
+        got = missed = 0
+        while True:
+            time.sleep(0.3)
+            raw, m, ended = cur._c.poll()
+            got += len(raw)
+            missed += m
+            if ended:
+                break
+    finally:
+        p.communicate(timeout=120)
+    want, _ = _file_counts(out)
+    total = sum(want.values())
+    assert missed > total // 10, "the cursor fell behind"
+    assert got + missed == total, (got, missed, total)
+    assert cur.totals == (got, missed)
+
+
+def test_attach_and_detach_repeatedly_while_8_threads_record(tmp_path):
+    # Paced so that the Python-level poll (a tuple per event) keeps up: this is about attaching, not speed.
+    p, pid, go, out = _start(tmp_path, rounds=100_000, n=200, threads=8, pause=0.02)
+    try:
+        go.write_text("")
+        kinds = set()
+        for _ in range(20):
+            cur = ocular.attach(pid)
+            for _ in range(3):
+                poll = cur.poll()
+                kinds.update(e.kind for e in poll.events)
+                assert poll.missed >= 0
+                time.sleep(0.005)
+            d, m = cur.totals
+            assert d >= 0 and m >= 0
+            del cur
+        assert kinds <= {"PY_START", "PY_RETURN", "JUMP", "BRANCH", "BRANCH_LEFT", "BRANCH_RIGHT"}
+        assert "PY_START" in kinds
+    finally:
+        p.kill()
+        p.communicate(timeout=60)
+
+
+def test_a_killed_producer_ends_the_cursor_with_a_message(tmp_path):
+    p, pid, go, out = _start(tmp_path, rounds=5, n=1000, env={"KILL_AT_END": "1"})
+    cur = ocular.attach(pid)
+    go.write_text("")
+    p.communicate(timeout=60)
+    assert p.returncode == -9
+    polls = list(cur.follow(interval=0.01))
+    assert polls[-1].ended == "gone"
+    seen = collections.Counter(e.kind for x in polls for e in x.events)
+    want, _ = _file_counts(out)  # completed from the ring file
+    assert seen == want and want["PY_START"] == 5 * (1 + 1000)
+    # top on the killed process: its ring file is still there; one snapshot that says so, and exit 0.
+    r = subprocess.run([ANALYZE, "top", str(pid), "--once"], capture_output=True, text=True, timeout=60)
+    assert r.returncode == 0 and "recording process killed" in r.stdout, (r.stdout, r.stderr)
+
+
+def test_top_once_and_json_show_the_hottest_function(tmp_path):
+    p, pid, go, out = _start(tmp_path, rounds=100_000, n=20_000, mode="calls")
+    try:
+        go.write_text("")
+        r = subprocess.run([ANALYZE, "top", str(pid), "--json", "--seconds", "0.5"], capture_output=True,
+                           text=True, timeout=60)
+        assert r.returncode == 0, r.stderr
+        snap = json.loads(r.stdout)
+        assert snap["pid"] == pid and snap["mode"] == "calls" and snap["ended"] is None
+        assert snap["functions"][0]["function"] in ("work", "leaf")
+        assert {f["function"] for f in snap["functions"]} >= {"work", "leaf"}
+        leaf = next(f for f in snap["functions"] if f["function"] == "leaf")
+        assert leaf["calls_per_s"] > 100_000 and leaf["file"].endswith("wl.py")
+        r = subprocess.run([sys.executable, "-m", "ocular", "top", str(pid), "--once", "--seconds", "0.3"],
+                           capture_output=True, text=True, timeout=60)
+        assert r.returncode == 0, r.stderr
+        assert f"ocular top: pid {pid} (Python" in r.stdout and "leaf" in r.stdout
+    finally:
+        p.kill()
+        p.communicate(timeout=60)
+
+
+def test_top_in_a_terminal_draws_and_quits_on_q(tmp_path):
+    import pty
+    import select
+
+    p, pid, go, out = _start(tmp_path, rounds=100_000, n=5_000, mode="calls")
+    go.write_text("")
+    child, fd = pty.fork()
+    if child == 0:
+        import fcntl
+        import struct
+        import termios
+
+        # A terminal of 40 rows and 120 columns (a new pseudo-terminal has none).
+        fcntl.ioctl(0, termios.TIOCSWINSZ, struct.pack("HHHH", 40, 120, 0, 0))
+        os.execv(ANALYZE, [ANALYZE, "top", str(pid), "--interval", "0.2"])
+    screen = b""
+    try:
+        deadline = time.time() + 20
+        import re
+
+        def text():
+            # The screen's words: ratatui moves the cursor instead of writing spaces.
+            return re.sub(rb"\x1b\[[0-9;?]*[A-Za-z]", b" ", screen).decode("utf-8", "replace")
+
+        while time.time() < deadline and not ("leaf" in text() and "work" in text()):
+            r, _, _ = select.select([fd], [], [], 0.5)
+            if r:
+                try:
+                    screen += os.read(fd, 65536)
+                except OSError:
+                    break
+        words = text().split()
+        assert {"ocular", "top", "leaf", "work", "calls/s", "quit", str(pid)} <= set(words) | {
+            w.rstrip(",") for w in words}, text()[-3000:]
+        os.write(fd, b"q")
+        _, status = os.waitpid(child, 0)
+        assert os.waitstatus_to_exitcode(status) == 0
+    finally:
+        p.kill()
+        p.communicate(timeout=60)
+
+
+def test_top_without_a_terminal_says_what_to_use():
+    r = subprocess.run([ANALYZE, "top", str(os.getpid())], capture_output=True, text=True, stdin=subprocess.DEVNULL)
+    assert r.returncode != 0
+    assert "top's live view needs a terminal; use --once (text) or --json" in r.stderr, r.stderr
+
+
+def test_a_foreign_or_missing_ring_file_is_a_clear_error(tmp_path):
+    bad = tmp_path / "x.ring"
+    bad.write_bytes(b"not a ring file, just some bytes" * 10)
+    with pytest.raises(OSError, match="not an Ocular ring file"):
+        ocular.attach(bad)
+    with pytest.raises(ValueError, match="is not recording with Ocular"):
+        ocular.attach(os.getpid())
+
+
+@pytest.mark.skipif(os.geteuid() != 0, reason="needs another user to try: run as root to test it")
+def test_another_user_cannot_read_a_recording(tmp_path, ocl):
+    with ocular.record(ocl, mode="calls") as rec:
+        path = rec.cursor().path
+        code = textwrap.dedent(f"""
+            import os, sys
+            import ocular, ocular._live, ocular._recorder
+            ocular._recorder._native()
+            os.setgid(65534); os.setuid(65534)  # now another user (nobody)
+            try:
+                ocular.attach({path!r})
+            except OSError as e:
+                print("refused:", e)
+        """)
+        r = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True,
+                           env={**os.environ, "PYTHONPATH": os.pathsep.join(sys.path)})
+    assert "refused:" in r.stdout and "Permission denied" in r.stdout, (r.stdout, r.stderr)
+
+
+def test_a_recording_follows_itself(ocl):
+    def f():
+        return 1
+
+    with ocular.record(ocl, mode="calls") as rec:
+        cur = rec.cursor()
+        for _ in range(1000):
+            f()
+        got = [e for e in cur.poll().events if e.function.endswith("f")]
+    assert [e.kind for e in got[:2]] == ["PY_START", "PY_RETURN"]
+    assert sum(1 for e in got if e.kind == "PY_START") == 1000
+    assert got[0].line == f.__code__.co_firstlineno
