@@ -2,7 +2,8 @@
 the physical floor (a native METH_FASTCALL callback that reads the TSC and stores a 24-byte record), a
 native no-op callback, a no-op Python callback, and cProfile; Ocular with its buffers on the heap instead
 of in the ring file (RING.md), for the ring's own cost; and Ocular as a flight recorder (ring="64MB": chunks
-into the ring file's chunk region instead of the .ocl file). Interleaved repeats, medians.
+into the ring file's chunk region instead of the .ocl file), and with --live (16 spare slots, for a reader in
+another process). Interleaved repeats, medians.
 
     make bench-record            (or: .venv/3.12/bin/python bench/record_bench.py [--repeats N])
 """
@@ -96,8 +97,9 @@ def with_callback(fn, mode, cb):
         mon.free_tool_id(TOOL)
 
 
-def with_ocular(fn, mode, threshold, path, ring_file=True, ring=None):
-    rec = ocular.record(path, mode=mode, deinstrument_threshold=threshold, ring_file=ring_file, ring=ring)
+def with_ocular(fn, mode, threshold, path, ring_file=True, ring=None, live=False):
+    rec = ocular.record(path, mode=mode, deinstrument_threshold=threshold, ring_file=ring_file, ring=ring,
+                        live=live)
     rec.start()
     try:
         t = timed(fn)
@@ -135,15 +137,15 @@ def main():
     print("| workload | mode | events/run | untraced ms | floor ns/ev | native no-op ns/ev | Python no-op ns/ev "
           "| Ocular ns/ev | **Ocular / floor**, median of paired repeats (quartiles) | best-of CPU Ocular / floor "
           "| Ocular slowdown | cProfile slowdown | buffers in memory / floor | ring file / in memory "
-          "| **flight recorder / file**, median (quartiles) |")
-    print("|---|---|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|")
+          "| **flight recorder / file**, median (quartiles) | **live / file**, median (quartiles) |")
+    print("|---|---|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|")
     rows = []
     for wname, fn in WORKLOADS.items():
         fn()  # warm up and specialize
         for mode in modes:
             runs = {k: [] for k in ("untraced", "floor", "noop", "python", "ocular", "memory", "flight",
-                                    "cprofile")}
-            ratios, mem_ratios, ring_ratios, flight_ratios = [], [], [], []
+                                    "live", "cprofile")}
+            ratios, mem_ratios, ring_ratios, flight_ratios, live_ratios = [], [], [], [], []
             events = lost = 0
             configs = {
                 "floor": lambda: with_callback(fn, mode, floor),
@@ -154,6 +156,8 @@ def main():
                 "memory": lambda: with_ocular(fn, mode, 0, path, ring_file=False),
                 # A flight recorder: the newest 64 MiB of compressed chunks, in the ring file.
                 "flight": lambda: with_ocular(fn, mode, 0, path, ring="64MB"),
+                # Followed live: 16 spare slots, taken oldest first.
+                "live": lambda: with_ocular(fn, mode, 0, path, live=True),
                 "cprofile": lambda: with_cprofile(fn),
             }
             for _ in range(args.repeats):
@@ -165,7 +169,7 @@ def main():
                 got = {"untraced": timed(fn)}
                 for k in order:
                     r = configs[k]()
-                    if k in ("ocular", "memory", "flight"):
+                    if k in ("ocular", "memory", "flight", "live"):
                         r, events, lost = r
                     got[k] = r
                 got["untraced"] = min(got["untraced"], timed(fn))
@@ -178,6 +182,7 @@ def main():
                 mem_ratios.append((got["memory"][0] - base) / max(1, got["floor"][0] - base))
                 ring_ratios.append((got["ocular"][0] - base) / max(1, got["memory"][0] - base))
                 flight_ratios.append((got["flight"][0] - base) / max(1, got["ocular"][0] - base))
+                live_ratios.append((got["live"][0] - base) / max(1, got["ocular"][0] - base))
             if events < 5_000:
                 continue  # e.g. a loop without calls in calls mode: nothing to measure per event
             # Absolute figures: best of the repeats per configuration (interference only adds time).
@@ -189,8 +194,10 @@ def main():
             mem_ratios.sort()
             ring_ratios.sort()
             flight_ratios.sort()
+            live_ratios.sort()
             n = len(flight_ratios)
             fq1, fmed, fq3 = flight_ratios[n // 4], flight_ratios[n // 2], flight_ratios[(3 * n) // 4]
+            lq1, lmed, lq3 = live_ratios[n // 4], live_ratios[n // 2], live_ratios[(3 * n) // 4]
             q1, med, q3 = ratios[len(ratios) // 4], ratios[len(ratios) // 2], ratios[(3 * len(ratios)) // 4]
             mem_med, ring_med = mem_ratios[len(mem_ratios) // 2], ring_ratios[len(ring_ratios) // 2]
             rows.append(
@@ -198,7 +205,8 @@ def main():
                 f"{ns['noop']:.1f} | {ns['python']:.1f} | {ns['ocular']:.1f} | **{med:.2f}x** ({q1:.2f}-{q3:.2f}) | "
                 f"{cns['ocular'] / cns['floor']:.2f}x | "
                 f"{wall['ocular'] / wall['untraced']:.2f}x | {wall['cprofile'] / wall['untraced']:.2f}x | "
-                f"{mem_med:.2f}x | {ring_med:.3f}x | **{fmed:.3f}x** ({fq1:.2f}-{fq3:.2f}) |"
+                f"{mem_med:.2f}x | {ring_med:.3f}x | **{fmed:.3f}x** ({fq1:.2f}-{fq3:.2f}) | "
+                f"**{lmed:.3f}x** ({lq1:.2f}-{lq3:.2f}) |"
                 + (f" (lost {lost})" if lost else "")
             )
             print(rows[-1], flush=True)

@@ -251,16 +251,31 @@ impl Cursor {
                 _ => layout.slot_events,
             };
             let first_index = taken;
-            let mut evs = Vec::new();
-            while taken < len {
-                let ev = self.ring.live_event(i as u64, taken as u64);
-                if st == state::FILLING && ev.ticks.get() < last {
-                    break;
+            let end = if st == state::FILLING {
+                // Where the filling slot ends now: the ticks only (each record's last store, RING.md 3.3).
+                let mut end = taken;
+                while end < len {
+                    let t = self.ring.live_ticks(i as u64, end as u64);
+                    if t < last {
+                        break;
+                    }
+                    last = t;
+                    end += 1;
                 }
-                last = ev.ticks.get();
-                evs.push(ev);
-                taken += 1;
+                end
+            } else {
+                len
+            };
+            if end <= taken {
+                self.slots[i] = SlotSeen { generation, thread_id, events_before, taken, last_ticks: last, known: true };
+                continue;
             }
+            // The whole stretch at once: records before `end` are complete and no longer written.
+            let evs = self.ring.live_events(i as u64, taken as u64, end as u64);
+            if st != state::FILLING {
+                last = evs.last().map_or(last, |e| e.ticks.get());
+            }
+            taken = end;
             // Taken again while we read: what we read may be the next use's.
             if self.ring.live_u64(e + 24) != generation {
                 self.slots[i].known = false;
@@ -334,17 +349,25 @@ impl RingFile {
         let off =
             self.slots_offset() + slot * self.layout.slot_events as u64 * EVENT_SIZE as u64 + k * EVENT_SIZE as u64;
         let p = self.map_ptr(off, 8);
-        // SAFETY: in bounds, 8-aligned (records are 24 bytes from a page-aligned start).
-        unsafe { (*(p as *const AtomicU64)).load(Ordering::Relaxed) }
+        // SAFETY: in bounds, 8-aligned (records are 24 bytes from a page-aligned start). Acquire: the record's
+        // other bytes, stored before its ticks, are read after.
+        unsafe { (*(p as *const AtomicU64)).load(Ordering::Acquire) }
     }
 
-    /// Event `k` of slot `slot`, read once (the recording may be writing it: the caller checks its ticks).
-    pub(crate) fn live_event(&self, slot: u64, k: u64) -> RawEvent {
+    /// Events `from..to` of slot `slot`, copied in one go.
+    pub(crate) fn live_events(&self, slot: u64, from: u64, to: u64) -> Vec<RawEvent> {
+        let n = (to - from) as usize;
         let off =
-            self.slots_offset() + slot * self.layout.slot_events as u64 * EVENT_SIZE as u64 + k * EVENT_SIZE as u64;
-        let p = self.map_ptr(off, EVENT_SIZE);
-        // SAFETY: in bounds; a volatile copy of bytes another process may be storing (checked by ticks).
-        let bytes = unsafe { std::ptr::read_volatile(p as *const [u8; EVENT_SIZE]) };
-        <RawEvent as zerocopy::FromBytes>::read_from_bytes(&bytes).expect("24 bytes")
+            self.slots_offset() + slot * self.layout.slot_events as u64 * EVENT_SIZE as u64 + from * EVENT_SIZE as u64;
+        let p = self.map_ptr(off, n * EVENT_SIZE);
+        let mut out: Vec<RawEvent> = Vec::with_capacity(n);
+        // SAFETY: `p` covers n records (map_ptr checked); the destination has room for n; RawEvent is plain
+        // bytes (any bit pattern is valid). The records before the slot's end are no longer stored to; a
+        // slot taken again meanwhile is detected by its generation and the copy discarded.
+        unsafe {
+            std::ptr::copy_nonoverlapping(p, out.as_mut_ptr() as *mut u8, n * EVENT_SIZE);
+            out.set_len(n);
+        }
+        out
     }
 }
