@@ -268,3 +268,15 @@ def test_a_recording_follows_itself(ocl):
     assert [e.kind for e in got[:2]] == ["PY_START", "PY_RETURN"]
     assert sum(1 for e in got if e.kind == "PY_START") == 1000
     assert got[0].line == f.__code__.co_firstlineno
+
+
+def test_a_flight_recorder_can_be_followed_too(ocl):
+    def g():
+        return 2
+
+    with ocular.record(ocl, mode="calls", ring="4MB") as rec:
+        cur = rec.cursor()
+        for _ in range(500):
+            g()
+        got = cur.poll().events
+    assert sum(1 for e in got if e.kind == "PY_START" and e.function.endswith("g")) == 500

@@ -34,7 +34,7 @@ impl Scripted {
 }
 
 impl Sink for Scripted {
-    fn take(&self, _: u64, _: u64) -> Option<Buffer> {
+    fn take(&self, _: u64, _: u64, _: u64) -> Option<Buffer> {
         let mut a = self.available.borrow_mut();
         (*a > 0).then(|| {
             *a -= 1;
