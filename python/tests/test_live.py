@@ -181,43 +181,44 @@ def test_top_once_and_json_show_the_hottest_function(tmp_path):
 
 
 def test_top_in_a_terminal_draws_and_quits_on_q(tmp_path):
-    import pty
+    import fcntl
+    import re
     import select
+    import struct
+    import termios
 
     p, pid, go, out = _start(tmp_path, rounds=100_000, n=5_000, mode="calls")
     go.write_text("")
-    child, fd = pty.fork()
-    if child == 0:
-        import fcntl
-        import struct
-        import termios
-
-        # A terminal of 40 rows and 120 columns (a new pseudo-terminal has none).
-        fcntl.ioctl(0, termios.TIOCSWINSZ, struct.pack("HHHH", 40, 120, 0, 0))
-        os.execv(ANALYZE, [ANALYZE, "top", str(pid), "--interval", "0.2"])
+    # A pseudo-terminal of 40 rows and 120 columns (a new one has none); top runs on its other end.
+    master, slave = os.openpty()
+    fcntl.ioctl(slave, termios.TIOCSWINSZ, struct.pack("HHHH", 40, 120, 0, 0))
+    top = subprocess.Popen([ANALYZE, "top", str(pid), "--interval", "0.2"], stdin=slave, stdout=slave,
+                           stderr=slave, start_new_session=True)
+    os.close(slave)
     screen = b""
+
+    def text():
+        # The screen's words: ratatui moves the cursor instead of writing spaces.
+        return re.sub(rb"\x1b\[[0-9;?]*[A-Za-z]", b" ", screen).decode("utf-8", "replace")
+
     try:
         deadline = time.time() + 20
-        import re
-
-        def text():
-            # The screen's words: ratatui moves the cursor instead of writing spaces.
-            return re.sub(rb"\x1b\[[0-9;?]*[A-Za-z]", b" ", screen).decode("utf-8", "replace")
-
         while time.time() < deadline and not ("leaf" in text() and "work" in text()):
-            r, _, _ = select.select([fd], [], [], 0.5)
+            r, _, _ = select.select([master], [], [], 0.5)
             if r:
                 try:
-                    screen += os.read(fd, 65536)
+                    screen += os.read(master, 65536)
                 except OSError:
                     break
         words = text().split()
         assert {"ocular", "top", "leaf", "work", "calls/s", "quit", str(pid)} <= set(words) | {
             w.rstrip(",") for w in words}, text()[-3000:]
-        os.write(fd, b"q")
-        _, status = os.waitpid(child, 0)
-        assert os.waitstatus_to_exitcode(status) == 0
+        os.write(master, b"q")
+        assert top.wait(timeout=20) == 0
     finally:
+        if top.poll() is None:
+            top.kill()
+        os.close(master)
         p.kill()
         p.communicate(timeout=60)
 
