@@ -398,6 +398,16 @@ pub struct Analysis {
     pub losses: Vec<Loss>,
     /// Threads whose oldest events a flight recorder overwrote (FORMAT.md 6.8): the trace is the newest part.
     pub dropped: Vec<ocular_format::Dropped>,
+    /// Performance counters recorded (FORMAT.md 6.9), by index.
+    pub counters: Vec<ocular_format::CounterInfo>,
+    /// Per (thread, code id), each counter's events in the function itself (its samples' periods), by
+    /// counter index.
+    pub counter_totals: HashMap<(u64, u32), Vec<u64>>,
+    /// Per counter, events of samples taken while no Python function ran on their thread (before its first
+    /// event, between recorded frames), and samples the kernel could not store.
+    pub counter_unattributed: Vec<u64>,
+    /// Per counter, samples lost by the kernel.
+    pub counter_lost: Vec<u64>,
     /// Branch events per (code id, branch offset): each destination seen, with the event's kind
     /// (BRANCH up to CPython 3.13; BRANCH_LEFT or BRANCH_RIGHT from 3.14) and how many times.
     pub branches: HashMap<(u32, u32), Vec<BranchWay>>,
@@ -547,6 +557,88 @@ impl WindowLog {
     }
 }
 
+/// Per thread, the counter samples of the file as (ticks, counter, period), in time order; fills `a`'s
+/// counter table and lost counts.
+fn counter_samples(
+    path: &Path,
+    opts: ReadOptions,
+    header: &ocular_format::Header,
+    a: &mut Analysis,
+) -> ocular_format::Result<HashMap<u64, std::collections::VecDeque<(u64, u8, u64)>>> {
+    let mut out: HashMap<u64, Vec<(u64, u8, u64)>> = HashMap::default();
+    if !opts.skip_events {
+        let mut r = Reader::open_with(path, ReadOptions { skip_events: true, ..opts })?;
+        let tps = header.ticks_per_second;
+        let to_ticks = |ns: u64| {
+            let d = (ns as f64 - header.start_monotonic_ns as f64) * tps / 1e9;
+            (header.start_ticks as f64 + d).max(0.0) as u64
+        };
+        while let Some(c) = r.next_chunk()? {
+            if let Body::Counters(cs) = c.body {
+                if a.counters.is_empty() {
+                    a.counters = cs.counters.clone();
+                    a.counter_unattributed = vec![0; cs.counters.len()];
+                    a.counter_lost = vec![0; cs.counters.len()];
+                }
+                for x in cs.samples {
+                    if (x.counter as usize) < a.counters.len() {
+                        out.entry(x.thread_id).or_default().push((to_ticks(x.monotonic_ns), x.counter, x.period));
+                    }
+                }
+                for (_, k, n) in cs.lost {
+                    if let Some(l) = a.counter_lost.get_mut(k as usize) {
+                        *l += n;
+                    }
+                }
+            }
+        }
+    }
+    Ok(out
+        .into_iter()
+        .map(|(t, mut v)| {
+            v.sort_unstable();
+            (t, v.into())
+        })
+        .collect())
+}
+
+/// Attributes a thread's samples up to tick `t` to the function running then: the innermost frame of its
+/// stack (before the event at `t` changes it).
+fn attribute(
+    q: &mut std::collections::VecDeque<(u64, u8, u64)>,
+    t: u64,
+    tid: u64,
+    ts: &ThreadState,
+    totals: &mut HashMap<(u64, u32), Vec<u64>>,
+    unattributed: &mut [u64],
+) {
+    while q.front().is_some_and(|s| s.0 <= t) {
+        let (_, k, period) = q.pop_front().expect("checked");
+        match ts.stack.last() {
+            Some(f) => {
+                let v = totals.entry((tid, f.code)).or_insert_with(|| vec![0; unattributed.len()]);
+                v[k as usize] += period;
+            }
+            None => unattributed[k as usize] += period,
+        }
+    }
+}
+
+impl Analysis {
+    /// Each counter's events in function `code` itself, on thread `tid` (0: every thread).
+    pub fn counters_of(&self, tid: u64, code: u32) -> Vec<u64> {
+        let mut v = vec![0; self.counters.len()];
+        for ((t, c), x) in &self.counter_totals {
+            if *c == code && (tid == 0 || *t == tid) {
+                for (a, b) in v.iter_mut().zip(x) {
+                    *a += b;
+                }
+            }
+        }
+        v
+    }
+}
+
 /// Reads `path` once and analyzes it.
 pub fn analyze(path: &Path, opts: ReadOptions) -> ocular_format::Result<Analysis> {
     let mut r = Reader::open_with(path, opts)?;
@@ -559,6 +651,9 @@ pub fn analyze(path: &Path, opts: ReadOptions) -> ocular_format::Result<Analysis
     let mut tables = Tables::default();
     // Since 2.2 a thresholded recording records function boundaries in windows only (FORMAT.md 5.3).
     let mut log = WindowLog { ticks_per_us: header.ticks_per_second / 1e6, ..WindowLog::default() };
+    // Counter samples (FORMAT.md 6.9) come in their own chunks, anywhere in the file: gathered first, in a
+    // pass over the metadata, to be attributed as each thread's events go by.
+    let mut samples = counter_samples(path, opts, &header, &mut a)?;
     crate::progress::begin("analyzing", std::fs::metadata(path).map(|m| m.len()).unwrap_or(0));
     while let Some(c) = r.next_chunk()? {
         crate::progress::at(c.info.offset);
@@ -567,7 +662,11 @@ pub fn analyze(path: &Path, opts: ReadOptions) -> ocular_format::Result<Analysis
                 let tid = c.info.thread_id;
                 let ts = threads.entry(tid).or_default();
                 let per = a.per_thread.entry(tid).or_default();
+                let mut pending = samples.get_mut(&tid);
                 for e in evs {
+                    if let Some(q) = pending.as_deref_mut() {
+                        attribute(q, e.ticks.get(), tid, ts, &mut a.counter_totals, &mut a.counter_unattributed);
+                    }
                     step(ts, e, &cost, precise, &mut tables, &mut a.tree, per, &mut log);
                 }
                 a.events += evs.len() as u64;
@@ -595,8 +694,19 @@ pub fn analyze(path: &Path, opts: ReadOptions) -> ocular_format::Result<Analysis
             }
             // The recording's end, where frames still open in a recording with windows end.
             Body::Trailer(t) if log.windowed => log.end = log.end.max(t.end_ticks),
-            Body::Lost(_) | Body::Trailer(_) | Body::Skipped(_) | Body::Ring(_) | Body::Dropped(_) => {}
+            Body::Lost(_)
+            | Body::Trailer(_)
+            | Body::Skipped(_)
+            | Body::Ring(_)
+            | Body::Dropped(_)
+            | Body::Counters(_) => {}
         }
+    }
+    // Samples after a thread's last event: the function it was in then.
+    for (tid, q) in samples.iter_mut() {
+        let empty = ThreadState::default();
+        let ts = threads.get(tid).unwrap_or(&empty);
+        attribute(q, u64::MAX, *tid, ts, &mut a.counter_totals, &mut a.counter_unattributed);
     }
     // Frames still open at the end (the recording stopped inside them) end at their thread's last event,
     // or, in a window, when the window or the recording ended.

@@ -70,6 +70,25 @@ pub fn dump(path: &Path, opts: ReadOptions, out: &mut dyn Write) -> anyhow::Resu
                 "  lost thread={} count={} ticks={}..{}",
                 l.thread_id, l.count, l.first_ticks, l.last_ticks
             )?,
+            Body::Counters(cs) => {
+                for (i, c) in cs.counters.iter().enumerate() {
+                    writeln!(
+                        out,
+                        "  counter {i} name={} unit={} period={} error={:?}",
+                        c.name, c.unit, c.period, c.error
+                    )?;
+                }
+                for x in &cs.samples {
+                    writeln!(
+                        out,
+                        "  sample thread={} counter={} monotonic_ns={} period={}",
+                        x.thread_id, x.counter, x.monotonic_ns, x.period
+                    )?;
+                }
+                for (t, k, n) in &cs.lost {
+                    writeln!(out, "  lost samples thread={t} counter={k} count={n}")?;
+                }
+            }
             Body::Dropped(d) => writeln!(
                 out,
                 "  dropped thread={} events={} ticks={}..{}",

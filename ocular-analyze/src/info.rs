@@ -59,8 +59,29 @@ pub struct Info {
     /// Events a flight recorder overwrote before the file was written (FORMAT.md 6.8): the file holds the
     /// newest part of the recording.
     pub dropped_events: u64,
+    /// Performance counters asked for (FORMAT.md 6.9), with what was sampled.
+    pub counters: Vec<CounterSummary>,
     /// Reader warnings.
     pub warnings: Vec<String>,
+}
+
+/// A performance counter of the recording.
+#[derive(Debug, Default, Serialize)]
+pub struct CounterSummary {
+    /// `page-faults`, ...
+    pub name: String,
+    /// What one event is.
+    pub unit: String,
+    /// Events per sample.
+    pub period: u64,
+    /// Why it was not recorded; empty if it was.
+    pub error: String,
+    /// Samples.
+    pub samples: u64,
+    /// Events they stand for.
+    pub events: u64,
+    /// Samples the kernel could not store.
+    pub lost_samples: u64,
 }
 
 /// One thread's share.
@@ -94,6 +115,7 @@ pub fn summarize(path: impl AsRef<Path>, opts: ReadOptions) -> ocular_format::Re
     let mut threads: BTreeMap<u64, (String, u64)> = BTreeMap::new();
     let (mut code, mut snaps, mut lost) = (0u64, 0u64, 0u64);
     let (mut first, mut last) = (u64::MAX, 0u64);
+    let mut counters: Vec<CounterSummary> = Vec::new();
     while let Some(c) = r.next_chunk()? {
         match c.body {
             Body::Events(ev) => {
@@ -110,6 +132,32 @@ pub fn summarize(path: impl AsRef<Path>, opts: ReadOptions) -> ocular_format::Re
             Body::Code(c) => code += c.len() as u64,
             Body::Snapshot(s) => snaps += s.len() as u64,
             Body::Lost(l) => lost += l.count,
+            Body::Counters(cs) => {
+                if counters.is_empty() {
+                    counters = cs
+                        .counters
+                        .iter()
+                        .map(|c| CounterSummary {
+                            name: c.name.clone(),
+                            unit: c.unit.clone(),
+                            period: c.period,
+                            error: c.error.clone(),
+                            ..CounterSummary::default()
+                        })
+                        .collect();
+                }
+                for x in &cs.samples {
+                    if let Some(c) = counters.get_mut(x.counter as usize) {
+                        c.samples += 1;
+                        c.events += x.period;
+                    }
+                }
+                for (_, k, n) in &cs.lost {
+                    if let Some(c) = counters.get_mut(*k as usize) {
+                        c.lost_samples += n;
+                    }
+                }
+            }
             Body::Trailer(_) | Body::Skipped(_) | Body::Calibration(_) | Body::Ring(_) | Body::Dropped(_) => {}
         }
     }
@@ -174,6 +222,7 @@ pub fn summarize(path: impl AsRef<Path>, opts: ReadOptions) -> ocular_format::Re
         bytes_per_event: if events > 0 { file_bytes as f64 / events as f64 } else { 0.0 },
         lost_events: lost,
         dropped_events: report.dropped.values().map(|d| d.events).sum(),
+        counters,
         closed_cleanly: report.clean(),
         warnings: report.warnings(&path.display().to_string()),
     })
@@ -245,6 +294,19 @@ impl std::fmt::Display for Info {
         }
         writeln!(f, "code objects  {} ({} with a specialized snapshot)", self.code_objects, self.snapshots)?;
         writeln!(f, "lost events   {}", self.lost_events)?;
+        for c in &self.counters {
+            if c.error.is_empty() {
+                let lost =
+                    if c.lost_samples > 0 { format!(", {} samples lost", c.lost_samples) } else { String::new() };
+                writeln!(
+                    f,
+                    "counter       {}: {} {} in {} samples (one every {}){lost}",
+                    c.name, c.events, c.unit, c.samples, c.period
+                )?;
+            } else {
+                writeln!(f, "counter       {}: {}", c.name, c.error)?;
+            }
+        }
         if self.dropped_events > 0 {
             writeln!(
                 f,

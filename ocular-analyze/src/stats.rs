@@ -54,6 +54,10 @@ pub struct Row {
     /// The share of its thread's events (of every thread's, merged) that the recorder dropped: above 0,
     /// the figures miss those stretches (the reader's warnings say when).
     pub lost_share: f64,
+    /// Performance counters (FORMAT.md 6.9): each recorded counter's events in the function itself
+    /// (sampled: its samples' periods), by name.
+    #[serde(skip_serializing_if = "Vec::is_empty")]
+    pub counters: Vec<(String, u64)>,
 }
 
 /// Rows for every function, merged over threads or per thread, in the order `sort` asks for (per thread,
@@ -80,6 +84,13 @@ pub fn rows(a: &Analysis, per_thread: bool, sort: SortBy) -> Vec<Row> {
                 calls_estimated: s.calls_estimated,
                 observed_calls: s.observed_calls,
                 lost_share: a.lost_share(tid),
+                counters: a
+                    .counters
+                    .iter()
+                    .zip(a.counters_of(tid, *id))
+                    .filter(|(c, _)| c.error.is_empty())
+                    .map(|(c, n)| (c.name.clone(), n))
+                    .collect(),
             });
         }
     };
@@ -264,18 +275,36 @@ impl fmt::Display for Report {
                 let name = if t.thread_name.is_empty() { "unnamed" } else { &t.thread_name };
                 writeln!(f, "\nthread {} ({name})", t.thread_id)?;
             }
+            let names: Vec<&str> =
+                t.rows.first().map(|r| r.row.counters.iter().map(|(n, _)| n.as_str()).collect()).unwrap_or_default();
+            // Task clock in ms, as the time columns; the other counters as counts.
+            let heads: String = names
+                .iter()
+                .map(|n| if *n == "task-clock" { format!(" {:>14}", "task-clock ms") } else { format!(" {n:>12}") })
+                .collect();
             writeln!(
                 f,
-                "{:>10} {:>12} {:>7} {:>12} {:>11}  function  file:line",
+                "{:>10} {:>12} {:>7} {:>12} {:>11}{heads}  function  file:line",
                 "calls", "incl ms", "incl %", "excl ms", "mean us"
             )?;
             for ShareRow { row: r, wall_share, .. } in &t.rows {
                 let share = wall_share.map_or_else(|| "-".to_string(), |s| format!("{:.1}%", s * 100.0));
                 // An estimate reads as one: `~` before every figure scaled up from windows.
                 let m = if r.estimated { "~" } else { "" };
+                let counts: String =
+                    r.counters
+                        .iter()
+                        .map(|(name, n)| {
+                            if name == "task-clock" {
+                                format!(" {:>14.3}", *n as f64 / 1e6)
+                            } else {
+                                format!(" {n:>12}")
+                            }
+                        })
+                        .collect();
                 writeln!(
                     f,
-                    "{:>10} {:>12} {share:>7} {:>12} {:>11.3}  {}  {}:{}",
+                    "{:>10} {:>12} {share:>7} {:>12} {:>11.3}{counts}  {}  {}:{}",
                     format!("{}{}", if r.calls_estimated { "~" } else { "" }, r.calls),
                     format!("{m}{:.3}", r.inclusive_ms),
                     format!("{m}{:.3}", r.exclusive_ms),

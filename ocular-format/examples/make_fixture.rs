@@ -1,14 +1,15 @@
-//! Writes the frozen format fixture of the current format version (`testdata/v2.4/synthetic.ocl`): every
+//! Writes the frozen format fixture of the current format version (`testdata/v2.5/synthetic.ocl`): every
 //! chunk kind, two threads, a lost record, a snapshot, a window with its stack (since 2.2), the ring file's
-//! path (since 2.3), a flight recorder's dropped range (since 2.4) and a trailer.
+//! path (since 2.3), a flight recorder's dropped range (since 2.4), counter samples (since 2.5) and a
+//! trailer.
 //! Frozen files are never rewritten: this refuses to overwrite one.
 //!
-//!     cargo run -p ocular-format --example make_fixture -- testdata/v2.4/synthetic.ocl
+//!     cargo run -p ocular-format --example make_fixture -- testdata/v2.5/synthetic.ocl
 
 use ocular_format::*;
 
 fn main() -> Result<()> {
-    let path = std::env::args().nth(1).unwrap_or_else(|| "testdata/v2.4/synthetic.ocl".into());
+    let path = std::env::args().nth(1).unwrap_or_else(|| "testdata/v2.5/synthetic.ocl".into());
     if std::path::Path::new(&path).exists() {
         eprintln!("{path} exists: frozen fixtures are never rewritten; make a new version's directory instead");
         std::process::exit(1);
@@ -34,6 +35,23 @@ fn main() -> Result<()> {
     w.thread(&ThreadInfo { thread_id: 1001, name: "MainThread".into(), is_main: true })?;
     // Since 2.4 (FORMAT.md 6.8): thread 1002's first 640 events were overwritten by a flight recorder.
     w.dropped(&Dropped { thread_id: 1002, events: 640, first_ticks: 2_000, last_ticks: 9_990 })?;
+    // Since 2.5 (FORMAT.md 6.9): two page faults of thread 1001 and a counter that could not be opened.
+    w.counters(&CounterSamples {
+        counters: vec![
+            CounterInfo { name: "page-faults".into(), unit: "faults".into(), period: 1, error: String::new() },
+            CounterInfo {
+                name: "instructions".into(),
+                unit: "instructions".into(),
+                period: 1_000_000,
+                error: "no PMU".into(),
+            },
+        ],
+        samples: vec![
+            CounterSample { thread_id: 1001, counter: 0, monotonic_ns: 1_000_500, period: 1 },
+            CounterSample { thread_id: 1001, counter: 0, monotonic_ns: 1_000_900, period: 1 },
+        ],
+        lost: vec![(1001, 0, 3)],
+    })?;
     for (tid, id, start, iterations) in [(1001u64, 1u32, 10_000u64, 20u64), (1002, 2, 10_050, 12), (1001, 1, 20_000, 5)]
     {
         let mut ev = vec![RawEvent::new(start, id, 0, 0, EventKind::PY_START as u8)];

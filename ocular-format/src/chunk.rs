@@ -8,7 +8,7 @@ pub const MAGIC: [u8; 8] = *b"\x89OCL\r\n\x1a\n";
 /// Format major version this crate writes and the newest it reads.
 pub const MAJOR: u16 = 2;
 /// Format minor version this crate writes.
-pub const MINOR: u16 = 4;
+pub const MINOR: u16 = 5;
 /// The chunk sync marker.
 pub const SYNC: [u8; 4] = *b"OCCH";
 
@@ -147,6 +147,8 @@ pub mod kind {
     pub const RING: u16 = 0x0008;
     /// Events a flight recorder overwrote (since 2.4).
     pub const DROPPED: u16 = 0x0009;
+    /// Performance counter samples (since 2.5).
+    pub const COUNTERS: u16 = 0x000A;
     /// Clean close.
     pub const TRAILER: u16 = 0x00FF;
 
@@ -162,6 +164,7 @@ pub mod kind {
             CALIBRATION => "CALIBRATION",
             RING => "RING",
             DROPPED => "DROPPED",
+            COUNTERS => "COUNTERS",
             TRAILER => "TRAILER",
             _ => "UNKNOWN",
         }

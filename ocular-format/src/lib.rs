@@ -42,8 +42,8 @@ pub use chunk::{MAGIC, MAJOR, MINOR};
 pub use error::{Error, Result};
 pub use event::{kind_name, EventKind, RawEvent};
 pub use meta::{
-    Calibration, Clock, CodeObject, CodeSnapshot, Dropped, Header, Lost, Mode, OpcodeTable, Options, Position,
-    RingInfo, ThreadInfo, Trailer,
+    Calibration, Clock, CodeObject, CodeSnapshot, CounterInfo, CounterSample, CounterSamples, Dropped, Header, Lost,
+    Mode, OpcodeTable, Options, Position, RingInfo, ThreadInfo, Trailer,
 };
 pub use reader::{
     Body, Chunk, ChunkInfo, Damage, Mismatch, ReadOptions, Reader, Report, Source, ThreadLoss, MAX_LOSS_RANGES,

@@ -237,6 +237,43 @@ pub struct Dropped {
     pub last_ticks: u64,
 }
 
+/// Samples of performance counters (FORMAT.md 6.9, since 2.5).
+#[derive(Clone, Debug, Default, PartialEq, Eq, Serialize, Deserialize)]
+pub struct CounterSamples {
+    /// Every counter asked for, by index.
+    pub counters: Vec<CounterInfo>,
+    /// The samples.
+    pub samples: Vec<CounterSample>,
+    /// (thread, counter, samples) the kernel could not store.
+    pub lost: Vec<(u64, u8, u64)>,
+}
+
+/// A counter (FORMAT.md 6.9).
+#[derive(Clone, Debug, Default, PartialEq, Eq, Serialize, Deserialize)]
+pub struct CounterInfo {
+    /// `page-faults`, `task-clock`, ...
+    pub name: String,
+    /// What one event is: `faults`, `ns`, ...
+    pub unit: String,
+    /// Events per sample.
+    pub period: u64,
+    /// Why it could not be opened; empty if it was recorded.
+    pub error: String,
+}
+
+/// One sample (FORMAT.md 6.9).
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq, Serialize, Deserialize)]
+pub struct CounterSample {
+    /// Native thread id.
+    pub thread_id: u64,
+    /// Index into the counters.
+    pub counter: u8,
+    /// `CLOCK_MONOTONIC` nanoseconds.
+    pub monotonic_ns: u64,
+    /// Events it stands for.
+    pub period: u64,
+}
+
 /// Specialized bytecode of a code object at stop (FORMAT.md 6.4).
 #[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
 pub struct CodeSnapshot {

@@ -4,7 +4,8 @@ use crate::chunk::{codec, hex, kind, ChunkHeader, Preamble, CHUNK_HEADER_LEN, MA
 use crate::error::{Error, Result};
 use crate::event::RawEvent;
 use crate::meta::{
-    Calibration, CodeObject, CodeRecord, CodeSnapshot, Dropped, Header, Lost, Position, RingInfo, ThreadInfo, Trailer,
+    Calibration, CodeObject, CodeRecord, CodeSnapshot, CounterSamples, Dropped, Header, Lost, Position, RingInfo,
+    ThreadInfo, Trailer,
 };
 use serde::de::DeserializeOwned;
 use std::collections::HashMap;
@@ -77,6 +78,8 @@ pub enum Body<'a> {
     Ring(RingInfo),
     /// Events a flight recorder overwrote before the file was written (since 2.4).
     Dropped(Dropped),
+    /// Performance counter samples (since 2.5).
+    Counters(CounterSamples),
     /// A chunk this reader does not understand (unknown kind or codec); skipped, and counted in the report.
     Skipped(String),
 }
@@ -931,6 +934,7 @@ impl<R: Read + Seek> Reader<R> {
                 | kind::CALIBRATION
                 | kind::RING
                 | kind::DROPPED
+                | kind::COUNTERS
         );
         let known_codec = matches!(info.codec & 0x0f, codec::NONE | codec::ZSTD)
             && match info.codec >> 4 {
@@ -1053,6 +1057,7 @@ impl<R: Read + Seek> Reader<R> {
                 self.report.dropped.insert(d.thread_id, d.clone());
                 Body::Dropped(d)
             }
+            kind::COUNTERS => Body::Counters(self.decode_one(offset)?),
             kind::TRAILER => {
                 let t: Trailer = self.decode_one(offset)?;
                 self.done = true;

@@ -10,7 +10,8 @@ const RAW_FALLBACK_EVENTS: usize = 1 << 21;
 use crate::error::{Error, Result};
 use crate::event::RawEvent;
 use crate::meta::{
-    Calibration, CodeObject, CodeRecord, CodeSnapshot, Dropped, Header, Lost, RingInfo, ThreadInfo, Trailer,
+    Calibration, CodeObject, CodeRecord, CodeSnapshot, CounterSamples, Dropped, Header, Lost, RingInfo, ThreadInfo,
+    Trailer,
 };
 use serde::Serialize;
 use std::borrow::Cow;
@@ -240,6 +241,14 @@ impl<W: Write> Writer<W> {
     pub fn dropped(&mut self, d: &Dropped) -> Result<()> {
         let ts = (d.first_ticks, d.last_ticks);
         self.record(Place { ts, ..Place::meta(kind::DROPPED, d.thread_id, 1) }, d, "dropped")
+    }
+
+    /// Writes performance counter samples as a COUNTERS chunk (FORMAT.md 6.9, since 2.5), compressed.
+    pub fn counters(&mut self, c: &CounterSamples) -> Result<()> {
+        self.flush_code()?;
+        self.raw.clear();
+        postcard::to_io(c, &mut self.raw).map_err(|source| Error::Encode { what: "counters", source })?;
+        self.emit(Place::meta(kind::COUNTERS, 0, c.samples.len().max(1) as u32), Zstd::Events)
     }
 
     /// Writes code objects as one CODE chunk, with their `linetable` (encoded from `positions` when empty).

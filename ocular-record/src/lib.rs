@@ -20,6 +20,7 @@
 
 pub mod argv;
 pub mod clock;
+pub mod counters;
 pub mod filter;
 pub mod session;
 

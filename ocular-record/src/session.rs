@@ -464,6 +464,8 @@ enum Msg {
     Lost(Lost),
     Snapshots(Vec<CodeSnapshot>),
     Calibration(Calibration),
+    /// Performance counter samples (FORMAT.md 6.9).
+    Counters(ocular_format::CounterSamples),
     /// Write the flight recorder's content into `file`: everything up to `at`.
     Dump {
         file: File,
@@ -627,6 +629,9 @@ impl WriterJob {
             }
             Msg::Calibration(c) => {
                 self.write(|w| w.calibration(&c));
+            }
+            Msg::Counters(c) => {
+                self.write(|w| w.counters(&c));
             }
             Msg::Finish(t) => {
                 if let Some(w) = self.writer.take() {
@@ -1055,6 +1060,11 @@ impl Session {
         Ok(rx)
     }
 
+    /// Where another thread sends performance counter samples (the counters' drain).
+    pub fn counter_sink(&self) -> CounterSink {
+        CounterSink(self.tx.clone())
+    }
+
     /// Sends the recorder's cost per event kind (before any events).
     pub fn calibration(&self, c: Calibration) {
         if let (Some(ring), Ok(bytes)) = (&self.ring, postcard::to_allocvec(&c)) {
@@ -1132,6 +1142,19 @@ impl Sink for Session {
     }
     fn lost(&self, lost: Lost) {
         let _ = self.send(Msg::Lost(lost));
+    }
+}
+
+/// Sends performance counter samples to a session's writer, from any thread.
+#[derive(Debug, Clone)]
+pub struct CounterSink(Sender<Msg>);
+
+impl CounterSink {
+    /// Queues `c` for the writer (nothing if the session has finished).
+    pub fn send(&self, c: ocular_format::CounterSamples) {
+        if !c.samples.is_empty() || !c.lost.is_empty() {
+            let _ = self.0.send(Msg::Counters(c));
+        }
     }
 }
 

@@ -273,6 +273,7 @@ class Recording:
         ring: int | str | None = None,
         dump_on: int | str | None = None,
         live: bool = False,
+        counters: str | Iterable[str] | None = None,
         window_period: float | None = None,
         window_length: float = 0.0005,
     ) -> None:
@@ -313,6 +314,9 @@ class Recording:
         if self.dump_on is not None and not self.ring:
             raise ValueError("dump_on needs a flight recorder: give ring= a size too (ring='64MB')")
         self.live = bool(live)
+        if isinstance(counters, str):
+            counters = [c for c in counters.replace(",", " ").split() if c]
+        self.counters: list[str] = list(counters or [])
         if self.live and not self.ring_file:
             raise ValueError("live=True needs the ring file (ring_file=True): it is what another process reads")
         self.dumped = 0
@@ -376,7 +380,7 @@ class Recording:
             no_ring = nat.start(self.path, header, self.mode, self.deinstrument_threshold, self.include_only,
                       self.exclude, self.buffer_events, self.max_buffers, cost,
                       _interp.boot_thread_name, boot, main.native_id or 0, main.name, [_OWN_CODE], per_kind,
-                      self.on_full, self.ring_file, self.ring, self.live)
+                      self.on_full, self.ring_file, self.ring, self.live, self.counters)
             if no_ring:
                 import warnings
 
@@ -385,6 +389,13 @@ class Recording:
                         f"{no_ring}: if the program is killed, each thread's last buffer of events is lost")
                 self.notes.append(note)
                 warnings.warn(f"Ocular: {note}", RuntimeWarning, skip_file_prefixes=(_OWN_CODE,))
+            if self.counters:
+                import warnings
+
+                for name, why in nat.counter_errors():
+                    note = f"counter {name}: {why}; the recording goes on without it"
+                    self.notes.append(note)
+                    warnings.warn(f"Ocular: {note}", RuntimeWarning, skip_file_prefixes=(_OWN_CODE,))
         except BaseException:
             release_tool_id(tool, self._events)
             raise
@@ -710,6 +721,13 @@ def record(
     runs; ``rec.dump(path)`` writes them into a trace at any moment while recording goes on, the stop
     writes them into ``path``, and after a kill every command reads them from the ring file.
     dump_on: a signal (``"SIGUSR2"``) on which the recording dumps beside ``path`` (``run.1.ocl``, ...).
+
+    counters: performance counters sampled by the kernel per recorded thread and attributed to the Python
+    function running at each sample (``stats`` shows them per function): ``["page-faults", "task-clock",
+    "context-switches", "cpu-migrations"]`` (software: work everywhere Linux allows ``perf_event_open``)
+    and ``"instructions"``, ``"cycles"``, ``"cache-misses"``, ``"branch-misses"`` (hardware: need a PMU,
+    which most virtual machines lack). ``"task-clock:50000"`` samples every 50,000 events (ns here)
+    instead of the default. A counter that cannot be opened is a warning naming why; the rest record.
 
     live: another process follows the recording (``ocular.attach(pid)``, ``python -m ocular top PID``):
     16 spare buffers instead of 3 (24 MiB), so a reader that polls every few milliseconds misses nothing.

@@ -45,8 +45,10 @@ fn check_synthetic(bytes: &[u8], version: (u16, u16)) {
     assert_eq!(all.snapshots[0].bytecode, [151, 0, 194, 2, 0, 0, 1, 0, 140, 4, 83, 0]);
     let t = all.trailer.unwrap();
     // Since 2.3 a RING chunk follows the header (FORMAT.md 6.7): one chunk more.
-    // Since 2.4 a DROPPED chunk (FORMAT.md 6.8): one more.
-    let want = if version >= (2, 4) {
+    // Since 2.4 a DROPPED chunk (FORMAT.md 6.8), since 2.5 a COUNTERS chunk (6.9): one more each.
+    let want = if version >= (2, 5) {
+        (86, 3, 13)
+    } else if version >= (2, 4) {
         (86, 3, 12)
     } else if version >= (2, 3) {
         (86, 3, 11)
@@ -85,6 +87,23 @@ fn v2_2_synthetic_reads_forever() {
     let bytes = fixture("v2.2/synthetic.ocl");
     assert_eq!(bytes.len(), 1976);
     check_synthetic(&bytes, (2, 2));
+}
+
+#[test]
+fn v2_5_synthetic_reads_forever() {
+    let bytes = fixture("v2.5/synthetic.ocl");
+    check_synthetic(&bytes, (2, 5));
+    let mut r = ocular_format::Reader::new(std::io::Cursor::new(&bytes), "fixture", Default::default()).unwrap();
+    let mut got = None;
+    while let Some(c) = r.next_chunk().unwrap() {
+        if let ocular_format::Body::Counters(cs) = c.body {
+            got = Some(cs);
+        }
+    }
+    let cs = got.expect("a COUNTERS chunk");
+    assert_eq!(cs.counters.iter().map(|c| c.name.as_str()).collect::<Vec<_>>(), ["page-faults", "instructions"]);
+    assert_eq!((cs.counters[1].error.as_str(), cs.samples.len(), cs.lost.clone()), ("no PMU", 2, vec![(1001, 0, 3)]));
+    assert_eq!(cs.samples[1].monotonic_ns, 1_000_900);
 }
 
 #[test]

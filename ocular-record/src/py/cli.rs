@@ -101,6 +101,11 @@ struct RunArgs {
     /// spare buffers instead of 3 (24 MiB), so a reader polling every few ms misses nothing
     #[arg(long, conflicts_with = "no_ring_file")]
     live: bool,
+    /// Performance counters, sampled by the kernel and attributed to the Python functions running
+    /// (stats shows them): page-faults, task-clock, context-switches, cpu-migrations, and where the machine
+    /// has a PMU instructions, cycles, cache-misses, branch-misses; NAME:N samples every N events
+    #[arg(long, value_name = "NAME[:N],...", value_delimiter = ',')]
+    counters: Vec<String>,
     /// Record only code whose file or qualified name contains P (repeatable)
     #[arg(long, value_name = "P")]
     include: Vec<String>,
@@ -151,6 +156,7 @@ pub(super) fn parse_run<'py>(py: Python<'py>, argv: Vec<OsString>) -> PyResult<B
     d.set_item("ring", run.ring)?;
     d.set_item("dump_on", run.dump_on)?;
     d.set_item("live", run.live)?;
+    d.set_item("counters", run.counters)?;
     d.set_item("include", run.include)?;
     d.set_item("exclude", run.exclude)?;
     d.set_item("quiet", run.quiet)?;

@@ -146,6 +146,47 @@ struct Recorder {
     /// outermost first, up to the innermost one that is not Ocular's: what called `record` (or `python -m
     /// ocular`'s machinery). Stacks taken in windows leave them out, as calls recorded from the start do.
     base: (i64, Vec<Py<PyAny>>),
+    /// Performance counters, if asked for (FORMAT.md 6.9).
+    counters: Option<CounterState>,
+}
+
+/// A recording's counters and the thread that drains their samples into the file.
+struct CounterState {
+    c: std::sync::Arc<crate::counters::Counters>,
+    stop: std::sync::Arc<std::sync::atomic::AtomicBool>,
+    drain: Option<std::thread::JoinHandle<()>>,
+    sink: crate::session::CounterSink,
+}
+
+impl CounterState {
+    /// Starts the `ocular-counters` thread: every 10 ms, the samples the kernel wrote go to the writer.
+    fn start(c: crate::counters::Counters, sink: crate::session::CounterSink) -> CounterState {
+        let c = std::sync::Arc::new(c);
+        let stop = std::sync::Arc::new(std::sync::atomic::AtomicBool::new(false));
+        let drain = c.any().then(|| {
+            let (c, stop, sink) = (std::sync::Arc::clone(&c), std::sync::Arc::clone(&stop), sink.clone());
+            std::thread::Builder::new()
+                .name("ocular-counters".into())
+                .spawn(move || {
+                    while !stop.load(Ordering::Acquire) {
+                        std::thread::sleep(std::time::Duration::from_millis(10));
+                        sink.send(c.drain());
+                    }
+                })
+                .ok()
+        });
+        CounterState { c, stop, drain: drain.flatten(), sink }
+    }
+
+    /// Stops the drain and sends what is left.
+    fn finish(mut self) -> Vec<String> {
+        self.stop.store(true, Ordering::Release);
+        if let Some(h) = self.drain.take() {
+            let _ = h.join();
+        }
+        self.sink.send(self.c.drain());
+        self.c.thread_failures()
+    }
 }
 
 /// Direct-mapped cache of code object -> state, per thread: consecutive events alternate between a
@@ -234,7 +275,7 @@ fn header_from(d: &Bound<'_, PyDict>, options: Options, cost: f64) -> PyResult<H
 #[pyfunction]
 #[pyo3(signature = (path, header, mode, threshold, include_only, exclude, buffer_events, max_buffers,
                     event_cost_ticks, thread_name, boot_code, main_native_id, main_name, internal,
-                    calibration=Vec::new(), on_full="drop", ring=true, flight=0, live=false))]
+                    calibration=Vec::new(), on_full="drop", ring=true, flight=0, live=false, counters=Vec::new()))]
 #[allow(clippy::too_many_arguments)]
 fn start(
     py: Python<'_>,
@@ -257,6 +298,7 @@ fn start(
     ring: bool,
     flight: u64,
     live: bool,
+    counters: Vec<String>,
 ) -> PyResult<Option<String>> {
     // SAFETY: GIL held (we have `py`); no Python call while the reference is alive.
     if unsafe { state() }.recorder.is_some() {
@@ -270,6 +312,11 @@ fn start(
         "wait" => OnFull::Wait,
         other => return Err(PyValueError::new_err(format!("on_full must be 'drop' or 'wait', not {other:?}"))),
     };
+    let specs = counters
+        .iter()
+        .map(|c| crate::counters::spec(c))
+        .collect::<Result<Vec<_>, _>>()
+        .map_err(PyValueError::new_err)?;
     let options_mode = mode_from(mode)?;
     let options = Options {
         mode: options_mode,
@@ -299,6 +346,15 @@ fn start(
         }
         None => Output::Discard(Discard::new(buffer_events)),
     };
+    // Counters: opened for this thread now (which says which can be had), for others when first seen.
+    let counters = match (&out, specs.is_empty()) {
+        (Output::File(session), false) => {
+            // SAFETY: PyThread_get_thread_native_id has no preconditions.
+            let tid = unsafe { PyThread_get_thread_native_id() } as u64;
+            Some(CounterState::start(crate::counters::Counters::new(specs, tid), session.counter_sink()))
+        }
+        _ => None,
+    };
     let monitoring = py.import("sys")?.getattr("monitoring")?;
     let disable = monitoring.getattr("DISABLE")?.into_ptr();
     let restart = monitoring.getattr("restart_events")?.unbind();
@@ -323,6 +379,7 @@ fn start(
         windows: None,
         window_len: (0, 0),
         base: base_stack(py, &internal),
+        counters,
     };
     // SAFETY: GIL held; no Python call while the reference is alive.
     let st = unsafe { state() };
@@ -373,6 +430,11 @@ fn stop<'py>(py: Python<'py>, names: &Bound<'py, PyDict>) -> PyResult<Bound<'py,
     if let Some(w) = rec.windows.take() {
         // It may be waiting for the GIL: let it have it, see the recording gone, and end.
         py.detach(|| w.stop());
+    }
+    if let Some(c) = rec.counters.take() {
+        for f in py.detach(|| c.finish()) {
+            rec.errors.push(format!("counter {f}"));
+        }
     }
     // SAFETY: GIL held again; no Python call while the reference is alive.
     let st = unsafe { state() };
@@ -472,6 +534,14 @@ fn dump<'py>(py: Python<'py>, path: std::path::PathBuf, wait: bool) -> PyResult<
     d.set_item("bytes", out.bytes)?;
     d.set_item("writer_ms", out.writer_ms)?;
     Ok(Some(d))
+}
+
+/// `(counter, why)` of each counter the running recording asked for and could not open.
+#[pyfunction]
+fn counter_errors() -> Vec<(String, String)> {
+    // SAFETY: GIL held (a pyfunction); no Python call while the reference is alive.
+    let st = unsafe { state() };
+    st.recorder.as_ref().and_then(|r| r.counters.as_ref()).map(|c| c.c.errors()).unwrap_or_default()
 }
 
 /// The running recording's ring file, if it has one (a cursor follows it: RING.md 6).
@@ -645,6 +715,9 @@ unsafe fn attach(ts: *mut ThreadState) -> *mut ThreadState {
     t.named = false;
     t.sink = rec.out.sink() as *const dyn Sink;
     t.threshold = rec.threshold;
+    if let Some(c) = &rec.counters {
+        c.c.open_thread(tid);
+    }
     // SAFETY: GIL held, so the calling thread has a thread state.
     t.py_id = unsafe { ffi::PyThreadState_GetID(ffi::PyThreadState_Get()) };
     if rec.windowed {
@@ -732,6 +805,7 @@ fn _ocular(m: &Bound<'_, PyModule>) -> PyResult<()> {
     m.add_function(wrap_pyfunction!(stop, m)?)?;
     m.add_function(wrap_pyfunction!(dump, m)?)?;
     m.add_function(wrap_pyfunction!(ring_path, m)?)?;
+    m.add_function(wrap_pyfunction!(counter_errors, m)?)?;
     m.add_function(wrap_pyfunction!(abandon_after_fork, m)?)?;
     m.add_function(wrap_pyfunction!(is_recording, m)?)?;
     m.add_function(wrap_pyfunction!(windows::start_windows, m)?)?;

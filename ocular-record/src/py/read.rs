@@ -39,6 +39,8 @@ pub(super) fn read<'py>(py: Python<'py>, path: std::path::PathBuf, salvage: bool
     let threads = PyDict::new(py);
     let lost = PyList::empty(py);
     let dropped = PyList::empty(py);
+    let samples = PyList::empty(py);
+    let counters = PyList::empty(py);
     let snaps = PyDict::new(py);
     let positions = PyDict::new(py);
     let bytecode = PyDict::new(py);
@@ -88,10 +90,22 @@ pub(super) fn read<'py>(py: Python<'py>, path: std::path::PathBuf, salvage: bool
                 out.set_item("trailer", d)?;
             }
             Body::Dropped(d) => dropped.append((d.thread_id, d.events, d.first_ticks, d.last_ticks))?,
+            Body::Counters(cs) => {
+                if counters.is_empty() {
+                    for c in &cs.counters {
+                        counters.append((c.name.as_str(), c.unit.as_str(), c.period, c.error.as_str()))?;
+                    }
+                }
+                for x in cs.samples {
+                    samples.append((x.thread_id, x.counter, x.monotonic_ns, x.period))?;
+                }
+            }
             Body::Skipped(_) | Body::Ring(_) => {}
         }
     }
     out.set_item("dropped", dropped)?;
+    out.set_item("counters", counters)?;
+    out.set_item("samples", samples)?;
     out.set_item("events", events)?;
     out.set_item("code", code)?;
     out.set_item("threads", threads)?;

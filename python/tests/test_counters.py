@@ -1,0 +1,118 @@
+"""Performance counters: the kernel's samples attributed to the Python function running at each one."""
+
+import json
+import os
+import subprocess
+import sys
+import textwrap
+
+import pytest
+
+ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+ANALYZE = os.environ.get("OCULAR_ANALYZE", os.path.join(ROOT, "target", "debug", "ocular-analyze"))
+PMU = os.path.exists("/sys/bus/event_source/devices/cpu")
+
+PROGRAM = textwrap.dedent("""
+    import sys, time, warnings
+    import ocular
+    def toucher():
+        b = bytearray(48 << 20)          # fresh pages, each written once: ~12,288 page faults
+        for i in range(0, len(b), 4096):
+            b[i] = 1
+        return len(b)
+    def neighbour():
+        s = 0
+        for i in range(300_000):          # the same kind of loop, on memory it already has
+            s += i
+        return s
+    def busy_long():
+        s = 0
+        for i in range(2_000_000):
+            s += i
+        return s
+    def busy_short():
+        s = 0
+        for i in range(1_000_000):
+            s += i
+        return s
+    def sleeper():
+        for _ in range(40):
+            time.sleep(0.002)
+    counters = sys.argv[2].split(",")
+    with warnings.catch_warnings(record=True) as w:
+        warnings.simplefilter("always")
+        with ocular.record(sys.argv[1], mode="calls", counters=counters) as rec:
+            neighbour(); toucher(); neighbour(); busy_long(); busy_short(); sleeper(); busy_short()
+    for x in w:
+        print("warning:", x.message)
+""")
+
+
+def _record(tmp_path, counters):
+    (tmp_path / "prog.py").write_text(PROGRAM)
+    out = tmp_path / "c.ocl"
+    r = subprocess.run([sys.executable, str(tmp_path / "prog.py"), str(out), counters], capture_output=True,
+                       text=True, timeout=120)
+    assert r.returncode == 0, r.stderr
+    s = subprocess.run([ANALYZE, "stats", "--json", "--top", "50", str(out)], capture_output=True, text=True)
+    assert s.returncode == 0, s.stderr
+    rows = {row["function"]: row for row in json.loads(s.stdout)}
+    return rows, r.stdout, out
+
+
+def _c(row, name):
+    return dict(row.get("counters", []))[name]
+
+
+def test_page_faults_go_to_the_function_that_touches_fresh_memory(tmp_path):
+    rows, _, _ = _record(tmp_path, "page-faults")
+    toucher, neighbour = _c(rows["toucher"], "page-faults"), _c(rows["neighbour"], "page-faults")
+    # 12,288 pages; a few more for the allocation itself, fewer with huge pages.
+    assert toucher >= 3_000, rows["toucher"]
+    assert neighbour <= toucher / 100, (neighbour, toucher)
+
+
+def test_task_clock_samples_follow_the_time_of_each_function(tmp_path):
+    rows, _, _ = _record(tmp_path, "task-clock:50000")
+    long_, short = _c(rows["busy_long"], "task-clock"), _c(rows["busy_short"], "task-clock")
+    # busy_short runs twice: the same work as busy_long in all. Each against its own measured time, too.
+    assert 0.8 <= long_ / short <= 1.25, (long_, short)
+    for f in ("busy_long", "busy_short"):
+        cpu_ms = _c(rows[f], "task-clock") / 1e6
+        assert 0.8 <= cpu_ms / rows[f]["exclusive_ms"] <= 1.2, (f, cpu_ms, rows[f]["exclusive_ms"])
+
+
+def test_context_switches_go_to_the_function_that_sleeps(tmp_path):
+    rows, _, _ = _record(tmp_path, "context-switches")
+    sleeper = _c(rows["sleeper"], "context-switches")
+    busy = sum(_c(rows[f], "context-switches") for f in ("busy_long", "busy_short", "neighbour", "toucher"))
+    assert sleeper >= 38, sleeper          # 40 sleeps, each a switch
+    assert busy < sleeper / 2, (busy, sleeper)
+
+
+def test_a_hardware_counter_without_a_pmu_is_a_warning_and_the_rest_record(tmp_path):
+    rows, stdout, out = _record(tmp_path, "instructions,page-faults")
+    if PMU:
+        pytest.skip("this machine has a PMU: instructions can be counted (the next test checks them)")
+    assert ("warning: Ocular: counter instructions: not available: this machine has no hardware performance "
+            "counters (no PMU: most virtual machines); the recording goes on without it") in stdout
+    assert _c(rows["toucher"], "page-faults") >= 3_000
+    assert "instructions" not in dict(rows["toucher"]["counters"])
+    info = subprocess.run([ANALYZE, "info", str(out)], capture_output=True, text=True).stdout
+    assert "counter       instructions: not available: this machine has no hardware performance counters" in info
+    assert "counter       page-faults: " in info
+
+
+@pytest.mark.skipif(not PMU, reason="no PMU on this machine (/sys/bus/event_source/devices/cpu is missing): "
+                                    "hardware counters cannot be tested here")
+def test_instructions_go_to_the_function_that_executes_them(tmp_path):
+    rows, _, _ = _record(tmp_path, "instructions")
+    long_, short = _c(rows["busy_long"], "instructions"), _c(rows["busy_short"], "instructions")
+    assert 0.8 <= long_ / short <= 1.25
+
+
+def test_an_unknown_counter_is_refused_by_name(tmp_path):
+    r = subprocess.run([sys.executable, "-c", "import ocular; ocular.record('x.ocl', counters=['nope']).start()"],
+                       capture_output=True, text=True, cwd=tmp_path)
+    assert r.returncode != 0
+    assert 'ValueError: unknown counter "nope": Ocular knows task-clock, page-faults' in r.stderr
