@@ -76,7 +76,7 @@ def _run(opts: dict) -> int:
                         window_period=opts["window_period"], window_length=opts["window_length"],
                         buffer_events=opts["buffer_events"], max_buffers=opts["max_buffers"],
                         on_full=opts["on_full"], ring_file=opts["ring_file"], ring=opts["ring"],
-                        dump_on=opts["dump_on"], live=opts["live"], counters=opts["counters"])
+                        dump_on=opts["dump_on"], live=opts["live"], counters=opts["counters"], perf=opts["perf"])
     except ValueError as e:
         print(f"python -m ocular run: {e}", file=sys.stderr)
         return 2

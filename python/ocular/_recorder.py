@@ -274,6 +274,7 @@ class Recording:
         dump_on: int | str | None = None,
         live: bool = False,
         counters: str | Iterable[str] | None = None,
+        perf: bool = False,
         window_period: float | None = None,
         window_length: float = 0.0005,
     ) -> None:
@@ -317,6 +318,10 @@ class Recording:
         if isinstance(counters, str):
             counters = [c for c in counters.replace(",", " ").split() if c]
         self.counters: list[str] = list(counters or [])
+        self.perf = bool(perf)
+        if self.perf and not hasattr(sys, "activate_stack_trampoline"):
+            raise ValueError("perf=True needs a CPython built with the perf trampoline (Linux x86-64 or aarch64)")
+        self._perf_activated = False
         if self.live and not self.ring_file:
             raise ValueError("live=True needs the ring file (ring_file=True): it is what another process reads")
         self.dumped = 0
@@ -415,6 +420,11 @@ class Recording:
             # default action (_sigterm). Only when nobody else handles SIGTERM.
             if _signal.getsignal(_signal.SIGTERM) == _signal.SIG_DFL:
                 self._old_sigterm = _signal.signal(_signal.SIGTERM, _sigterm)
+        if self.perf and not sys.is_stack_trampoline_active():
+            # Python functions get their own native frames, named in /tmp/perf-PID.map: a `perf record` of the
+            # process shows them (CPython's perf support).
+            sys.activate_stack_trampoline("perf")
+            self._perf_activated = True
         if self.dump_on is not None:
             if threading.current_thread() is not threading.main_thread():
                 raise ValueError("dump_on installs a signal handler: start the recording in the main thread")
@@ -443,6 +453,9 @@ class Recording:
         finally:
             release_tool_id(self.tool_id, self._events)
         _active = None
+        if self._perf_activated:
+            sys.deactivate_stack_trampoline()
+            self._perf_activated = False
         _quiet_fork_warning(False)
         atexit.unregister(self._stop_at_exit)
         if self._old_dump_handler is not None and threading.current_thread() is threading.main_thread():
@@ -728,6 +741,9 @@ def record(
     and ``"instructions"``, ``"cycles"``, ``"cache-misses"``, ``"branch-misses"`` (hardware: need a PMU,
     which most virtual machines lack). ``"task-clock:50000"`` samples every 50,000 events (ns here)
     instead of the default. A counter that cannot be opened is a warning naming why; the rest record.
+
+    perf: CPython's perf trampoline is active while recording (``sys.activate_stack_trampoline("perf")``), so
+    that a ``perf record`` of the process shows Python function names next to the C ones.
 
     live: another process follows the recording (``ocular.attach(pid)``, ``python -m ocular top PID``):
     16 spare buffers instead of 3 (24 MiB), so a reader that polls every few milliseconds misses nothing.

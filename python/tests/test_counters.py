@@ -73,7 +73,7 @@ def test_page_faults_go_to_the_function_that_touches_fresh_memory(tmp_path):
 
 
 def test_task_clock_samples_follow_the_time_of_each_function(tmp_path):
-    rows, _, _ = _record(tmp_path, "task-clock:50000")
+    rows, _, _ = _record(tmp_path, "task-clock:200000")
     long_, short = _c(rows["busy_long"], "task-clock"), _c(rows["busy_short"], "task-clock")
     # busy_short runs twice: the same work as busy_long in all. Each against its own measured time, too.
     assert 0.8 <= long_ / short <= 1.25, (long_, short)
@@ -116,3 +116,34 @@ def test_an_unknown_counter_is_refused_by_name(tmp_path):
                        capture_output=True, text=True, cwd=tmp_path)
     assert r.returncode != 0
     assert 'ValueError: unknown counter "nope": Ocular knows task-clock, page-faults' in r.stderr
+
+
+def test_perf_makes_python_functions_visible_to_perf_while_recording(tmp_path):
+    script = tmp_path / "p.py"
+    script.write_text(textwrap.dedent("""
+        import os, sys
+        def crunch():
+            return sum(i * i for i in range(1000))
+        active = sys.is_stack_trampoline_active()
+        crunch()
+        print(active, os.getpid())
+    """))
+    r = subprocess.run([sys.executable, "-m", "ocular", "run", "-q", "--perf", "-o", str(tmp_path / "p.ocl"),
+                        str(script)], capture_output=True, text=True, timeout=60)
+    assert r.returncode == 0, r.stderr
+    active, pid = r.stdout.split()
+    assert active == "True"
+    perf_map = f"/tmp/perf-{pid}.map"
+    try:
+        with open(perf_map) as f:
+            names = f.read()
+        assert "py::crunch:" in names, names[:500]
+    finally:
+        if os.path.exists(perf_map):
+            os.remove(perf_map)
+    import ocular
+
+    with ocular.record(str(tmp_path / "q.ocl"), mode="calls", perf=True):
+        assert sys.is_stack_trampoline_active()
+    assert not sys.is_stack_trampoline_active(), "the trampoline is as it was before the recording"
+    os.remove(f"/tmp/perf-{os.getpid()}.map") if os.path.exists(f"/tmp/perf-{os.getpid()}.map") else None

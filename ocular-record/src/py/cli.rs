@@ -106,6 +106,10 @@ struct RunArgs {
     /// has a PMU instructions, cycles, cache-misses, branch-misses; NAME:N samples every N events
     #[arg(long, value_name = "NAME[:N],...", value_delimiter = ',')]
     counters: Vec<String>,
+    /// Make CPython's perf trampoline active while recording, so that `perf record` of the same process
+    /// shows Python function names (perf record -g -- python -m ocular run --perf script.py)
+    #[arg(long)]
+    perf: bool,
     /// Record only code whose file or qualified name contains P (repeatable)
     #[arg(long, value_name = "P")]
     include: Vec<String>,
@@ -157,6 +161,7 @@ pub(super) fn parse_run<'py>(py: Python<'py>, argv: Vec<OsString>) -> PyResult<B
     d.set_item("dump_on", run.dump_on)?;
     d.set_item("live", run.live)?;
     d.set_item("counters", run.counters)?;
+    d.set_item("perf", run.perf)?;
     d.set_item("include", run.include)?;
     d.set_item("exclude", run.exclude)?;
     d.set_item("quiet", run.quiet)?;
