@@ -126,6 +126,23 @@ class Trace:
         which ``info()["lost_events"]`` also says (polars DataFrame)."""
         return self._polars("lost")
 
+    def counters(self, per_thread: bool = False):
+        """Performance counters (recorded with ``counters=``) per function: one row per function and
+        counter with thread_id (0: merged), function, file, line, calls, counter, value (the counter's
+        events in the function itself: its samples' periods; ns for task-clock) and per_call (polars
+        DataFrame). Empty when the recording had no counters; ``info()["counters"]`` says what was sampled,
+        lost, or could not be opened."""
+        pl = _need("polars", "Trace.counters()")
+        rows = []
+        for r in self.stats(per_thread=per_thread):
+            for name, value in r.get("counters", []):
+                rows.append({"thread_id": r["thread_id"], "function": r["function"], "file": r["file"],
+                             "line": r["line"], "calls": r["calls"], "counter": name, "value": value,
+                             "per_call": value / r["calls"] if r["calls"] else None})
+        schema = {"thread_id": pl.UInt64, "function": pl.String, "file": pl.String, "line": pl.UInt32,
+                  "calls": pl.UInt64, "counter": pl.String, "value": pl.UInt64, "per_call": pl.Float64}
+        return pl.DataFrame(rows, schema=schema).sort(["counter", "value"], descending=[False, True])
+
     def events_pandas(self, **select):
         """:meth:`events` as a pandas DataFrame (needs pandas and pyarrow); the same selection."""
         return self._pandas("events", **select)

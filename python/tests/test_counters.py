@@ -147,3 +147,35 @@ def test_perf_makes_python_functions_visible_to_perf_while_recording(tmp_path):
         assert sys.is_stack_trampoline_active()
     assert not sys.is_stack_trampoline_active(), "the trampoline is as it was before the recording"
     os.remove(f"/tmp/perf-{os.getpid()}.map") if os.path.exists(f"/tmp/perf-{os.getpid()}.map") else None
+
+
+def test_counters_are_a_dataframe_per_function(tmp_path):
+    pytest.importorskip("polars")
+    import ocular
+
+    _, _, out = _record(tmp_path, "page-faults,context-switches")
+    df = ocular.load(str(out)).counters()
+    assert set(df["counter"].to_list()) == {"page-faults", "context-switches"}
+    faults = df.filter(df["counter"] == "page-faults")
+    assert faults["function"][0] == "toucher" and faults["value"][0] >= 3_000
+    assert faults["per_call"][0] == faults["value"][0] / faults["calls"][0]
+    info = ocular.load(str(out)).info()
+    assert [c["name"] for c in info["counters"]] == ["page-faults", "context-switches"]
+    assert info["counters"][0]["samples"] >= 3_000 and info["counters"][0]["error"] == ""
+
+
+def test_the_perfetto_json_export_has_a_counter_track(tmp_path):
+    _, _, out = _record(tmp_path, "page-faults")
+    js = tmp_path / "c.json"
+    r = subprocess.run([ANALYZE, "export", "--perfetto", str(out), "-o", str(js)], capture_output=True, text=True)
+    assert r.returncode == 0, r.stderr
+    events = json.loads(js.read_text())["traceEvents"]
+    track = [e for e in events if e.get("ph") == "C" and e["name"] == "page-faults"]
+    assert len(track) >= 3_000
+    totals = [next(iter(e["args"].values())) for e in track]
+    assert totals == sorted(totals) and totals[-1] >= 3_000
+    # On the recording's clock, in time order (samples before the first recorded event and during the
+    # stop belong to no Python function, but are on the track).
+    ts = [e["ts"] for e in track]
+    slices = [e["ts"] for e in events if e.get("ph") in ("B", "E")]
+    assert ts == sorted(ts) and 0 <= ts[0] and min(slices) < ts[len(ts) // 2] < max(slices)

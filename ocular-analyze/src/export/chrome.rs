@@ -51,6 +51,13 @@ pub fn export(path: &Path, opts: ReadOptions, out: &mut dyn Write) -> anyhow::Re
         };
         match item {
             Item::Thread { .. } | Item::Events { .. } => Ok(()),
+            // A counter track per counter (FORMAT.md 6.9), one series per thread: its running total.
+            Item::Counter { tid, ticks, name, total } => {
+                let (n, ts) = (json_str(name), us(ticks));
+                emit(out, format_args!(
+                    "{{\"name\":{n},\"cat\":\"counter\",\"ph\":\"C\",\"ts\":{ts:.3},\"pid\":{pid},\"args\":{{\"thread {tid}\":{total}}}}}"
+                ))
+            }
             // A stretch without events shows as a slice of its own, so no one reads the gap as idle time.
             Item::Lost { tid, first, last, count } => {
                 let (ts, dur) = (us(first), (us(last) - us(first)).max(0.001));

@@ -285,7 +285,9 @@ pub fn export(path: &Path, opts: ReadOptions, out: &mut dyn Write) -> anyhow::Re
     )?;
     let mut seqs = Sequences { by_tid: Default::default() };
     let (read, warnings) = timeline.run(|code, item| match item {
-        Item::Events { .. } => Ok(()),
+        // Counters are in the JSON export; the protobuf one's sequences need time-ordered events, which
+        // samples (written in their own chunks) are not.
+        Item::Events { .. } | Item::Counter { .. } => Ok(()),
         // Where a thread's events were dropped: an instant at the first, with how many.
         Item::Lost { tid, first, count, .. } => {
             let mut te = track_event(INSTANT, Some(LOST_IID));

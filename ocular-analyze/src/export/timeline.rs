@@ -46,6 +46,17 @@ pub enum Item<'a> {
         /// How many.
         count: u64,
     },
+    /// A performance counter's sample (FORMAT.md 6.9): the thread's running total of the counter's events.
+    Counter {
+        /// Native thread id.
+        tid: u64,
+        /// Ticks of the sample.
+        ticks: u64,
+        /// The counter's name.
+        name: &'a str,
+        /// The thread's total of it so far.
+        total: u64,
+    },
     /// A function activation starts.
     Begin {
         /// Native thread id.
@@ -171,6 +182,7 @@ impl Timeline {
         let mut read = 0u64;
         let mut calls = 0u64;
         let ticks_per_us = header.ticks_per_second / 1e6;
+        let mut counter_totals: HashMap<(u64, u8), u64> = HashMap::default();
         crate::progress::begin("exporting", self.size);
         while let Some(c) = self.reader.next_chunk()? {
             crate::progress::at(c.info.offset);
@@ -182,6 +194,26 @@ impl Timeline {
                 }
                 Body::Thread(t) => {
                     names.insert(t.thread_id, t.name);
+                }
+                Body::Counters(cs) => {
+                    let to_ticks = |ns: u64| {
+                        let d = (ns as f64 - header.start_monotonic_ns as f64) * ticks_per_us / 1e3;
+                        (header.start_ticks as f64 + d).max(0.0) as u64
+                    };
+                    let mut samples = cs.samples.clone();
+                    samples.sort_by_key(|x| (x.monotonic_ns, x.thread_id, x.counter));
+                    for x in samples {
+                        let Some(info) = cs.counters.get(x.counter as usize) else { continue };
+                        let total = counter_totals.entry((x.thread_id, x.counter)).or_default();
+                        *total += x.period;
+                        let item = Item::Counter {
+                            tid: x.thread_id,
+                            ticks: to_ticks(x.monotonic_ns),
+                            name: &info.name,
+                            total: *total,
+                        };
+                        f(&code, item)?;
+                    }
                 }
                 Body::Lost(l) => {
                     let (first, last) = (l.first_ticks.min(l.last_ticks), l.first_ticks.max(l.last_ticks));
