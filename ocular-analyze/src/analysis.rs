@@ -557,6 +557,9 @@ impl WindowLog {
     }
 }
 
+/// A thread's counter samples as (ticks, counter index, period), in time order.
+type SampleQueue = std::collections::VecDeque<(u64, u8, u64)>;
+
 /// Per thread, the counter samples of the file as (ticks, counter, period), in time order; fills `a`'s
 /// counter table and lost counts.
 fn counter_samples(
@@ -564,7 +567,7 @@ fn counter_samples(
     opts: ReadOptions,
     header: &ocular_format::Header,
     a: &mut Analysis,
-) -> ocular_format::Result<HashMap<u64, std::collections::VecDeque<(u64, u8, u64)>>> {
+) -> ocular_format::Result<HashMap<u64, SampleQueue>> {
     let mut out: HashMap<u64, Vec<(u64, u8, u64)>> = HashMap::default();
     if !opts.skip_events {
         let mut r = Reader::open_with(path, ReadOptions { skip_events: true, ..opts })?;
@@ -605,7 +608,7 @@ fn counter_samples(
 /// Attributes a thread's samples up to tick `t` to the function running then: the innermost frame of its
 /// stack (before the event at `t` changes it).
 fn attribute(
-    q: &mut std::collections::VecDeque<(u64, u8, u64)>,
+    q: &mut SampleQueue,
     t: u64,
     tid: u64,
     ts: &ThreadState,
