@@ -14,13 +14,16 @@ fn page_faults_of_fresh_memory_are_sampled_on_the_thread_that_touches_it() {
     let before = c.drain();
     assert_eq!(before.counters[0].name, "page-faults");
     // 64 MiB, written a byte per page: 16,384 faults (fewer with transparent huge pages).
-    let mut v: Vec<u8> = Vec::with_capacity(64 << 20);
-    // SAFETY: within capacity; u8 needs no initialization for the writes below.
-    unsafe { v.set_len(64 << 20) };
-    for i in (0..v.len()).step_by(4096) {
-        v[i] = 1;
+    let layout = std::alloc::Layout::from_size_align(64 << 20, 4096).unwrap();
+    // SAFETY: a non-zero size; the memory is written only within it and freed with the same layout.
+    unsafe {
+        let p = std::alloc::alloc(layout);
+        assert!(!p.is_null());
+        for i in (0..layout.size()).step_by(4096) {
+            p.add(i).write_volatile(1);
+        }
+        std::alloc::dealloc(p, layout);
     }
-    std::hint::black_box(&v);
     let s = c.drain();
     let faults: u64 = s.samples.iter().filter(|x| x.thread_id == tid()).map(|x| x.period).sum();
     assert!(faults >= 32, "{faults} faults sampled");
