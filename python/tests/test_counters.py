@@ -74,9 +74,8 @@ def test_page_faults_go_to_the_function_that_touches_fresh_memory(tmp_path):
 
 def test_task_clock_samples_follow_the_time_of_each_function(tmp_path):
     rows, _, _ = _record(tmp_path, "task-clock:200000")
-    long_, short = _c(rows["busy_long"], "task-clock"), _c(rows["busy_short"], "task-clock")
-    # busy_short runs twice: the same work as busy_long in all. Each against its own measured time, too.
-    assert 0.8 <= long_ / short <= 1.25, (long_, short)
+    # Each busy function's CPU time, sampled every 0.2 ms, against its time measured from its events (how
+    # the CPU time of two functions compares is the machine's business: 1.46x for equal work, once).
     for f in ("busy_long", "busy_short"):
         cpu_ms = _c(rows[f], "task-clock") / 1e6
         assert 0.8 <= cpu_ms / rows[f]["exclusive_ms"] <= 1.2, (f, cpu_ms, rows[f]["exclusive_ms"])
@@ -85,9 +84,13 @@ def test_task_clock_samples_follow_the_time_of_each_function(tmp_path):
 def test_context_switches_go_to_the_function_that_sleeps(tmp_path):
     rows, _, _ = _record(tmp_path, "context-switches")
     sleeper = _c(rows["sleeper"], "context-switches")
-    busy = sum(_c(rows[f], "context-switches") for f in ("busy_long", "busy_short", "neighbour", "toucher"))
+    busy_fs = ("busy_long", "busy_short", "neighbour", "toucher")
+    busy = sum(_c(rows[f], "context-switches") for f in busy_fs)
     assert sleeper >= 38, sleeper          # 40 sleeps, each a switch
-    assert busy < sleeper / 2, (busy, sleeper)
+    # Busy code is switched out too when other threads want the CPU (the recorder's own, on 2 cores):
+    # per ms of its time, far less often than code that sleeps every 2 ms.
+    busy_ms = sum(rows[f]["exclusive_ms"] for f in busy_fs)
+    assert sleeper / rows["sleeper"]["exclusive_ms"] >= 2 * busy / busy_ms, (sleeper, busy, busy_ms)
 
 
 def test_a_hardware_counter_without_a_pmu_is_a_warning_and_the_rest_record(tmp_path):
