@@ -189,17 +189,20 @@ impl Cursor {
         }
     }
 
+    /// Slot `i`'s entry offset, state and generation, if it was ever taken (`None` for one never used).
+    fn entry(&self, i: usize) -> Option<(u64, u32, u64)> {
+        let e = HEADER_SIZE + i as u64 * ENTRY_SIZE;
+        let st = self.ring.live_u32(e + 16);
+        let generation = self.ring.live_u64(e + 24);
+        (generation != 0 && matches!(st, state::FILLING | state::FULL | state::FREE)).then_some((e, st, generation))
+    }
+
     /// Marks everything in the slots as seen, without copying it: a cursor starts when it is opened.
     fn skip_to_now(&mut self) {
         let layout = self.ring.layout;
         let ext = HEADER_SIZE + layout.max_slots as u64 * ENTRY_SIZE;
         for i in 0..layout.max_slots as usize {
-            let e = HEADER_SIZE + i as u64 * ENTRY_SIZE;
-            let st = self.ring.live_u32(e + 16);
-            let generation = self.ring.live_u64(e + 24);
-            if generation == 0 || !matches!(st, state::FILLING | state::FULL | state::FREE) {
-                continue;
-            }
+            let Some((e, st, generation)) = self.entry(i) else { continue };
             let (tid, before) = (self.ring.live_u64(e), self.ring.live_u64(ext + i as u64 * EXT_SIZE));
             let (mut taken, mut last) = (0u32, self.ring.live_u64(e + 8));
             if st == state::FILLING {
@@ -231,14 +234,9 @@ impl Cursor {
         let layout = self.ring.layout;
         let ext = HEADER_SIZE + layout.max_slots as u64 * ENTRY_SIZE;
         for i in 0..layout.max_slots as usize {
-            let e = HEADER_SIZE + i as u64 * ENTRY_SIZE;
-            let st = self.ring.live_u32(e + 16);
-            let generation = self.ring.live_u64(e + 24);
+            let Some((e, st, generation)) = self.entry(i) else { continue };
             let seen = self.slots[i];
             let same = seen.known && seen.generation == generation;
-            if generation == 0 || !matches!(st, state::FILLING | state::FULL | state::FREE) {
-                continue;
-            }
             // A free slot keeps its events (and, since RING.md 1.2, its thread) until it is taken again.
             let (thread_id, events_before, mut taken, mut last) = if same {
                 (seen.thread_id, seen.events_before, seen.taken, seen.last_ticks)

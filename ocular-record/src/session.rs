@@ -579,20 +579,6 @@ impl WriterJob {
             Msg::Thread(t) => {
                 self.write(|w| w.thread(&t));
             }
-            Msg::Events { thread_id, buf, len } if self.flight.is_some() => {
-                if len > 0 {
-                    let pushed = self.ring_events(thread_id, &buf[..len]);
-                    if pushed {
-                        self.out.events += len as u64;
-                    } else {
-                        self.out.lost += len as u64;
-                    }
-                }
-                if let (Some(slot), Some(ring)) = (buf.slot(), self.pool.ring()) {
-                    ring.free(slot);
-                }
-                self.pool.recycle(buf);
-            }
             Msg::Lost(l) if self.flight.is_some() => {
                 self.out.lost += l.count;
                 let chunk = self.writer.as_mut().map(|w| w.lost_chunk(&l));
@@ -614,15 +600,21 @@ impl WriterJob {
             Msg::Events { thread_id, buf, len } => {
                 if len > 0 {
                     // A ring slot is freed only once its events are in the kernel's hands (flushed), so
-                    // a process killed at any moment has each event in the file or in the ring.
+                    // a process killed at any moment has each event in the file or in the ring; a flight
+                    // recorder's go into the ring's chunk region instead.
                     let flush = buf.slot().is_some();
-                    if self.write(|w| {
-                        w.events(thread_id, &buf[..len])?;
-                        if flush {
-                            w.flush()?;
-                        }
-                        Ok(())
-                    }) {
+                    let written = if self.flight.is_some() {
+                        self.ring_events(thread_id, &buf[..len])
+                    } else {
+                        self.write(|w| {
+                            w.events(thread_id, &buf[..len])?;
+                            if flush {
+                                w.flush()?;
+                            }
+                            Ok(())
+                        })
+                    };
+                    if written {
                         self.out.events += len as u64;
                     } else {
                         self.out.lost += len as u64;
