@@ -86,8 +86,18 @@ fn install_signal() -> Option<Signal> {
 
 impl Drop for Signal {
     fn drop(&mut self) {
-        // SAFETY: restores the disposition saved at install.
-        unsafe { libc::sigaction(self.signo, &self.old, std::ptr::null_mut()) };
+        // A request sent just before the stop may still be pending on the main thread (not yet scheduled
+        // to take it): restored to its default at once, it would kill the process (seen once in CI:
+        // "Real-time signal 29"). Ignoring the signal first discards every pending one; then the saved
+        // disposition comes back.
+        // SAFETY: sigaction with valid pointers; SIG_IGN and the saved disposition.
+        unsafe {
+            let mut ignore: libc::sigaction = std::mem::zeroed();
+            ignore.sa_sigaction = libc::SIG_IGN;
+            libc::sigemptyset(&mut ignore.sa_mask);
+            libc::sigaction(self.signo, &ignore, std::ptr::null_mut());
+            libc::sigaction(self.signo, &self.old, std::ptr::null_mut());
+        }
     }
 }
 
