@@ -19,6 +19,21 @@ fn fill(w: &RingWriter, slot: u32, events: &[RawEvent]) {
     }
 }
 
+/// A two-instruction code object of `w.py` named `q`.
+fn code(id: u32, q: &str) -> CodeObject {
+    CodeObject {
+        id,
+        name: q.into(),
+        qualname: q.into(),
+        filename: "w.py".into(),
+        first_line: 1,
+        flags: 3,
+        bytecode: vec![151, 0, 83, 0],
+        linetable: Vec::new(),
+        positions: vec![Position { line: 1, end_line: 1, column: 0, end_column: 4 }; 2],
+    }
+}
+
 /// A pid that is not running: a child that already exited.
 fn dead_pid() -> u32 {
     let mut c = std::process::Command::new("true").spawn().unwrap();
@@ -130,17 +145,6 @@ fn killed_trace(dir: &std::path::Path, pid: u32) -> std::path::PathBuf {
     let mut header = testing::header();
     header.pid = pid;
     let ring = RingWriter::create(&ring_path, pid, header.start_ticks, header.ticks_per_second, LAYOUT).unwrap();
-    let code = |id: u32, q: &str| CodeObject {
-        id,
-        name: q.into(),
-        qualname: q.into(),
-        filename: "w.py".into(),
-        first_line: 1,
-        flags: 3,
-        bytecode: vec![151, 0, 83, 0],
-        linetable: Vec::new(),
-        positions: vec![Position { line: 1, end_line: 1, column: 0, end_column: 4 }; 2],
-    };
     let mut w =
         Writer::new(std::fs::File::create(&ocl).unwrap(), "run.ocl", &header, WriterOptions::default()).unwrap();
     w.ring(&RingInfo { path: ring_path.display().to_string() }).unwrap();
@@ -354,17 +358,7 @@ fn killed_flight(dir: &std::path::Path, pid: u32) -> (std::path::PathBuf, std::p
     assert!(ring.append_meta(0x0001, &postcard::to_allocvec(&header).unwrap()));
     let mut w = Writer::new(std::fs::File::create(&ocl).unwrap(), "fr.ocl", &header, WriterOptions::default()).unwrap();
     w.ring(&RingInfo { path: ring_path.display().to_string() }).unwrap();
-    let code = CodeObject {
-        id: 1,
-        name: "f".into(),
-        qualname: "f".into(),
-        filename: "w.py".into(),
-        first_line: 1,
-        flags: 3,
-        bytecode: vec![151, 0, 83, 0],
-        linetable: Vec::new(),
-        positions: vec![Position { line: 1, end_line: 1, column: 0, end_column: 4 }; 2],
-    };
+    let code = code(1, "f");
     w.code_objects(std::slice::from_ref(&code)).unwrap();
     drop(w);
     let (mut one, mut framed) = (Vec::new(), Vec::new());
