@@ -149,6 +149,9 @@ pub struct LoopStats {
     /// stops the loop's events, the rest of the loop runs in that gap: this is its unrecorded time (it also
     /// holds the few instructions from the loop's exit to that sign).
     pub tail_ticks: f64,
+    /// Per counter (FORMAT.md 6.9), the events of the samples taken while this was its frame's innermost
+    /// running loop, by counter index (empty if none).
+    pub counters: Vec<u64>,
     /// Per instruction of the code object, by its position in the code (not its offset): (ticks, visits).
     per_instruction: Vec<(f64, u64)>,
     /// Offset of each instruction position (shared with the code object's table).
@@ -558,17 +561,28 @@ impl WindowLog {
 }
 
 /// A thread's counter samples as (ticks, counter index, period), in time order.
-type SampleQueue = std::collections::VecDeque<(u64, u8, u64)>;
+pub(crate) type SampleQueue = std::collections::VecDeque<(u64, u8, u64)>;
 
-/// Per thread, the counter samples of the file as (ticks, counter, period), in time order; fills `a`'s
-/// counter table and lost counts.
-fn counter_samples(
+/// A file's counter samples (FORMAT.md 6.9).
+#[derive(Default)]
+pub(crate) struct Samples {
+    /// The counters, by index.
+    pub counters: Vec<ocular_format::CounterInfo>,
+    /// Per thread, its samples as (ticks, counter, period), in time order.
+    pub by_thread: HashMap<u64, SampleQueue>,
+    /// Per counter, samples the kernel lost.
+    pub lost: Vec<u64>,
+}
+
+/// Reads the counter samples of the file, which come in their own chunks, anywhere in it: a pass over
+/// the metadata (nothing when `opts` skips events).
+pub(crate) fn read_samples(
     path: &Path,
     opts: ReadOptions,
     header: &ocular_format::Header,
-    a: &mut Analysis,
-) -> ocular_format::Result<HashMap<u64, SampleQueue>> {
-    let mut out: HashMap<u64, Vec<(u64, u8, u64)>> = HashMap::default();
+) -> ocular_format::Result<Samples> {
+    let mut out = Samples::default();
+    let mut by_thread: HashMap<u64, Vec<(u64, u8, u64)>> = HashMap::default();
     if !opts.skip_events {
         let mut r = Reader::open_with(path, ReadOptions { skip_events: true, ..opts })?;
         let tps = header.ticks_per_second;
@@ -578,35 +592,36 @@ fn counter_samples(
         };
         while let Some(c) = r.next_chunk()? {
             if let Body::Counters(cs) = c.body {
-                if a.counters.is_empty() {
-                    a.counters = cs.counters.clone();
-                    a.counter_unattributed = vec![0; cs.counters.len()];
-                    a.counter_lost = vec![0; cs.counters.len()];
+                if out.counters.is_empty() {
+                    out.counters = cs.counters.clone();
+                    out.lost = vec![0; cs.counters.len()];
                 }
                 for x in cs.samples {
-                    if (x.counter as usize) < a.counters.len() {
-                        out.entry(x.thread_id).or_default().push((to_ticks(x.monotonic_ns), x.counter, x.period));
+                    if (x.counter as usize) < out.counters.len() {
+                        by_thread.entry(x.thread_id).or_default().push((to_ticks(x.monotonic_ns), x.counter, x.period));
                     }
                 }
                 for (_, k, n) in cs.lost {
-                    if let Some(l) = a.counter_lost.get_mut(k as usize) {
+                    if let Some(l) = out.lost.get_mut(k as usize) {
                         *l += n;
                     }
                 }
             }
         }
     }
-    Ok(out
+    out.by_thread = by_thread
         .into_iter()
         .map(|(t, mut v)| {
             v.sort_unstable();
             (t, v.into())
         })
-        .collect())
+        .collect();
+    Ok(out)
 }
 
-/// Attributes a thread's samples up to tick `t` to the function running then: the innermost frame of its
-/// stack (before the event at `t` changes it).
+/// Attributes a thread's samples up to tick `t` to the function running then, the innermost frame of its
+/// stack (before the event at `t` changes it), and to that frame's innermost running loop, if any: the
+/// loop it entered last and has not been seen to leave.
 fn attribute(
     q: &mut SampleQueue,
     t: u64,
@@ -614,13 +629,20 @@ fn attribute(
     ts: &ThreadState,
     totals: &mut HashMap<(u64, u32), Vec<u64>>,
     unattributed: &mut [u64],
+    loops: &mut [LoopStats],
 ) {
     while q.front().is_some_and(|s| s.0 <= t) {
         let (_, k, period) = q.pop_front().expect("checked");
+        let n = unattributed.len();
         match ts.stack.last() {
             Some(f) => {
-                let v = totals.entry((tid, f.code)).or_insert_with(|| vec![0; unattributed.len()]);
+                let v = totals.entry((tid, f.code)).or_insert_with(|| vec![0; n]);
                 v[k as usize] += period;
+                // Nested loops: the inner one's head comes after its outer loop's head.
+                if let Some(l) = f.loops.iter().max_by_key(|l| l.0).and_then(|l| loops.get_mut(l.1 as usize)) {
+                    l.counters.resize(n, 0);
+                    l.counters[k as usize] += period;
+                }
             }
             None => unattributed[k as usize] += period,
         }
@@ -656,7 +678,10 @@ pub fn analyze(path: &Path, opts: ReadOptions) -> ocular_format::Result<Analysis
     let mut log = WindowLog { ticks_per_us: header.ticks_per_second / 1e6, ..WindowLog::default() };
     // Counter samples (FORMAT.md 6.9) come in their own chunks, anywhere in the file: gathered first, in a
     // pass over the metadata, to be attributed as each thread's events go by.
-    let mut samples = counter_samples(path, opts, &header, &mut a)?;
+    let Samples { counters, by_thread: mut samples, lost } = read_samples(path, opts, &header)?;
+    a.counter_unattributed = vec![0; counters.len()];
+    a.counters = counters;
+    a.counter_lost = lost;
     crate::progress::begin("analyzing", std::fs::metadata(path).map(|m| m.len()).unwrap_or(0));
     while let Some(c) = r.next_chunk()? {
         crate::progress::at(c.info.offset);
@@ -668,7 +693,15 @@ pub fn analyze(path: &Path, opts: ReadOptions) -> ocular_format::Result<Analysis
                 let mut pending = samples.get_mut(&tid);
                 for e in evs {
                     if let Some(q) = pending.as_deref_mut() {
-                        attribute(q, e.ticks.get(), tid, ts, &mut a.counter_totals, &mut a.counter_unattributed);
+                        attribute(
+                            q,
+                            e.ticks.get(),
+                            tid,
+                            ts,
+                            &mut a.counter_totals,
+                            &mut a.counter_unattributed,
+                            &mut tables.loops,
+                        );
                     }
                     step(ts, e, &cost, precise, &mut tables, &mut a.tree, per, &mut log);
                 }
@@ -709,7 +742,7 @@ pub fn analyze(path: &Path, opts: ReadOptions) -> ocular_format::Result<Analysis
     for (tid, q) in samples.iter_mut() {
         let empty = ThreadState::default();
         let ts = threads.get(tid).unwrap_or(&empty);
-        attribute(q, u64::MAX, *tid, ts, &mut a.counter_totals, &mut a.counter_unattributed);
+        attribute(q, u64::MAX, *tid, ts, &mut a.counter_totals, &mut a.counter_unattributed, &mut tables.loops);
     }
     // Frames still open at the end (the recording stopped inside them) end at their thread's last event,
     // or, in a window, when the window or the recording ended.

@@ -327,13 +327,14 @@ fn export_parquet(file: &std::path::Path, opts: ReadOptions, dir: &std::path::Pa
     warn(&summary.warnings);
     let rows = |t: &str| summary.rows.get(t).copied().unwrap_or(0);
     eprintln!(
-        "wrote {}: events.parquet ({} rows), calls.parquet ({} rows), code.parquet ({} rows), lost.parquet ({} rows) \
-         from {} recorded events",
+        "wrote {}: events.parquet ({} rows), calls.parquet ({} rows), code.parquet ({} rows), lost.parquet ({} rows), \
+         counter_samples.parquet ({} rows) from {} recorded events",
         dir.display(),
         rows("events"),
         rows("calls"),
         rows("code"),
         rows("lost"),
+        rows("counter_samples"),
         summary.events_read
     );
     Ok(())

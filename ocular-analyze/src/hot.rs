@@ -40,8 +40,27 @@ pub struct HotLoop {
     /// Time the loop ran after the threshold stopped recording it (adaptive mode), ns: from its last
     /// recorded event to the frame's next event outside it. Loops are ranked by `total_ns`.
     pub unrecorded_ns: f64,
+    /// Performance counters (FORMAT.md 6.9) sampled while this loop ran: empty if none were recorded.
+    pub counters: Vec<LoopCounter>,
     /// The loop body.
     pub instructions: Vec<Instruction>,
+}
+
+/// A performance counter's events in one loop, from the samples taken while it was its frame's innermost
+/// running loop (a loop shorter than a few sampling periods has few: estimated).
+#[derive(Debug, Serialize)]
+pub struct LoopCounter {
+    /// `task-clock`, `page-faults`, ...
+    pub name: String,
+    /// What one event is: `ns`, `faults`, ...
+    pub unit: String,
+    /// Events in the loop (samples times their period).
+    pub total: u64,
+    /// Events per iteration: `total` over the iterations run (recorded, or estimated from the loop's time
+    /// where the threshold stopped recording it).
+    pub per_iteration: f64,
+    /// Samples behind `total`.
+    pub samples: u64,
 }
 
 /// One instruction of a loop body.
@@ -165,6 +184,26 @@ pub fn report(a: &Analysis, top: usize) -> HotReport {
         } else {
             (if s.timed > 0 { s.ticks / s.timed as f64 } else { 0.0 }, "instrumented")
         };
+        // Iterations run: recorded, or where the threshold stopped recording the loop, its time at the
+        // measured rate.
+        let run = if threshold > 0 && s.iterations >= threshold && per > 0.0 {
+            ((s.ticks + s.tail_ticks) / per).max(s.iterations as f64)
+        } else {
+            s.iterations as f64
+        };
+        let counters = a
+            .counters
+            .iter()
+            .zip(&s.counters)
+            .filter(|(c, _)| c.error.is_empty())
+            .map(|(c, &total)| LoopCounter {
+                name: c.name.clone(),
+                unit: c.unit.clone(),
+                total,
+                per_iteration: total as f64 / run,
+                samples: total / c.period.max(1),
+            })
+            .collect();
         loops.push(HotLoop {
             function: co.qualname.clone(),
             file: co.filename.clone(),
@@ -180,6 +219,7 @@ pub fn report(a: &Analysis, top: usize) -> HotReport {
             ticks_per_iteration: per,
             total_ns: a.ns(s.ticks + s.tail_ticks),
             unrecorded_ns: a.ns(s.tail_ticks),
+            counters,
             instructions: body,
         });
     }
@@ -228,6 +268,16 @@ pub fn report(a: &Analysis, top: usize) -> HotReport {
         },
         loops,
     }
+}
+
+/// "task-clock 12.345 ms (1.2 us/iteration, 12 samples)"; "page-faults 300 (0.03/iteration, 30 samples)".
+fn counter_text(c: &LoopCounter) -> String {
+    let (total, per) = if c.unit == "ns" {
+        (format!("{:.3} ms", c.total as f64 / 1e6), format!("{:.1} ns", c.per_iteration))
+    } else {
+        (c.total.to_string(), format!("{:.3}", c.per_iteration))
+    };
+    format!("{} {total} ({per}/iteration, {} samples)", c.name, c.samples)
 }
 
 impl std::fmt::Display for HotReport {
@@ -288,6 +338,10 @@ impl std::fmt::Display for HotReport {
                 l.iterations,
                 l.total_ns / 1e6
             )?;
+            if !l.counters.is_empty() {
+                let list: Vec<String> = l.counters.iter().map(counter_text).collect();
+                writeln!(f, "   counters (sampled): {}", list.join(", "))?;
+            }
             for (k, ins) in l.instructions.iter().enumerate() {
                 let name = match (&ins.specialized, ins.instrumented_at_stop) {
                     (Some(s), _) => format!("{} -> {}", ins.base, s),

@@ -20,6 +20,10 @@
 //!   text, `file` text, `line` u32 (first line), `start_ns` i64, `end_ns` i64, `duration_ns` i64, `window`
 //!   i32? (the window it was recorded in, FORMAT.md 5.3), `clipped` bool (a window edge cut it). Times
 //!   are raw: the recorder's own cost is not subtracted (`stats` does that).
+//! - counter_samples, one row per performance counter sample (FORMAT.md 6.9), per thread in time order:
+//!   `thread_id` u64, `ts_ns` i64, `counter` text (`task-clock`, `page-faults`, ...), `value` u64 (the
+//!   counter's events in the sample: its period; ns for task-clock), `call_id` u64? and `function` text? (the
+//!   innermost activation running on the thread then, as in the calls table; null when none was).
 //! - code: `code_id` u32, `function`, `name`, `file` text, `first_line` u32, `last_line` i32?,
 //!   `instructions` u32, `bytecode` binary (base), `specialized_bytecode` binary? (at stop).
 
@@ -49,6 +53,8 @@ pub enum Table {
     /// One row per stretch of events a thread lost (the recorder had no free buffer): empty when nothing
     /// was lost.
     Lost,
+    /// One row per performance counter sample: empty when the recording had no counters.
+    CounterSamples,
 }
 
 impl Table {
@@ -59,6 +65,7 @@ impl Table {
             Table::Calls => "calls",
             Table::Code => "code",
             Table::Lost => "lost",
+            Table::CounterSamples => "counter_samples",
         }
     }
 }
@@ -227,6 +234,7 @@ pub fn columns(table: Table) -> &'static [&'static str] {
             "specialized_bytecode",
         ],
         Table::Lost => &["thread_id", "thread_lost", "thread_recorded", "start_ns", "end_ns"],
+        Table::CounterSamples => &["thread_id", "ts_ns", "counter", "value", "call_id", "function"],
     }
 }
 
@@ -235,7 +243,7 @@ pub fn columns(table: Table) -> &'static [&'static str] {
 fn column_bytes(table: Table, column: &str) -> u64 {
     match (table, column) {
         (_, "thread_id" | "ts_ns" | "tsc" | "call_id" | "parent" | "start_ns" | "end_ns" | "duration_ns") => 8,
-        (_, "thread_lost" | "thread_recorded" | "bytecode" | "specialized_bytecode") => 8,
+        (_, "thread_lost" | "thread_recorded" | "bytecode" | "specialized_bytecode" | "value") => 8,
         (_, "clipped") => 1,
         _ => 4,
     }
@@ -590,6 +598,66 @@ impl Calls {
     }
 }
 
+/// Column builders of the counter samples table, with the samples still to place and each thread's
+/// open activations (code id, call id).
+#[derive(Default)]
+struct CounterSamples {
+    pending: HashMap<u64, crate::analysis::SampleQueue>,
+    stacks: HashMap<u64, Vec<(u32, u64)>>,
+    names: Arc<Vec<String>>,
+    thread_id: Vec<u64>,
+    ts_ns: Vec<i64>,
+    counter: Vec<u32>,
+    value: Vec<u64>,
+    call_id: Vec<Option<u64>>,
+    function: Vec<u32>,
+}
+
+impl CounterSamples {
+    /// Places thread `tid`'s samples up to tick `t` in the activation running then (before the item at
+    /// `t` changes it), keeping those `keep` selects.
+    fn place(
+        &mut self,
+        tid: u64,
+        t: u64,
+        resolved: &ById,
+        unknown: &Resolved,
+        keep: &impl Fn(u64, i64) -> bool,
+        ns: &impl Fn(u64) -> i64,
+    ) {
+        let Some(q) = self.pending.get_mut(&tid) else { return };
+        let top = self.stacks.get(&tid).and_then(|s| s.last()).copied();
+        while q.front().is_some_and(|s| s.0 <= t) {
+            let (ticks, k, period) = q.pop_front().expect("checked");
+            if !keep(tid, ns(ticks)) {
+                continue;
+            }
+            self.thread_id.push(tid);
+            self.ts_ns.push(ns(ticks));
+            self.counter.push(k as u32);
+            self.value.push(period);
+            self.call_id.push(top.map(|f| f.1));
+            self.function.push(top.map_or(NULL_CODE, |f| resolved.get(f.0).unwrap_or(unknown).function));
+        }
+    }
+
+    fn take(&mut self, d: &mut Dictionaries) -> Batch {
+        let names = self.names.clone();
+        let rows = self.ts_ns.len();
+        Batch {
+            rows,
+            columns: vec![
+                ("thread_id", Column::U64(std::mem::take(&mut self.thread_id))),
+                ("ts_ns", Column::I64(std::mem::take(&mut self.ts_ns))),
+                ("counter", Column::Dict(std::mem::take(&mut self.counter), names)),
+                ("value", Column::U64(std::mem::take(&mut self.value))),
+                ("call_id", Column::OptU64(std::mem::take(&mut self.call_id))),
+                ("function", Column::Dict(std::mem::take(&mut self.function), d.function.snapshot())),
+            ],
+        }
+    }
+}
+
 fn code_table(m: &Metadata, d: &mut Dictionaries) -> Batch {
     let mut ids: Vec<u32> = m.code.keys().copied().collect();
     ids.sort_unstable();
@@ -721,7 +789,15 @@ pub fn build_selected(
     }
     let want_events = tables.contains(&Table::Events);
     let want_calls = tables.contains(&Table::Calls);
-    if !want_events && !want_calls {
+    let want_samples = tables.contains(&Table::CounterSamples);
+    let mut samples = CounterSamples::default();
+    if want_samples {
+        let s = crate::analysis::read_samples(path, opts, h)?;
+        samples.names = Arc::new(s.counters.iter().map(|c| c.name.clone()).collect());
+        samples.pending = s.by_thread;
+    }
+    let keep_sample = |tid: u64, t: i64| everything || (select.thread(tid) && t >= lo && t <= hi);
+    if !want_events && !want_calls && !want_samples {
         summary.warnings = meta.warnings.clone();
         return Ok(summary);
     }
@@ -755,7 +831,23 @@ pub fn build_selected(
                         }
                     }
                 }
-                Item::End { tid, ticks, code: id, call } if want_calls => {
+                Item::Begin { tid, ticks, code: id, call } if want_samples => {
+                    samples.place(tid, ticks, &resolved, &unknown, &keep_sample, &ns);
+                    samples.stacks.entry(tid).or_default().push((id, call));
+                }
+                Item::End { tid, ticks, code: id, call } if want_calls || want_samples => {
+                    if want_samples {
+                        samples.place(tid, ticks, &resolved, &unknown, &keep_sample, &ns);
+                        samples.stacks.entry(tid).or_default().pop();
+                        if samples.ts_ns.len() >= batch_rows {
+                            let b = samples.take(&mut d);
+                            count(&mut summary, Table::CounterSamples, &b);
+                            sink.batch(Table::CounterSamples, b)?;
+                        }
+                        if !want_calls {
+                            return Ok(());
+                        }
+                    }
                     if !everything && (!select.thread(tid) || ns(ticks) < lo || ns(call.start) > hi) {
                         return Ok(());
                     }
@@ -792,11 +884,22 @@ pub fn build_selected(
         return Err(e);
     }
     let (read, warnings) = result?;
-    for (t, want) in [(Table::Events, want_events), (Table::Calls, want_calls)] {
+    // Samples after their thread's last recorded activation ended: no function.
+    let mut tids: Vec<u64> = samples.pending.keys().copied().collect();
+    tids.sort_unstable();
+    for tid in tids {
+        samples.stacks.remove(&tid);
+        samples.place(tid, u64::MAX, &resolved, &unknown, &keep_sample, &ns);
+    }
+    for (t, want) in [(Table::Events, want_events), (Table::Calls, want_calls), (Table::CounterSamples, want_samples)] {
         if !want {
             continue;
         }
-        let b = if t == Table::Events { events.take(&mut d, 0) } else { calls.take(&mut d) };
+        let b = match t {
+            Table::Events => events.take(&mut d, 0),
+            Table::Calls => calls.take(&mut d),
+            _ => samples.take(&mut d),
+        };
         // A last, possibly empty, batch: every table gets at least one.
         if b.rows > 0 || !summary.rows.contains_key(t.name()) {
             count(&mut summary, t, &b);

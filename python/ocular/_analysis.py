@@ -143,6 +143,15 @@ class Trace:
                   "calls": pl.UInt64, "counter": pl.String, "value": pl.UInt64, "per_call": pl.Float64}
         return pl.DataFrame(rows, schema=schema).sort(["counter", "value"], descending=[False, True])
 
+    def counter_samples(self, columns: list[str] | None = None, threads: list[int] | None = None,
+                        start_ns: int | None = None, end_ns: int | None = None):
+        """One row per performance counter sample (recorded with ``counters=``): thread_id, ts_ns, counter,
+        value (the counter's events in the sample: its period; ns for task-clock), call_id and function (the
+        innermost call running on the thread then, as :meth:`calls` numbers it; null when none was).
+        Join it to :meth:`calls` on thread_id and call_id for any grouping :meth:`counters` does not give.
+        ``columns``, ``threads`` and the time range select as in :meth:`events` (polars DataFrame)."""
+        return self._polars("counter_samples", columns=columns, threads=threads, start_ns=start_ns, end_ns=end_ns)
+
     def events_pandas(self, **select):
         """:meth:`events` as a pandas DataFrame (needs pandas and pyarrow); the same selection."""
         return self._pandas("events", **select)

@@ -1,5 +1,6 @@
 """Performance counters: the kernel's samples attributed to the Python function running at each one."""
 
+import collections
 import json
 import os
 import subprocess
@@ -186,3 +187,109 @@ def test_the_perfetto_json_export_has_a_counter_track(tmp_path):
     ts = [e["ts"] for e in track]
     slices = [e["ts"] for e in events if e.get("ph") in ("B", "E")]
     assert ts == sorted(ts) and 0 <= ts[0] and min(slices) < ts[len(ts) // 2] < max(slices)
+
+
+LOOP_PROGRAM = textwrap.dedent("""
+    import mmap, sys
+    import ocular
+    def toucher():
+        m = mmap.mmap(-1, 48 << 20)     # untouched anonymous memory: each page faults when first written
+        for i in range(0, len(m), 4096):
+            m[i] = 1
+        return len(m)
+    def adder():
+        s = 0
+        for i in range(300_000):        # the same kind of loop, no fresh memory
+            s += i
+        return s
+    with ocular.record(sys.argv[1], mode="adaptive", deinstrument_threshold=int(sys.argv[2]),
+                       counters=["page-faults", "task-clock"]):
+        adder(); toucher(); adder()
+""")
+
+
+def _thp_always():
+    try:
+        with open("/sys/kernel/mm/transparent_hugepage/enabled") as f:
+            return "[always]" in f.read()
+    except OSError:
+        return False
+
+
+@pytest.mark.skipif(_thp_always(), reason="transparent huge pages are always on: one fault maps 512 pages")
+@pytest.mark.parametrize("threshold", [0, 500])
+def test_a_loop_that_writes_a_fresh_page_per_iteration_faults_once_per_iteration(tmp_path, threshold):
+    (tmp_path / "prog.py").write_text(LOOP_PROGRAM)
+    out = tmp_path / "l.ocl"
+    r = subprocess.run([sys.executable, str(tmp_path / "prog.py"), str(out), str(threshold)], capture_output=True,
+                       text=True, timeout=120)
+    assert r.returncode == 0, r.stderr
+    h = subprocess.run([ANALYZE, "hot", "--json", "--top", "5", str(out)], capture_output=True, text=True)
+    assert h.returncode == 0, h.stderr
+    loops = {l["function"]: l for l in json.loads(h.stdout)["loops"]}
+    faults = {c["name"]: c for c in loops["toucher"]["counters"]}["page-faults"]
+    # 12,288 pages, one write each: the loop's faults, all of them, and none in the other loop.
+    assert 12_000 <= faults["total"] <= 12_300, faults
+    # Every iteration recorded: exactly one per iteration. With the threshold, the iterations after it are
+    # estimated from the loop's time (5% either way here).
+    lo, hi = (0.97, 1.01) if threshold == 0 else (0.8, 1.25)
+    assert lo <= faults["per_iteration"] <= hi, faults
+    assert {c["name"]: c for c in loops["adder"]["counters"]}["page-faults"]["total"] == 0
+    text = subprocess.run([ANALYZE, "hot", "--top", "5", str(out)], capture_output=True, text=True).stdout
+    assert "   counters (sampled): page-faults 12" in text and "/iteration" in text
+
+
+def test_the_perfetto_protobuf_export_has_a_counter_track_per_thread(tmp_path):
+    from perfetto.protos.perfetto.trace import perfetto_trace_pb2 as P
+
+    rows, _, out = _record(tmp_path, "page-faults,context-switches")
+    pf = tmp_path / "c.pftrace"
+    r = subprocess.run([ANALYZE, "export", "--perfetto", str(out), "-o", str(pf)], capture_output=True, text=True)
+    assert r.returncode == 0, r.stderr
+    t = P.Trace.FromString(pf.read_bytes())
+    tracks = {p.track_descriptor.uuid: p.track_descriptor for p in t.packet if p.HasField("track_descriptor")}
+    counter_tracks = {u: d for u, d in tracks.items() if d.HasField("counter")}
+    names = sorted(d.name for d in counter_tracks.values())
+    assert "page-faults" in names and "context-switches" in names, names
+    for d in counter_tracks.values():
+        assert d.parent_uuid in tracks and tracks[d.parent_uuid].HasField("thread"), "under its thread's track"
+        assert d.counter.unit == P.CounterDescriptor.UNIT_COUNT
+    values = collections.defaultdict(list)
+    for p in t.packet:
+        if p.HasField("track_event") and p.track_event.type == P.TrackEvent.TYPE_COUNTER:
+            assert p.timestamp_clock_id == 6, "absolute BOOTTIME, as the threads' clocks are anchored"
+            values[p.track_event.track_uuid].append((p.timestamp, p.track_event.counter_value))
+    assert set(values) == set(counter_tracks)
+    for v in values.values():
+        assert v == sorted(v), "times and running totals only grow"
+    faults = sum(v[-1][1] for u, v in values.items() if counter_tracks[u].name == "page-faults")
+    info = subprocess.run([ANALYZE, "info", "--json", str(out)], capture_output=True, text=True).stdout
+    sampled = {c["name"]: c for c in json.loads(info)["counters"]}["page-faults"]
+    assert faults == sampled["events"] >= 3_000, (faults, sampled)
+
+
+def test_counter_samples_are_a_table_joined_to_calls(tmp_path):
+    pl = pytest.importorskip("polars")
+    import ocular
+
+    rows, _, out = _record(tmp_path, "page-faults")
+    trace = ocular.load(str(out))
+    s = trace.counter_samples()
+    assert s.columns == ["thread_id", "ts_ns", "counter", "value", "call_id", "function"]
+    assert set(s["counter"].to_list()) == {"page-faults"}
+    # Each sample's function is the one stats credits with it: the same totals per function.
+    per_function = dict(s.group_by("function").agg(pl.col("value").sum()).drop_nulls().iter_rows())
+    assert per_function["toucher"] == _c(rows["toucher"], "page-faults") >= 3_000
+    # call_id is the activation running then, as the calls table numbers them.
+    calls = trace.calls().filter(pl.col("function") == "toucher")
+    toucher = s.filter(pl.col("function") == "toucher")
+    assert set(toucher["call_id"].to_list()) == set(calls["call_id"].to_list())
+    start, end = calls["start_ns"][0], calls["end_ns"][0]
+    assert toucher["ts_ns"].min() >= start and toucher["ts_ns"].max() <= end
+    # And in the Parquet export.
+    pq = tmp_path / "pq"
+    r = subprocess.run([ANALYZE, "export", "--parquet", str(out), "-o", str(pq)], capture_output=True, text=True)
+    assert r.returncode == 0, r.stderr
+    assert "counter_samples.parquet (" in r.stderr
+    as_text = lambda df: df.select(pl.all().cast(pl.String))  # Enum there, Categorical here: the same text
+    assert as_text(pl.read_parquet(pq / "counter_samples.parquet")).equals(as_text(s))

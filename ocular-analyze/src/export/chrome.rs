@@ -52,7 +52,7 @@ pub fn export(path: &Path, opts: ReadOptions, out: &mut dyn Write) -> anyhow::Re
         match item {
             Item::Thread { .. } | Item::Events { .. } => Ok(()),
             // A counter track per counter (FORMAT.md 6.9), one series per thread: its running total.
-            Item::Counter { tid, ticks, name, total } => {
+            Item::Counter { tid, ticks, name, total, .. } => {
                 let (n, ts) = (json_str(name), us(ticks));
                 emit(out, format_args!(
                     "{{\"name\":{n},\"cat\":\"counter\",\"ph\":\"C\",\"ts\":{ts:.3},\"pid\":{pid},\"args\":{{\"thread {tid}\":{total}}}}}"
@@ -66,7 +66,7 @@ pub fn export(path: &Path, opts: ReadOptions, out: &mut dyn Write) -> anyhow::Re
                      \"tid\":{tid},\"args\":{{\"lost\":{count}}}}}"
                 ))
             }
-            Item::Begin { tid, ticks, code: id } | Item::End { tid, ticks, code: id, .. } => {
+            Item::Begin { tid, ticks, code: id, .. } | Item::End { tid, ticks, code: id, .. } => {
                 let ph = if matches!(item, Item::Begin { .. }) { "B" } else { "E" };
                 let (n, ts) = (name(id), us(ticks));
                 // A slice cut by a window's edge (FORMAT.md 5.3) says so in its arguments (Perfetto

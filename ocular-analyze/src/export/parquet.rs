@@ -1,5 +1,5 @@
-//! Parquet export (feature `parquet`): `events.parquet`, `calls.parquet`, `code.parquet` and `lost.parquet`
-//! in a directory, the tables of [`crate::table`], written batch by batch with polars (one row group per
+//! Parquet export (feature `parquet`): `events.parquet`, `calls.parquet`, `code.parquet`, `lost.parquet` and
+//! `counter_samples.parquet` in a directory, the tables of [`crate::table`], written batch by batch with polars (one row group per
 //! batch, so memory does not grow with the trace). Text columns are polars `Enum`s built from the tables' dictionary codes,
 //! so they are written as Parquet dictionary pages without hashing a string per row; polars reads them back
 //! as `Enum`, pandas (pyarrow) as `category`. Integer columns are written `DELTA_BINARY_PACKED`:
@@ -362,12 +362,11 @@ impl Pipe {
     }
 }
 
-/// Exports `path` into `dir` (created if missing) as events.parquet, calls.parquet, code.parquet and
-/// lost.parquet. On an
-/// error, the files it created are removed (and `dir`, if it created that too).
+/// Exports `path` into `dir` (created if missing) as events.parquet, calls.parquet, code.parquet,
+/// lost.parquet and counter_samples.parquet. On an error, the files it created are removed (and `dir`, if it created that too).
 pub fn export(path: &Path, opts: ReadOptions, dir: &Path) -> anyhow::Result<Summary> {
     crate::output::refuse_input(path, dir)?;
-    for t in [Table::Code, Table::Calls, Table::Events, Table::Lost] {
+    for t in [Table::Code, Table::Calls, Table::Events, Table::Lost, Table::CounterSamples] {
         crate::output::refuse_input(path, &dir.join(format!("{}.parquet", t.name())))?;
     }
     let new_dir = !dir.exists();
@@ -392,7 +391,7 @@ pub fn export(path: &Path, opts: ReadOptions, dir: &Path) -> anyhow::Result<Summ
     let built = table::build(
         path,
         opts,
-        &[Table::Code, Table::Lost, Table::Calls, Table::Events],
+        &[Table::Code, Table::Lost, Table::Calls, Table::Events, Table::CounterSamples],
         table::DEFAULT_BATCH_ROWS,
         &mut pipe,
     );

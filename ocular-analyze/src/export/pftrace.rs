@@ -38,6 +38,8 @@ struct TracePacket {
     trace_packet_defaults: Option<TracePacketDefaults>,
     #[prost(message, optional, tag = "60")]
     track_descriptor: Option<TrackDescriptor>,
+    #[prost(uint32, optional, tag = "58")]
+    timestamp_clock_id: Option<u32>,
 }
 
 #[derive(Clone, PartialEq, Message)]
@@ -82,6 +84,16 @@ struct TrackDescriptor {
     thread: Option<ThreadDescriptor>,
     #[prost(uint64, optional, tag = "5")]
     parent_uuid: Option<u64>,
+    #[prost(message, optional, tag = "8")]
+    counter: Option<CounterDescriptor>,
+}
+
+#[derive(Clone, PartialEq, Message)]
+struct CounterDescriptor {
+    #[prost(int32, optional, tag = "3")]
+    unit: Option<i32>,
+    #[prost(string, optional, tag = "6")]
+    unit_name: Option<String>,
 }
 
 #[derive(Clone, PartialEq, Message)]
@@ -110,6 +122,10 @@ struct TrackEvent {
     name_iid: Option<u64>,
     #[prost(message, repeated, tag = "4")]
     debug_annotations: Vec<DebugAnnotation>,
+    #[prost(uint64, optional, tag = "11")]
+    track_uuid: Option<u64>,
+    #[prost(int64, optional, tag = "30")]
+    counter_value: Option<i64>,
 }
 
 #[derive(Clone, PartialEq, Message)]
@@ -147,6 +163,16 @@ struct EventName {
 const SLICE_BEGIN: i32 = 1;
 const SLICE_END: i32 = 2;
 const INSTANT: i32 = 3;
+const COUNTER: i32 = 4;
+/// `CounterDescriptor.Unit`.
+const UNIT_TIME_NS: i32 = 1;
+const UNIT_COUNT: i32 = 2;
+/// The sequence of the counter samples: absolute BOOTTIME timestamps (a file's samples are in time order
+/// per drain of the kernel's buffers, not merged with the events, so they cannot share the threads'
+/// delta clocks).
+const COUNTERS: u32 = u32::MAX >> 1;
+/// Counter tracks' uuids: above every thread id, then the thread id and the counter's index.
+const COUNTER_TRACK: u64 = 1 << 62;
 const SEQ_INCREMENTAL_STATE_CLEARED: u32 = 1;
 const SEQ_NEEDS_INCREMENTAL_STATE: u32 = 2;
 /// The sequence of the track descriptors; threads' sequences follow it.
@@ -284,10 +310,48 @@ pub fn export(path: &Path, opts: ReadOptions, out: &mut dyn Write) -> anyhow::Re
         },
     )?;
     let mut seqs = Sequences { by_tid: Default::default() };
+    let mut counter_tracks: HashSet<u64> = HashSet::default();
     let (read, warnings) = timeline.run(|code, item| match item {
-        // Counters are in the JSON export; the protobuf one's sequences need time-ordered events, which
-        // samples (written in their own chunks) are not.
-        Item::Events { .. } | Item::Counter { .. } => Ok(()),
+        Item::Events { .. } => Ok(()),
+        // A counter track per thread and counter (FORMAT.md 6.9), under the thread's track, described at
+        // its first sample: the thread's running total of the counter's events.
+        Item::Counter { tid, ticks, counter, name, unit, total } => {
+            let uuid = COUNTER_TRACK | tid << 8 | counter as u64;
+            if counter_tracks.insert(uuid) {
+                let (unit, unit_name) =
+                    if unit == "ns" { (UNIT_TIME_NS, None) } else { (UNIT_COUNT, Some(unit.into())) };
+                o.packet(
+                    DESCRIPTORS,
+                    None,
+                    TracePacket {
+                        track_descriptor: Some(TrackDescriptor {
+                            uuid: Some(uuid),
+                            name: Some(name.into()),
+                            parent_uuid: Some(tid),
+                            counter: Some(CounterDescriptor { unit: Some(unit), unit_name }),
+                            ..Default::default()
+                        }),
+                        ..Default::default()
+                    },
+                )?;
+            }
+            let te = TrackEvent {
+                r#type: Some(COUNTER),
+                track_uuid: Some(uuid),
+                counter_value: Some(total as i64),
+                ..Default::default()
+            };
+            o.packet(
+                COUNTERS,
+                None,
+                TracePacket {
+                    timestamp: Some(ns(ticks)),
+                    timestamp_clock_id: Some(BOOTTIME),
+                    track_event: Some(te),
+                    ..Default::default()
+                },
+            )
+        }
         // Where a thread's events were dropped: an instant at the first, with how many.
         Item::Lost { tid, first, count, .. } => {
             let mut te = track_event(INSTANT, Some(LOST_IID));
@@ -295,7 +359,7 @@ pub fn export(path: &Path, opts: ReadOptions, out: &mut dyn Write) -> anyhow::Re
             seqs.event(&mut o, tid, ns(first), te, None)
         }
         Item::Thread { tid, name } => o.packet(DESCRIPTORS, None, thread_track(pid, tid, process_uuid, name)),
-        Item::Begin { tid, ticks, code: id } => {
+        Item::Begin { tid, ticks, code: id, .. } => {
             let qualname = || code.get(&id).map_or_else(|| "?".into(), |c| c.qualname.clone());
             seqs.event(&mut o, tid, ns(ticks), track_event(SLICE_BEGIN, Some(id as u64 + 1)), Some((id, &qualname)))
         }
@@ -335,7 +399,7 @@ fn thread_track(pid: i32, tid: u64, parent: u64, name: Option<&str>) -> TracePac
 }
 
 fn track_event(kind: i32, name_iid: Option<u64>) -> TrackEvent {
-    TrackEvent { r#type: Some(kind), name_iid, debug_annotations: vec![] }
+    TrackEvent { r#type: Some(kind), name_iid, ..Default::default() }
 }
 
 fn annotation(name_iid: u64, v: u64) -> DebugAnnotation {

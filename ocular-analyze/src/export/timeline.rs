@@ -52,8 +52,12 @@ pub enum Item<'a> {
         tid: u64,
         /// Ticks of the sample.
         ticks: u64,
+        /// The counter's index in the file.
+        counter: u8,
         /// The counter's name.
         name: &'a str,
+        /// What one of its events is (`ns`, `faults`, ...).
+        unit: &'a str,
         /// The thread's total of it so far.
         total: u64,
     },
@@ -65,6 +69,8 @@ pub enum Item<'a> {
         ticks: u64,
         /// Code id.
         code: u32,
+        /// The activation's call id.
+        call: u64,
     },
     /// The innermost open activation ends.
     End {
@@ -209,7 +215,9 @@ impl Timeline {
                         let item = Item::Counter {
                             tid: x.thread_id,
                             ticks: to_ticks(x.monotonic_ns),
+                            counter: x.counter,
                             name: &info.name,
+                            unit: &info.unit,
                             total: *total,
                         };
                         f(&code, item)?;
@@ -263,7 +271,7 @@ impl Timeline {
                                 };
                                 calls += 1;
                                 th.stack.push(Frame { code: id, call, loops: Vec::new() });
-                                f(&code, Item::Begin { tid, ticks, code: id })?;
+                                f(&code, Item::Begin { tid, ticks, code: id, call: call.id })?;
                             }
                             Some(EventKind::PY_RETURN | EventKind::PY_YIELD | EventKind::PY_UNWIND) => {
                                 let Some(pos) = th.stack.iter().rposition(|fr| fr.code == id) else { continue };

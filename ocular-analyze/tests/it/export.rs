@@ -179,6 +179,7 @@ fn tables_have_a_row_per_event_and_per_call_in_batches_of_any_size() {
                 Table::Calls => g_calls += texts(b, "function").iter().filter(|f| f.as_deref() == Some("g")).count(),
                 Table::Code => assert_eq!(b.rows, 5),
                 Table::Lost => assert_eq!(b.rows, 0, "this recording lost nothing"),
+                Table::CounterSamples => assert_eq!(b.rows, 0, "this recording has no counters"),
             }
         }
         assert_eq!((back_in_count, g_calls), (1000, 300), "batch_rows {batch_rows}");

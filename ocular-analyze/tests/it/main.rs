@@ -1,6 +1,7 @@
 //! Integration tests of the analyzer: golden dumps of frozen files, the CLI's output and its errors.
 
 mod cli;
+mod counters;
 mod export;
 mod golden;
 mod reports;

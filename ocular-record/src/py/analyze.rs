@@ -204,7 +204,7 @@ impl ArrowTable {
 
 /// `table(path, name, salvage=False, columns=None, threads=None, start_ns=None, end_ns=None) ->
 /// (ArrowTable, warnings)`: one of the tables of `ocular_analyze::table` (`events`, `calls`, `code`,
-/// `lost`), with the rows and columns selected.
+/// `lost`, `counter_samples`), with the rows and columns selected.
 ///
 /// A table too big for the memory the process can get raises `MemoryError` before anything is built:
 /// Rust aborts the process when an allocation fails (a notebook kernel dies), so the size is estimated
@@ -227,7 +227,12 @@ pub(super) fn table(
         "calls" => Table::Calls,
         "code" => Table::Code,
         "lost" => Table::Lost,
-        other => return Err(PyValueError::new_err(format!("no table {other:?}: events, calls, code or lost"))),
+        "counter_samples" => Table::CounterSamples,
+        other => {
+            return Err(PyValueError::new_err(format!(
+                "no table {other:?}: events, calls, code, lost or counter_samples"
+            )))
+        }
     };
     // Rust aborts the process when an allocation fails: an events table that cannot fit the memory the
     // process can get is refused before anything is built, from its size in the chunk headers. The
