@@ -109,9 +109,9 @@ def programs(names: list[str], tmp: str) -> dict[str, list[str]]:
     return out
 
 
-def exclusive(path: str) -> dict[str, float]:
+def exclusive(path: str, analyze: str = ANALYZE) -> dict[str, float]:
     """function (qualname file:line) -> exclusive ms, threads merged."""
-    res = subprocess.run([ANALYZE, "stats", path, "--json", "--top", "100000"], capture_output=True, text=True)
+    res = subprocess.run([analyze, "stats", path, "--json", "--top", "100000"], capture_output=True, text=True)
     if res.returncode:
         raise RuntimeError(f"ocular-analyze stats {path} failed: {res.stderr.strip()}")
     out: dict[str, float] = {}
@@ -153,6 +153,9 @@ def main() -> None:
     ap.add_argument("--repeats", type=int, default=3)
     ap.add_argument("--window-period", type=float, help="ms, passed to the default mode's recordings")
     ap.add_argument("--window-length", type=float, help="ms, likewise")
+    ap.add_argument("--baseline-analyzer", metavar="PATH",
+                    help="another ocular-analyze (an earlier build): its distance on the same default-mode "
+                         "recordings is shown next to this one's, which isolates a change to the analysis")
     opts = ap.parse_args()
     extra = []
     if opts.window_period:
@@ -165,7 +168,7 @@ def main() -> None:
         progs = programs(opts.programs.split(","), tmp)
         rows = []
         for name, cmd in progs.items():
-            dists, noise, same_noise, last = [], [], [], None
+            dists, noise, same_noise, last, base = [], [], [], None, []
             for _ in range(opts.repeats):
                 views = {}
                 # Two full traces: how far calls mode is from itself, run to run, is the floor of the
@@ -174,27 +177,36 @@ def main() -> None:
                     out = os.path.join(tmp, f"{name}-{mode}.ocl")
                     record(mode.split("-")[0], cmd, out, extra)
                     views[mode] = exclusive(out)
+                    if mode == "adaptive" and opts.baseline_analyzer:
+                        views["baseline"] = exclusive(out, opts.baseline_analyzer)
                     os.unlink(out)
                 dists.append(distance(views["adaptive"], views["calls"]))
+                if opts.baseline_analyzer:
+                    base.append(distance(views["baseline"], views["calls"]))
                 noise.append(distance(views["calls-again"], views["calls"]))
                 same_noise.append(set(top(views["calls-again"], 3)) == set(top(views["calls"], 3)))
                 last = views
             d3, c3 = top(last["adaptive"], 3), top(last["calls"], 3)
             rows.append((name, d3, c3, set(d3) == set(c3), statistics.median(dists), min(dists), max(dists),
-                         statistics.median(noise), all(same_noise)))
+                         statistics.median(noise), all(same_noise), statistics.median(base) if base else None))
             print(f"  {name}: distance {statistics.median(dists):.3f}", file=sys.stderr)
     windows = " ".join(extra) or "default windows"
     print(f"\nDefault mode (adaptive, threshold 500, {windows}) against calls mode, {opts.repeats} repeats, "
           f"Python {sys.version.split()[0]}")
+    b = opts.baseline_analyzer
     print("| program | default mode top 3 | calls mode top 3 | same set | distance, median (min-max) "
-          "| calls vs calls: distance, same set |")
-    print("|---|---|---|---|---:|---:|")
-    for name, d3, c3, same, med, lo, hi, nd, nsame in rows:
+          f"| calls vs calls: distance, same set |{' baseline analyzer: distance |' if b else ''}")
+    print(f"|---|---|---|---|---:|---:|{'---:|' if b else ''}")
+    for name, d3, c3, same, med, lo, hi, nd, nsame, bd in rows:
         print(f"| {name} | {', '.join(map(short, d3))} | {', '.join(map(short, c3))} | {'yes' if same else 'no'} "
-              f"| {med:.3f} ({lo:.3f}-{hi:.3f}) | {nd:.3f}, {'yes' if nsame else 'no'} |")
+              f"| {med:.3f} ({lo:.3f}-{hi:.3f}) | {nd:.3f}, {'yes' if nsame else 'no'} |"
+              + (f" {bd:.3f} |" if b else ""))
     if rows:
         print(f"\nsame top-3 set: {sum(r[3] for r in rows)} of {len(rows)}; median distance "
               f"{statistics.median(r[4] for r in rows):.3f}, worst {max(r[4] for r in rows):.3f} (target: <= 0.15)")
+        if b:
+            print(f"baseline analyzer ({b}): median distance {statistics.median(r[9] for r in rows):.3f}, "
+                  f"worst {max(r[9] for r in rows):.3f}")
 
 
 if __name__ == "__main__":

@@ -271,6 +271,8 @@ enum Phase {
 #[derive(Default)]
 struct ThreadState {
     stack: Vec<Frame>,
+    /// The code id of the thread's last event.
+    last_code: u32,
     /// Sum of the recorder's cost of every event of this thread so far, in ticks.
     cost: f64,
     last_ticks: u64,
@@ -404,11 +406,15 @@ pub struct Analysis {
     /// Performance counters recorded (FORMAT.md 6.9), by index.
     pub counters: Vec<ocular_format::CounterInfo>,
     /// Per (thread, code id), each counter's events in the function itself (its samples' periods), by
-    /// counter index.
+    /// counter index. With windows (FORMAT.md 5.3): those of the complete part plus those of the later
+    /// windows scaled by [`Windows::scale`], as the functions' times (an estimate).
     pub counter_totals: HashMap<(u64, u32), Vec<u64>>,
     /// Per counter, events of samples taken while no Python function ran on their thread (before its first
-    /// event, between recorded frames), and samples the kernel could not store.
+    /// event, between recorded frames).
     pub counter_unattributed: Vec<u64>,
+    /// Per counter, events of samples taken between windows, where the running function is not recorded:
+    /// the windows' samples, scaled, stand for them in `counter_totals`.
+    pub counter_between_windows: Vec<u64>,
     /// Per counter, samples lost by the kernel.
     pub counter_lost: Vec<u64>,
     /// Branch events per (code id, branch offset): each destination seen, with the event's kind
@@ -619,33 +625,69 @@ pub(crate) fn read_samples(
     Ok(out)
 }
 
-/// Attributes a thread's samples up to tick `t` to the function running then, the innermost frame of its
-/// stack (before the event at `t` changes it), and to that frame's innermost running loop, if any: the
-/// loop it entered last and has not been seen to leave.
-fn attribute(
-    q: &mut SampleQueue,
-    t: u64,
-    tid: u64,
-    ts: &ThreadState,
-    totals: &mut HashMap<(u64, u32), Vec<u64>>,
-    unattributed: &mut [u64],
-    loops: &mut [LoopStats],
-) {
-    while q.front().is_some_and(|s| s.0 <= t) {
-        let (_, k, period) = q.pop_front().expect("checked");
-        let n = unattributed.len();
-        match ts.stack.last() {
-            Some(f) => {
-                let v = totals.entry((tid, f.code)).or_insert_with(|| vec![0; n]);
-                v[k as usize] += period;
-                // Nested loops: the inner one's head comes after its outer loop's head.
-                if let Some(l) = f.loops.iter().max_by_key(|l| l.0).and_then(|l| loops.get_mut(l.1 as usize)) {
-                    l.counters.resize(n, 0);
-                    l.counters[k as usize] += period;
-                }
+/// Counter samples attributed during the pass.
+#[derive(Default)]
+struct Tally {
+    /// Per (thread, code id): samples of the complete part (exact).
+    exact: HashMap<(u64, u32), Vec<u64>>,
+    /// Per (thread, code id): samples of the later windows, to be scaled.
+    windows: HashMap<(u64, u32), Vec<u64>>,
+    unattributed: Vec<u64>,
+    between: Vec<u64>,
+}
+
+impl Tally {
+    /// Attributes a thread's samples up to tick `t` to the function running then, the innermost frame
+    /// of its stack (before the event at `t` changes it), and to that frame's innermost running loop, if
+    /// any: the loop it entered last and has not been seen to leave. Between windows the stack is not
+    /// recorded: a sample there goes to a loop only if the thread's last event was in its frame (the loop
+    /// still runs its recorded backward jumps), and to no function (the windows stand for it).
+    fn attribute(&mut self, q: &mut SampleQueue, t: u64, tid: u64, ts: &ThreadState, loops: &mut [LoopStats]) {
+        while q.front().is_some_and(|s| s.0 <= t) {
+            let (at, k, period) = q.pop_front().expect("checked");
+            let n = self.unattributed.len();
+            // While a window's stack arrives, the frames it has confirmed (those above are left from
+            // before the window).
+            let top = match ts.sampling {
+                Some(depth) => ts.stack[..depth.min(ts.stack.len())].last(),
+                None => ts.stack.last(),
+            };
+            let Some(f) = top else {
+                self.unattributed[k as usize] += period;
+                continue;
+            };
+            let gap = match ts.phase {
+                Phase::Complete => false,
+                Phase::Sampled => at > ts.window_end,
+                Phase::Gap => true,
+            };
+            if gap {
+                self.between[k as usize] += period;
+            } else {
+                let m = if ts.phase == Phase::Complete { &mut self.exact } else { &mut self.windows };
+                m.entry((tid, f.code)).or_insert_with(|| vec![0; n])[k as usize] += period;
             }
-            None => unattributed[k as usize] += period,
+            if gap && ts.last_code != f.code {
+                continue;
+            }
+            // Nested loops: the inner one's head comes after its outer loop's head.
+            if let Some(l) = f.loops.iter().max_by_key(|l| l.0).and_then(|l| loops.get_mut(l.1 as usize)) {
+                l.counters.resize(n, 0);
+                l.counters[k as usize] += period;
+            }
         }
+    }
+
+    /// The totals per (thread, code id): exact plus the windows' scaled by `scale`.
+    fn totals(self, scale: f64) -> HashMap<(u64, u32), Vec<u64>> {
+        let mut out = self.exact;
+        for (key, w) in self.windows {
+            let v = out.entry(key).or_insert_with(|| vec![0; w.len()]);
+            for (a, b) in v.iter_mut().zip(w) {
+                *a += (b as f64 * scale).round() as u64;
+            }
+        }
+        out
     }
 }
 
@@ -679,7 +721,8 @@ pub fn analyze(path: &Path, opts: ReadOptions) -> ocular_format::Result<Analysis
     // Counter samples (FORMAT.md 6.9) come in their own chunks, anywhere in the file: gathered first, in a
     // pass over the metadata, to be attributed as each thread's events go by.
     let Samples { counters, by_thread: mut samples, lost } = read_samples(path, opts, &header)?;
-    a.counter_unattributed = vec![0; counters.len()];
+    let mut tally =
+        Tally { unattributed: vec![0; counters.len()], between: vec![0; counters.len()], ..Tally::default() };
     a.counters = counters;
     a.counter_lost = lost;
     crate::progress::begin("analyzing", std::fs::metadata(path).map(|m| m.len()).unwrap_or(0));
@@ -693,15 +736,7 @@ pub fn analyze(path: &Path, opts: ReadOptions) -> ocular_format::Result<Analysis
                 let mut pending = samples.get_mut(&tid);
                 for e in evs {
                     if let Some(q) = pending.as_deref_mut() {
-                        attribute(
-                            q,
-                            e.ticks.get(),
-                            tid,
-                            ts,
-                            &mut a.counter_totals,
-                            &mut a.counter_unattributed,
-                            &mut tables.loops,
-                        );
+                        tally.attribute(q, e.ticks.get(), tid, ts, &mut tables.loops);
                     }
                     step(ts, e, &cost, precise, &mut tables, &mut a.tree, per, &mut log);
                 }
@@ -742,7 +777,7 @@ pub fn analyze(path: &Path, opts: ReadOptions) -> ocular_format::Result<Analysis
     for (tid, q) in samples.iter_mut() {
         let empty = ThreadState::default();
         let ts = threads.get(tid).unwrap_or(&empty);
-        attribute(q, u64::MAX, *tid, ts, &mut a.counter_totals, &mut a.counter_unattributed, &mut tables.loops);
+        tally.attribute(q, u64::MAX, *tid, ts, &mut tables.loops);
     }
     // Frames still open at the end (the recording stopped inside them) end at their thread's last event,
     // or, in a window, when the window or the recording ended.
@@ -767,6 +802,9 @@ pub fn analyze(path: &Path, opts: ReadOptions) -> ocular_format::Result<Analysis
     let scale = windows.as_ref().map_or(0.0, |w| w.scale);
     let sampled = windows.as_ref().is_some_and(|w| w.sampled_ticks > 0);
     a.windows = windows;
+    a.counter_unattributed = std::mem::take(&mut tally.unattributed);
+    a.counter_between_windows = std::mem::take(&mut tally.between);
+    a.counter_totals = tally.totals(scale);
     a.tree.finish(scale);
     for per in a.per_thread.values_mut() {
         for s in per.values_mut() {
@@ -830,14 +868,18 @@ fn step(
     let id = e.code.get();
     let off = e.offset.get();
     log.end = log.end.max(t);
+    if ts.sampling.is_some() && e.event_kind() != Some(EventKind::STACK) {
+        // The window's stack is complete: frames above what it confirmed have returned. Before the window's
+        // time is counted (next, if it ended before this event): it belongs to the stack taken at its
+        // opening, not to frames left from before it (a caller's events seen between windows push it as a
+        // callee of the stale top; such a frame took whole windows when the first event after a window's
+        // stack came after the window).
+        finish_sample(ts, t, tree, per, tables);
+    }
     if ts.phase == Phase::Sampled && t >= ts.window_end {
         // The window ended before this event: function boundaries stopped being recorded then.
         ts.advance(ts.window_end);
         ts.phase = Phase::Gap;
-    }
-    if ts.sampling.is_some() && e.event_kind() != Some(EventKind::STACK) {
-        // The window's stack is complete: frames above what it confirmed have returned.
-        finish_sample(ts, t, tree, per, tables);
     }
     match e.event_kind() {
         // A window stands for its lead too (FORMAT.md 5.3): it starts `lead` before its marker, and the
@@ -862,6 +904,7 @@ fn step(
         Phase::Gap => {}
     }
     ts.last_ticks = t;
+    ts.last_code = e.code.get();
     ts.count += 1;
     let count = ts.count;
     let Some(kind) = e.event_kind() else { return };
@@ -898,12 +941,17 @@ fn step(
                 return; // a frame of code that is not recorded: not on the analysis' stacks either
             }
             let index = tables.indexes.get(tables.code_index(id) as usize);
-            if index.is_some_and(|i| i.resume.contains(&off)) {
+            let at_start = index.is_some_and(|i| i.resume.contains(&off));
+            if at_start {
                 // The window opened at this frame's start (its RESUME, a safe point): it was entered at
-                // the opening, and the window's lead ran in its callers.
+                // the opening, and the window's lead ran in its callers, the frames the stack confirmed so
+                // far (not frames left from before the window: they go first).
+                while ts.stack.len() > depth {
+                    pop(ts, t, tree, per, tables);
+                }
                 ts.advance(t);
             }
-            if ts.stack.get(depth).is_some_and(|f| f.code == id) {
+            if !at_start && ts.stack.get(depth).is_some_and(|f| f.code == id) {
                 // The same activation as before the gap, as far as can be told. Its loops' unrecorded time
                 // ends here if the frame is now outside them.
                 if depth + 1 == ts.stack.len() {

@@ -19,9 +19,11 @@ use std::path::PathBuf;
 ///   ocular-analyze flamegraph ocular.ocl -o flame.svg
 ///   ocular-analyze dump ocular.ocl | less
 ///
-/// And while a program records: ocular-analyze top PID
+/// And while a program records:
+///
+///   ocular-analyze top PID
 #[derive(Parser, Debug)]
-#[command(name = "ocular-analyze", version, about, long_about, propagate_version = true)]
+#[command(name = "ocular-analyze", version, about, long_about, propagate_version = true, verbatim_doc_comment)]
 struct Cli {
     #[command(subcommand)]
     command: Command,

@@ -55,7 +55,8 @@ pub struct Row {
     /// the figures miss those stretches (the reader's warnings say when).
     pub lost_share: f64,
     /// Performance counters (FORMAT.md 6.9): each recorded counter's events in the function itself
-    /// (sampled: its samples' periods), by name.
+    /// (sampled: its samples' periods), by name. Estimates where `estimated` is: the windows' samples
+    /// scaled as the times are.
     #[serde(skip_serializing_if = "Vec::is_empty")]
     pub counters: Vec<(String, u64)>,
 }
@@ -217,7 +218,7 @@ pub fn report(a: &Analysis, span: Span, per_thread: bool, sort: SortBy, top: usi
 /// What the figures cover: with windows, which part is estimated; in a thresholded recording made before
 /// windows (format 2.1 and earlier), that a function's calls after its first `n` were not recorded.
 fn threshold_note(a: &Analysis, rows: &[Row]) -> Option<String> {
-    let notes: Vec<String> = [flight_note(a), windows_note(a, rows)].into_iter().flatten().collect();
+    let notes: Vec<String> = [flight_note(a), windows_note(a, rows), counters_note(a)].into_iter().flatten().collect();
     (!notes.is_empty()).then(|| notes.join("\nnote: "))
 }
 
@@ -232,6 +233,28 @@ fn flight_note(a: &Analysis) -> Option<String> {
          here (ocular-analyze info shows from when, per thread); a function running when the kept part begins \
          counts from there"
     ))
+}
+
+/// With windows, counter samples taken between them belong to no recorded function: say how many.
+fn counters_note(a: &Analysis) -> Option<String> {
+    let between: u64 = a.counter_between_windows.iter().sum();
+    (a.windows.is_some() && between > 0).then(|| {
+        let list: Vec<String> = a
+            .counters
+            .iter()
+            .zip(&a.counter_between_windows)
+            .filter(|(_, n)| **n > 0)
+            .map(|(c, n)| match c.unit.as_str() {
+                "ns" => format!("{} {:.1} ms", c.name, *n as f64 / 1e6),
+                _ => format!("{} {n}", c.name),
+            })
+            .collect();
+        format!(
+            "counters: the samples taken between windows ({}) are not given to a function (which one ran is not \
+             recorded there): the windows' samples, scaled as the times are, stand for them",
+            list.join(", ")
+        )
+    })
 }
 
 fn windows_note(a: &Analysis, rows: &[Row]) -> Option<String> {
@@ -291,24 +314,25 @@ impl fmt::Display for Report {
                 let share = wall_share.map_or_else(|| "-".to_string(), |s| format!("{:.1}%", s * 100.0));
                 // An estimate reads as one: `~` before every figure scaled up from windows.
                 let m = if r.estimated { "~" } else { "" };
-                let counts: String =
-                    r.counters
-                        .iter()
-                        .map(|(name, n)| {
-                            if name == "task-clock" {
-                                format!(" {:>14.3}", *n as f64 / 1e6)
-                            } else {
-                                format!(" {n:>12}")
-                            }
-                        })
-                        .collect();
+                let counts: String = r
+                    .counters
+                    .iter()
+                    .map(|(name, n)| {
+                        if name == "task-clock" {
+                            format!(" {:>14}", format!("{m}{:.3}", *n as f64 / 1e6))
+                        } else {
+                            format!(" {:>12}", format!("{m}{n}"))
+                        }
+                    })
+                    .collect();
+                // No call seen (an estimate of none, or frames entered before the recording): no mean.
+                let mean = if r.calls > 0 { format!("{:.3}", r.mean_us) } else { "-".into() };
                 writeln!(
                     f,
-                    "{:>10} {:>12} {share:>7} {:>12} {:>11.3}{counts}  {}  {}:{}",
+                    "{:>10} {:>12} {share:>7} {:>12} {mean:>11}{counts}  {}  {}:{}",
                     format!("{}{}", if r.calls_estimated { "~" } else { "" }, r.calls),
                     format!("{m}{:.3}", r.inclusive_ms),
                     format!("{m}{:.3}", r.exclusive_ms),
-                    r.mean_us,
                     r.function,
                     r.file,
                     r.line

@@ -293,3 +293,44 @@ def test_counter_samples_are_a_table_joined_to_calls(tmp_path):
     assert "counter_samples.parquet (" in r.stderr
     as_text = lambda df: df.select(pl.all().cast(pl.String))  # Enum there, Categorical here: the same text
     assert as_text(pl.read_parquet(pq / "counter_samples.parquet")).equals(as_text(s))
+
+
+DENSE_PROGRAM = textwrap.dedent("""
+    import mmap, sys
+    import ocular
+    def tiny(x):
+        return x + 1
+    def dense():
+        s = 0
+        for i in range(100_000):        # call-dense: the default mode records it in windows
+            s = tiny(s)
+        return s
+    def toucher():
+        m = mmap.mmap(-1, 8 << 20)      # 2,048 fresh pages
+        for i in range(0, len(m), 4096):
+            m[i] = 1
+    # Windows every 2 ms (the default is every ~12 ms here), so that their estimate is close.
+    with ocular.record(sys.argv[1], counters=["page-faults"], window_period=0.002):
+        for _ in range(40):
+            dense(); toucher()
+""")
+
+
+@pytest.mark.skipif(_thp_always(), reason="transparent huge pages are always on: one fault maps 512 pages")
+def test_in_the_default_mode_samples_between_windows_go_to_no_other_function(tmp_path):
+    # Between windows the stack is not recorded: a stale one gave a third of toucher's faults to dense and
+    # tiny. Now the windows' samples, scaled as the times are, stand for them.
+    (tmp_path / "prog.py").write_text(DENSE_PROGRAM)
+    out = tmp_path / "d.ocl"
+    r = subprocess.run([sys.executable, str(tmp_path / "prog.py"), str(out)], capture_output=True, text=True,
+                       timeout=120)
+    assert r.returncode == 0, r.stderr
+    s = subprocess.run([ANALYZE, "stats", "--json", "--top", "50", str(out)], capture_output=True, text=True)
+    rows = {row["function"]: row for row in json.loads(s.stdout)}
+    assert rows["dense"]["estimated"], "recorded in windows (else this test tests nothing)"
+    faults = {f: _c(row, "page-faults") for f, row in rows.items() if row.get("counters")}
+    assert faults["dense"] == faults["tiny"] == 0, faults
+    # 81,920 faults; an estimate from the windows' share of the run (~150 windows, ~50 of them in toucher).
+    assert 0.6 <= faults["toucher"] / 81_920 <= 1.6, faults
+    text = subprocess.run([ANALYZE, "stats", str(out)], capture_output=True, text=True).stdout
+    assert "note: counters: the samples taken between windows (page-faults " in text

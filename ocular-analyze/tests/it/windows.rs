@@ -21,21 +21,11 @@ fn ev(t: u64, code: u32, offset: u32, arg: u32, kind: EventKind) -> RawEvent {
 }
 
 fn windowed() -> (tempfile::TempDir, std::path::PathBuf) {
-    let mut header = testing::header();
-    header.ticks_per_second = 1e6;
-    header.event_cost_ticks = 0.0;
-    header.start_ticks = T0;
-    let code = |id: u32, name: &str| CodeObject {
-        id,
-        name: name.into(),
-        qualname: name.into(),
-        filename: "windows.py".into(),
-        first_line: id * 10,
-        flags: 0,
-        bytecode: vec![151, 0, 83, 0],
-        linetable: Vec::new(),
-        positions: vec![Position { line: id as i32 * 10, end_line: id as i32 * 10, column: 0, end_column: 1 }; 2],
-    };
+    windowed_with(&[])
+}
+
+/// [`windowed`] with counter samples (ticks, period) of one counter, `page-faults`, on its thread.
+fn windowed_with(samples: &[(u64, u64)]) -> (tempfile::TempDir, std::path::PathBuf) {
     use EventKind::*;
     let mut e = vec![
         ev(0, 0, 0, u32::MAX, WINDOW),
@@ -59,15 +49,59 @@ fn windowed() -> (tempfile::TempDir, std::path::PathBuf) {
     }
     // Between windows nothing of the kind is recorded; the run's last event, at 11000.
     e.push(ev(11_000, MAIN, 2, 0, JUMP));
+    write_trace(&e, samples, 11_000)
+}
+
+/// Writes `e` (thread 7) and counter `samples` (ticks, period) of one counter, `page-faults`, with the code
+/// objects `main`, `f` and `g` (RESUME, RETURN_VALUE), into a file that ends at tick `end`.
+fn write_trace(e: &[RawEvent], samples: &[(u64, u64)], end: u64) -> (tempfile::TempDir, std::path::PathBuf) {
+    let mut header = testing::header();
+    header.ticks_per_second = 1e6;
+    header.event_cost_ticks = 0.0;
+    header.start_ticks = T0;
+    let code = |id: u32, name: &str| CodeObject {
+        id,
+        name: name.into(),
+        qualname: name.into(),
+        filename: "windows.py".into(),
+        first_line: id * 10,
+        flags: 0,
+        bytecode: vec![151, 0, 83, 0],
+        linetable: Vec::new(),
+        positions: vec![Position { line: id as i32 * 10, end_line: id as i32 * 10, column: 0, end_column: 1 }; 2],
+    };
     let dir = tempfile::tempdir().unwrap();
     let path = dir.path().join("windows.ocl");
     let name = path.display().to_string();
     let mut w = Writer::new(std::fs::File::create(&path).unwrap(), &name, &header, Default::default()).unwrap();
     w.code_objects(&[code(MAIN, "main"), code(F, "f"), code(G, "g")]).unwrap();
+    if !samples.is_empty() {
+        // The samples' clock is the header's monotonic one: tick t is start_monotonic_ns + 1000 (t - T0).
+        let ns = |t: u64| header.start_monotonic_ns + 1000 * t;
+        w.counters(&ocular_format::CounterSamples {
+            counters: vec![ocular_format::CounterInfo {
+                name: "page-faults".into(),
+                unit: "faults".into(),
+                period: 1,
+                error: String::new(),
+            }],
+            samples: samples
+                .iter()
+                .map(|&(t, period)| ocular_format::CounterSample {
+                    thread_id: 7,
+                    counter: 0,
+                    monotonic_ns: ns(t),
+                    period,
+                })
+                .collect(),
+            lost: vec![],
+        })
+        .unwrap();
+    }
     w.thread(&ThreadInfo { thread_id: 7, name: "MainThread".into(), is_main: true }).unwrap();
-    w.events(7, &e).unwrap();
+    w.events(7, e).unwrap();
     let n = e.len() as u64;
-    w.finish(Trailer { end_unix_ns: 0, end_monotonic_ns: 0, end_ticks: T0 + 11_000, events: n, lost: 0, chunks: 0 })
+    w.finish(Trailer { end_unix_ns: 0, end_monotonic_ns: 0, end_ticks: T0 + end, events: n, lost: 0, chunks: 0 })
         .unwrap();
     (dir, path)
 }
@@ -147,4 +181,64 @@ fn calls_carry_their_window_and_whether_a_window_edge_cut_them() {
     assert_eq!(rows.iter().filter(|r| r.0 == "main").count(), 11);
     assert_eq!(rows.iter().filter(|r| r.0 == "f" && r.2).count(), 5);
     assert!(rows.iter().all(|r| r.1.is_some()));
+}
+
+#[test]
+fn counter_samples_in_later_windows_are_scaled_and_those_between_windows_go_to_no_function() {
+    let (_dir, path) = windowed_with(&[
+        (200, 1),    // complete part, in f: exact
+        (450, 2),    // complete part, in g: exact
+        (1_050, 3),  // window 1 (main, f): f
+        (2_050, 5),  // window 2, in g (2030..2080)
+        (1_500, 70), // between windows 1 and 2: which function ran is not recorded
+        (2_500, 90), // between windows 2 and 3
+    ]);
+    let a = analyze(&path, Default::default()).unwrap();
+    let faults = |id: u32| a.counters_of(0, id)[0];
+    // Each later window stands for 10 times its length (the trace's scale).
+    let scale = a.windows.as_ref().unwrap().scale;
+    assert!((scale - 10.0).abs() < 1e-9, "{scale}");
+    assert_eq!((faults(F), faults(G), faults(MAIN)), (1 + 30, 2 + 50, 0));
+    assert_eq!(a.counter_between_windows, vec![160]);
+    let text = stats::report(&a, Default::default(), false, stats::SortBy::Exclusive, 10).to_string();
+    assert!(text.contains("~31  f  windows.py:20"), "{text}");
+    assert!(text.contains("counters: the samples taken between windows (page-faults 160)"), "{text}");
+}
+
+/// Between windows a caller's events (a frame the window's stack leaves out, as the frame that started
+/// the recording) push it above the stale top. The next window's stack confirms `main, f`: the window's
+/// time is `f`'s, whether the first event after the stack comes after the window or the window opened at
+/// a frame's start (its lead then runs in the confirmed callers).
+#[test]
+fn a_window_s_time_goes_to_its_stack_not_to_frames_left_from_before_it() {
+    use EventKind::*;
+    for at_resume in [false, true] {
+        let (f_off, lead) = if at_resume { (0, 30) } else { (2, 0) };
+        let mut open = ev(2_000, 0, 1, 100, WINDOW);
+        open.code.set(lead);
+        let e = vec![
+            ev(0, 0, 0, u32::MAX, WINDOW),
+            ev(0, MAIN, 0, 0, PY_START),
+            ev(100, F, 0, 0, PY_START),
+            ev(1_000, 0, 0, 0, WINDOW_END),
+            ev(1_500, G, 2, 0, JUMP), // between windows: pushed above f
+            open,
+            ev(2_000, MAIN, 2, 0, STACK),
+            ev(2_000, F, f_off, 1, STACK),
+            ev(2_500, F, 2, 0, JUMP), // after the window
+            ev(3_000, MAIN, 2, 0, JUMP),
+        ];
+        let (_dir, path) = write_trace(&e, &[(2_050, 4)], 3_000);
+        let a = analyze(&path, Default::default()).unwrap();
+        let rows = stats::rows(&a, false, stats::SortBy::Exclusive);
+        let excl = |name: &str| rows.iter().find(|r| r.function == name).map_or(0.0, |r| r.exclusive_ms);
+        assert_eq!(excl("g"), 0.0, "at_resume {at_resume}: {rows:?}");
+        // f: the complete part (900 us) and the window, scaled by the 2000 us it stands for. A window counts
+        // 100 us from when it was due: with a lead of 30 us, those went to main and f has 70.
+        let window = if at_resume { 0.07 } else { 0.1 };
+        let scale = a.windows.as_ref().unwrap().scale;
+        assert!((excl("f") - (0.9 + window * scale)).abs() < 1e-9, "at_resume {at_resume}: {rows:?} scale {scale}");
+        // The sample in the window is f's too.
+        assert_eq!(a.counters_of(0, F)[0], (4.0 * scale).round() as u64, "at_resume {at_resume}");
+    }
 }
