@@ -2,7 +2,9 @@
 exclusive time in the default mode (adaptive, threshold 500: calls recorded in windows after the first
 500 calls of any function, FORMAT.md 5.3) next to `calls` mode's (every call recorded), and the share
 distance: half the L1 distance between the two recordings' exclusive-time shares over `calls` mode's top
-10 functions (0: the same shares; 1: nothing in common). Targets: the same top-3 set, distance <= 0.15.
+10 functions (0: the same shares; 1: nothing in common), and the calls the default mode estimates over those
+`calls` mode counts (median over its 10 most called functions). Targets: the same top-3 set, distance <=
+0.15.
 
     make bench-truth     (or: PY bench/function_truth.py [--programs richards,markdown] [--repeats N])
 
@@ -110,15 +112,27 @@ def programs(names: list[str], tmp: str) -> dict[str, list[str]]:
 
 
 def exclusive(path: str, analyze: str = ANALYZE) -> dict[str, float]:
-    """function (qualname file:line) -> exclusive ms, threads merged."""
+    """function (qualname file:line) -> exclusive ms, threads merged; the calls under the same keys in
+    CALLS[path]."""
     res = subprocess.run([analyze, "stats", path, "--json", "--top", "100000"], capture_output=True, text=True)
     if res.returncode:
         raise RuntimeError(f"ocular-analyze stats {path} failed: {res.stderr.strip()}")
     out: dict[str, float] = {}
+    calls: dict[str, float] = {}
     for r in json.loads(res.stdout):
         key = f"{r['function']} {os.path.basename(r['file'])}:{r['line']}"
         out[key] = out.get(key, 0.0) + max(r["exclusive_ms"], 0.0)
+        calls[key] = calls.get(key, 0.0) + r["calls"]
+    CALLS[(path, analyze)] = calls
     return out
+
+
+CALLS: dict[tuple[str, str], dict[str, float]] = {}
+
+
+def calls_ratio(default: dict[str, float], full: dict[str, float]) -> float:
+    """Median over calls mode's 10 most called functions of the default mode's estimate over the count."""
+    return statistics.median(default.get(k, 0.0) / full[k] for k in top(full, 10) if full[k] > 0)
 
 
 def shares(x: dict[str, float]) -> dict[str, float]:
@@ -168,7 +182,7 @@ def main() -> None:
         progs = programs(opts.programs.split(","), tmp)
         rows = []
         for name, cmd in progs.items():
-            dists, noise, same_noise, last, base = [], [], [], None, []
+            dists, noise, same_noise, last, base, ratios, base_ratios = [], [], [], None, [], [], []
             for _ in range(opts.repeats):
                 views = {}
                 # Two full traces: how far calls mode is from itself, run to run, is the floor of the
@@ -177,9 +191,14 @@ def main() -> None:
                     out = os.path.join(tmp, f"{name}-{mode}.ocl")
                     record(mode.split("-")[0], cmd, out, extra)
                     views[mode] = exclusive(out)
+                    views[mode + " calls"] = CALLS.pop((out, ANALYZE))
                     if mode == "adaptive" and opts.baseline_analyzer:
                         views["baseline"] = exclusive(out, opts.baseline_analyzer)
+                        views["baseline calls"] = CALLS.pop((out, opts.baseline_analyzer))
                     os.unlink(out)
+                ratios.append(calls_ratio(views["adaptive calls"], views["calls calls"]))
+                if opts.baseline_analyzer:
+                    base_ratios.append(calls_ratio(views["baseline calls"], views["calls calls"]))
                 dists.append(distance(views["adaptive"], views["calls"]))
                 if opts.baseline_analyzer:
                     base.append(distance(views["baseline"], views["calls"]))
@@ -188,25 +207,31 @@ def main() -> None:
                 last = views
             d3, c3 = top(last["adaptive"], 3), top(last["calls"], 3)
             rows.append((name, d3, c3, set(d3) == set(c3), statistics.median(dists), min(dists), max(dists),
-                         statistics.median(noise), all(same_noise), statistics.median(base) if base else None))
+                         statistics.median(noise), all(same_noise), statistics.median(base) if base else None,
+                         statistics.median(ratios), statistics.median(base_ratios) if base_ratios else None))
             print(f"  {name}: distance {statistics.median(dists):.3f}", file=sys.stderr)
     windows = " ".join(extra) or "default windows"
     print(f"\nDefault mode (adaptive, threshold 500, {windows}) against calls mode, {opts.repeats} repeats, "
           f"Python {sys.version.split()[0]}")
     b = opts.baseline_analyzer
     print("| program | default mode top 3 | calls mode top 3 | same set | distance, median (min-max) "
-          f"| calls vs calls: distance, same set |{' baseline analyzer: distance |' if b else ''}")
-    print(f"|---|---|---|---|---:|---:|{'---:|' if b else ''}")
-    for name, d3, c3, same, med, lo, hi, nd, nsame, bd in rows:
+          "| calls vs calls: distance, same set | calls: estimate / count |"
+          f"{' baseline analyzer: distance, calls |' if b else ''}")
+    print(f"|---|---|---|---|---:|---:|---:|{'---:|' if b else ''}")
+    for name, d3, c3, same, med, lo, hi, nd, nsame, bd, ratio, bratio in rows:
         print(f"| {name} | {', '.join(map(short, d3))} | {', '.join(map(short, c3))} | {'yes' if same else 'no'} "
-              f"| {med:.3f} ({lo:.3f}-{hi:.3f}) | {nd:.3f}, {'yes' if nsame else 'no'} |"
-              + (f" {bd:.3f} |" if b else ""))
+              f"| {med:.3f} ({lo:.3f}-{hi:.3f}) | {nd:.3f}, {'yes' if nsame else 'no'} | {ratio:.2f} |"
+              + (f" {bd:.3f}, {bratio:.2f} |" if b else ""))
     if rows:
         print(f"\nsame top-3 set: {sum(r[3] for r in rows)} of {len(rows)}; median distance "
-              f"{statistics.median(r[4] for r in rows):.3f}, worst {max(r[4] for r in rows):.3f} (target: <= 0.15)")
+              f"{statistics.median(r[4] for r in rows):.3f}, worst {max(r[4] for r in rows):.3f} (target: <= 0.15); "
+              f"calls estimated / counted: median {statistics.median(r[10] for r in rows):.2f}, "
+              f"{min(r[10] for r in rows):.2f}-{max(r[10] for r in rows):.2f}")
         if b:
             print(f"baseline analyzer ({b}): median distance {statistics.median(r[9] for r in rows):.3f}, "
-                  f"worst {max(r[9] for r in rows):.3f}")
+                  f"worst {max(r[9] for r in rows):.3f}; calls estimated / counted: median "
+                  f"{statistics.median(r[11] for r in rows):.2f}, "
+                  f"{min(r[11] for r in rows):.2f}-{max(r[11] for r in rows):.2f}")
 
 
 if __name__ == "__main__":

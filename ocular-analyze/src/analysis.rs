@@ -43,7 +43,10 @@ pub struct FunctionStats {
 
 #[derive(Clone, Copy, Debug, Default)]
 struct Parts {
+    /// Calls recorded: [complete part, later windows].
     calls: [u64; 2],
+    /// The later windows' calls, each window's times its factor ([`ThreadState::flush_window`]).
+    window_calls: f64,
     inclusive: [f64; 2],
     exclusive: [f64; 2],
 }
@@ -55,6 +58,7 @@ impl FunctionStats {
             self.parts.inclusive[i] += o.parts.inclusive[i];
             self.parts.exclusive[i] += o.parts.exclusive[i];
         }
+        self.parts.window_calls += o.parts.window_calls;
     }
 
     /// Sets the reported figures from the parts, the window part scaled by `scale`.
@@ -64,7 +68,7 @@ impl FunctionStats {
     fn finish(&mut self, scale: f64, sampled: bool) {
         let p = &self.parts;
         self.observed_calls = p.calls[0] + p.calls[1];
-        self.calls = p.calls[0] + (p.calls[1] as f64 * scale).round() as u64;
+        self.calls = p.calls[0] + (p.window_calls * scale).round() as u64;
         self.inclusive = p.inclusive[0] + p.inclusive[1] * scale;
         self.exclusive = p.exclusive[0] + p.exclusive[1] * scale;
         self.calls_estimated = sampled;
@@ -295,9 +299,61 @@ struct ThreadState {
     /// The loops of generator and coroutine frames that yielded, by code id, until they resume: a yield
     /// suspends a loop, it does not end it.
     suspended: HashMap<u32, Vec<LoopRun>>,
+    /// The current later window's figures before its factor: exclusive ticks per call tree node, and
+    /// (exclusive, inclusive, calls) per code id. See [`ThreadState::flush_window`].
+    window_nodes: Vec<(u32, f64)>,
+    window_funcs: HashMap<u32, [f64; 3]>,
+    /// The recorder's cost of this thread's events in the current later window, and its length in ticks
+    /// (0: no window pending).
+    window_cost: f64,
+    window_len: u64,
 }
 
 impl ThreadState {
+    /// Ends the time of a later window: the frames still open give it their time so far, and count on
+    /// from here (between windows their clocks stand still).
+    fn checkpoint_window(&mut self) {
+        let mut inner = 0.0;
+        for f in self.stack.iter_mut().rev() {
+            let inclusive = self.e[1] - f.entered_e[1];
+            let exclusive = inclusive - f.child_e[1] - inner;
+            self.window_nodes.push((f.node, exclusive));
+            let w = self.window_funcs.entry(f.code).or_default();
+            w[0] += exclusive;
+            if f.outermost {
+                w[1] += inclusive;
+            }
+            f.entered_e[1] = self.e[1];
+            f.child_e[1] = 0.0;
+            inner = inclusive;
+        }
+    }
+
+    /// Adds the current later window's figures, times its factor: the window's length over the part of
+    /// it the program ran (its length less the recorder's cost of its events). A window stands for its
+    /// length of the program, wherever it fell: one in call-dense code, where the recording takes half of
+    /// it, holds half as much of the program as one in a loop that records nothing, and weighs as much.
+    /// (One factor for all windows over-weighed the cheap ones: a page-touching loop next to call-dense
+    /// code read 1.3x its time.)
+    fn flush_window(&mut self, tree: &mut CallTree, per: &mut HashMap<u32, FunctionStats>) {
+        if self.window_len == 0 {
+            return;
+        }
+        let len = ticks_f64(self.window_len);
+        let factor = len / (len - self.window_cost.clamp(0.0, 0.9 * len));
+        for (node, x) in self.window_nodes.drain(..) {
+            tree.parts[node as usize][1] += x * factor;
+        }
+        for (code, [exclusive, inclusive, calls]) in self.window_funcs.drain() {
+            let p = &mut per.entry(code).or_default().parts;
+            p.exclusive[1] += exclusive * factor;
+            p.inclusive[1] += inclusive * factor;
+            p.window_calls += calls * factor;
+        }
+        self.window_cost = 0.0;
+        self.window_len = 0;
+    }
+
     /// Advances the effective clocks to tick `t`.
     #[inline]
     fn advance(&mut self, t: u64) {
@@ -533,9 +589,6 @@ struct WindowLog {
     later: HashMap<u32, (u64, u64)>,
     /// The last tick of any event.
     end: u64,
-    /// The recorder's cost of the events inside later windows, every thread's: the program ran that much
-    /// less of itself there (one thread at a time, under the GIL).
-    window_cost: f64,
 }
 
 impl WindowLog {
@@ -556,11 +609,9 @@ impl WindowLog {
                 w.window_ticks += len.min(self.end - open);
             }
         }
-        // What the program did inside the windows took their length less the recording's own cost: a
-        // window of a call-dense program holds fewer calls than the same time outside one.
-        let effective = w.window_ticks as f64 - self.window_cost.clamp(0.0, 0.9 * w.window_ticks as f64);
-        if effective > 0.0 {
-            w.scale = w.sampled_ticks as f64 / effective;
+        // Each window's figures were already brought to its length (`ThreadState::flush_window`).
+        if w.window_ticks > 0 {
+            w.scale = w.sampled_ticks as f64 / w.window_ticks as f64;
         }
         Some(w)
     }
@@ -790,6 +841,7 @@ pub fn analyze(path: &Path, opts: ReadOptions) -> ocular_format::Result<Analysis
         if ts.phase == Phase::Sampled {
             // Its last window: function time up to its end, then nothing.
             ts.advance(ts.window_end.min(log.end));
+            ts.checkpoint_window();
             ts.phase = Phase::Gap;
         }
         let end = if ts.phase == Phase::Gap && log.windowed { log.end.max(ts.last_ticks) } else { ts.last_ticks };
@@ -797,6 +849,7 @@ pub fn analyze(path: &Path, opts: ReadOptions) -> ocular_format::Result<Analysis
         while !ts.stack.is_empty() {
             pop(ts, end, &mut a.tree, per, &mut tables);
         }
+        ts.flush_window(&mut a.tree, per);
     }
     let windows = log.summary(header.start_ticks);
     let scale = windows.as_ref().map_or(0.0, |w| w.scale);
@@ -879,7 +932,12 @@ fn step(
     if ts.phase == Phase::Sampled && t >= ts.window_end {
         // The window ended before this event: function boundaries stopped being recorded then.
         ts.advance(ts.window_end);
+        ts.checkpoint_window();
         ts.phase = Phase::Gap;
+    }
+    if ts.phase == Phase::Gap && ts.window_len > 0 && t >= ts.calls_until {
+        // Its calls too (they count until its length from its opening).
+        ts.flush_window(tree, per);
     }
     match e.event_kind() {
         // A window stands for its lead too (FORMAT.md 5.3): it starts `lead` before its marker, and the
@@ -894,13 +952,13 @@ fn step(
         Phase::Complete => ts.e[0] -= c,
         Phase::Sampled => {
             ts.e[1] -= c;
-            log.window_cost += c;
+            ts.window_cost += c;
         }
         // A later window's calls count until its length from its opening, and so must their cost, though
         // its time counts from when it was due (its phase ended that lead earlier): counting the calls of
         // the last `lead` microseconds but not their cost made the windows seem to hold more of the program
         // than they did, and the counts ~4% low.
-        Phase::Gap if t < ts.calls_until => log.window_cost += c,
+        Phase::Gap if t < ts.calls_until => ts.window_cost += c,
         Phase::Gap => {}
     }
     ts.last_ticks = t;
@@ -913,6 +971,10 @@ fn step(
             let seq = off;
             let len_us = e.arg.get();
             log.windowed = true;
+            if ts.phase == Phase::Sampled {
+                ts.checkpoint_window();
+            }
+            ts.flush_window(tree, per);
             if len_us == u32::MAX {
                 ts.phase = Phase::Complete;
             } else {
@@ -925,10 +987,15 @@ fn step(
                 ts.phase = Phase::Sampled;
                 ts.window_end = from.saturating_add(len);
                 ts.calls_until = t.saturating_add(len);
+                ts.window_len = len;
             }
             ts.sampling = Some(0);
         }
         EventKind::WINDOW_END => {
+            if ts.phase == Phase::Sampled {
+                ts.checkpoint_window();
+            }
+            ts.flush_window(tree, per);
             ts.calls_until = 0;
             if off == 0 {
                 log.first_close = Some(log.first_close.map_or(t, |c| c.min(t)));
@@ -975,6 +1042,7 @@ fn step(
                     s.parts.calls[0] += 1;
                 } else if t < ts.calls_until {
                     s.parts.calls[1] += 1;
+                    ts.window_funcs.entry(id).or_default()[2] += 1.0;
                 }
             }
             call_from_loop(ts, t, tables);
@@ -1218,15 +1286,21 @@ fn pop(ts: &mut ThreadState, t: u64, tree: &mut CallTree, per: &mut HashMap<u32,
     // cost is an average), and clamping each would bias the sums up; the totals are clamped when reported.
     let inclusive: [f64; 2] = std::array::from_fn(|i| ts.e[i] - f.entered_e[i]);
     let exclusive: [f64; 2] = std::array::from_fn(|i| inclusive[i] - f.child_e[i]);
-    for (node, x) in tree.parts[f.node as usize].iter_mut().zip(exclusive) {
-        *node += x;
-    }
+    tree.parts[f.node as usize][0] += exclusive[0];
     let stats = per.entry(f.code).or_default();
-    for i in 0..2 {
+    if f.outermost {
+        stats.parts.inclusive[0] += inclusive[0];
+    }
+    stats.parts.exclusive[0] += exclusive[0];
+    // A later window's part waits for the window's factor (the frame's window time is only ever the
+    // current window's: `checkpoint_window` restarts it).
+    if exclusive[1] != 0.0 || inclusive[1] != 0.0 {
+        ts.window_nodes.push((f.node, exclusive[1]));
+        let w = ts.window_funcs.entry(f.code).or_default();
+        w[0] += exclusive[1];
         if f.outermost {
-            stats.parts.inclusive[i] += inclusive[i];
+            w[1] += inclusive[1];
         }
-        stats.parts.exclusive[i] += exclusive[i];
     }
     if let Some(parent) = ts.stack.last_mut() {
         for (c, x) in parent.child_e.iter_mut().zip(inclusive) {

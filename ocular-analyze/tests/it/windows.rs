@@ -55,9 +55,19 @@ fn windowed_with(samples: &[(u64, u64)]) -> (tempfile::TempDir, std::path::PathB
 /// Writes `e` (thread 7) and counter `samples` (ticks, period) of one counter, `page-faults`, with the code
 /// objects `main`, `f` and `g` (RESUME, RETURN_VALUE), into a file that ends at tick `end`.
 fn write_trace(e: &[RawEvent], samples: &[(u64, u64)], end: u64) -> (tempfile::TempDir, std::path::PathBuf) {
+    write_trace_costing(e, samples, end, 0.0)
+}
+
+/// [`write_trace`] with the recorder's cost per event (markers cost nothing).
+fn write_trace_costing(
+    e: &[RawEvent],
+    samples: &[(u64, u64)],
+    end: u64,
+    event_cost: f64,
+) -> (tempfile::TempDir, std::path::PathBuf) {
     let mut header = testing::header();
     header.ticks_per_second = 1e6;
-    header.event_cost_ticks = 0.0;
+    header.event_cost_ticks = event_cost;
     header.start_ticks = T0;
     let code = |id: u32, name: &str| CodeObject {
         id,
@@ -74,7 +84,7 @@ fn write_trace(e: &[RawEvent], samples: &[(u64, u64)], end: u64) -> (tempfile::T
     let path = dir.path().join("windows.ocl");
     let name = path.display().to_string();
     let mut w = Writer::new(std::fs::File::create(&path).unwrap(), &name, &header, Default::default()).unwrap();
-    w.code_objects(&[code(MAIN, "main"), code(F, "f"), code(G, "g")]).unwrap();
+    w.code_objects(&[code(MAIN, "main"), code(F, "f"), code(G, "g"), code(4, "h")]).unwrap();
     if !samples.is_empty() {
         // The samples' clock is the header's monotonic one: tick t is start_monotonic_ns + 1000 (t - T0).
         let ns = |t: u64| header.start_monotonic_ns + 1000 * t;
@@ -241,4 +251,45 @@ fn a_window_s_time_goes_to_its_stack_not_to_frames_left_from_before_it() {
         // The sample in the window is f's too.
         assert_eq!(a.counters_of(0, F)[0], (4.0 * scale).round() as u64, "at_resume {at_resume}");
     }
+}
+
+/// A window stands for its length of the program wherever it fell. Two later windows of 100 ticks: in
+/// the first `f` runs and records nothing; in the second `g` calls `h` twice, 4 events at 10 ticks of
+/// recorder cost each, so the program ran 60 of its 100 ticks. Each window holds 100 ticks of the program
+/// as it runs unrecorded, so `f` and `g` + `h` get the same time, and `h`'s 2 calls stand for 2 x 100/60
+/// per window length. (One factor for all windows gave `f` 100/60 times what `g` and `h` got.)
+#[test]
+fn each_window_is_weighed_by_the_part_of_it_the_program_ran() {
+    use EventKind::*;
+    const H: u32 = 4;
+    let e = vec![
+        ev(0, 0, 0, u32::MAX, WINDOW),
+        ev(0, MAIN, 0, 0, PY_START),
+        ev(1_000, 0, 0, 0, WINDOW_END),
+        ev(2_000, 0, 1, 100, WINDOW),
+        ev(2_000, MAIN, 2, 0, STACK),
+        ev(2_000, F, 2, 1, STACK),
+        ev(3_000, 0, 2, 100, WINDOW),
+        ev(3_000, MAIN, 2, 0, STACK),
+        ev(3_000, G, 2, 1, STACK),
+        ev(3_010, H, 0, 0, PY_START),
+        ev(3_020, H, 2, 0, PY_RETURN),
+        ev(3_030, H, 0, 0, PY_START),
+        ev(3_040, H, 2, 0, PY_RETURN),
+        ev(3_500, MAIN, 2, 0, JUMP),
+        ev(4_000, MAIN, 2, 0, JUMP),
+    ];
+    let (_dir, path) = write_trace_costing(&e, &[], 4_000, 10.0);
+    let a = analyze(&path, Default::default()).unwrap();
+    let w = a.windows.as_ref().unwrap();
+    // 3000 ticks after the first window, seen through 200.
+    assert_eq!((w.sampled_ticks, w.window_ticks, w.scale), (3_000, 200, 15.0));
+    let rows = stats::rows(&a, false, stats::SortBy::Exclusive);
+    let row = |name: &str| rows.iter().find(|r| r.function == name).unwrap_or_else(|| panic!("{name}: {rows:?}"));
+    let f = row("f").exclusive_ms;
+    let gh = row("g").exclusive_ms + row("h").exclusive_ms;
+    assert!((f - 100.0 * 15.0 / 1e3).abs() < 1e-9, "{rows:?}");
+    assert!((gh - f).abs() < 1e-9, "{rows:?}");
+    assert_eq!(row("h").calls, (2.0 * 100.0 / 60.0 * 15.0_f64).round() as u64);
+    assert_eq!(row("h").observed_calls, 2);
 }
