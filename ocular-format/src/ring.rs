@@ -19,7 +19,7 @@ pub const MAGIC: [u8; 8] = *b"OCLRING\0";
 /// Major version: a reader refuses another.
 pub const MAJOR: u16 = 1;
 /// Minor version.
-pub const MINOR: u16 = 2;
+pub const MINOR: u16 = 3;
 /// Header bytes.
 pub const HEADER_SIZE: u64 = 4096;
 /// Bytes per slot table entry.

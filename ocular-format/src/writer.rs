@@ -198,6 +198,15 @@ impl<W: Write> Writer<W> {
         r.map(|()| out.into_iter().next().unwrap_or_default())
     }
 
+    /// A `COUNTERS` chunk (`seq` 0), not written (see [`Writer::events_chunks`]).
+    pub fn counters_chunk(&mut self, c: &CounterSamples) -> Result<Vec<u8>> {
+        self.flush_code()?;
+        self.divert = Some(Vec::new());
+        let r = self.counters(c);
+        let out = self.divert.take().unwrap_or_default();
+        r.map(|()| out.into_iter().next().unwrap_or_default())
+    }
+
     /// Keeps a copy of every chunk written from now on ([`Writer::copy`]).
     pub fn keep_copy(&mut self) {
         self.tee = Some(Vec::new());

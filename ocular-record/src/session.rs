@@ -586,6 +586,14 @@ impl WriterJob {
                     let _ = ring.push_chunk(&c);
                 }
             }
+            // A flight recorder's samples go into the ring with its events, overwritten with them: in the
+            // metadata they grew without bound over a long run.
+            Msg::Counters(c) if self.flight.is_some() => {
+                let chunk = self.writer.as_mut().map(|w| w.counters_chunk(&c));
+                if let (Some(Ok(c)), Some(ring)) = (chunk, self.pool.ring()) {
+                    let _ = ring.push_chunk(&c);
+                }
+            }
             Msg::Dump { file, name, at, reply } => {
                 let out = self.dump(file, &name, at, None);
                 if let Some(e) = &out.error {

@@ -334,3 +334,43 @@ def test_in_the_default_mode_samples_between_windows_go_to_no_other_function(tmp
     assert 0.6 <= faults["toucher"] / 81_920 <= 1.6, faults
     text = subprocess.run([ANALYZE, "stats", str(out)], capture_output=True, text=True).stdout
     assert "note: counters: the samples taken between windows (page-faults " in text
+
+
+FLIGHT_PROGRAM = textwrap.dedent("""
+    import mmap, sys
+    import ocular
+    def early():
+        m = mmap.mmap(-1, 8 << 20)      # 2,048 faults, then overwritten by the ring
+        for i in range(0, len(m), 4096):
+            m[i] = 1
+    def leaf():
+        return 1
+    def late():
+        m = mmap.mmap(-1, 4 << 20)      # 1,024 faults among the newest events
+        for i in range(0, len(m), 4096):
+            m[i] = 1
+    with ocular.record(sys.argv[1], mode="calls", ring="256KB", buffer_events=1024, on_full="wait",
+                       counters=["page-faults"]):
+        early()
+        for _ in range(300_000):
+            leaf()
+        late()
+""")
+
+
+@pytest.mark.skipif(_thp_always(), reason="transparent huge pages are always on: one fault maps 512 pages")
+def test_a_flight_recorder_keeps_the_samples_of_its_newest_events_only(tmp_path):
+    # The samples go into the ring with the events, overwritten with them: a flight recorder's memory and
+    # file stay within its budget however long it runs with counters.
+    (tmp_path / "prog.py").write_text(FLIGHT_PROGRAM)
+    out = tmp_path / "f.ocl"
+    r = subprocess.run([sys.executable, str(tmp_path / "prog.py"), str(out)], capture_output=True, text=True,
+                       timeout=120)
+    assert r.returncode == 0, r.stderr
+    s = subprocess.run([ANALYZE, "stats", "--json", "--top", "50", str(out)], capture_output=True, text=True)
+    rows = {row["function"]: row for row in json.loads(s.stdout)}
+    assert "early" not in rows, "its events were overwritten"
+    assert 1_000 <= _c(rows["late"], "page-faults") <= 1_100, rows["late"]
+    info = json.loads(subprocess.run([ANALYZE, "info", "--json", str(out)], capture_output=True, text=True).stdout)
+    faults = {c["name"]: c for c in info["counters"]}["page-faults"]
+    assert faults["events"] < 2_048, faults

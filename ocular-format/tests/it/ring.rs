@@ -54,7 +54,7 @@ fn the_header_and_slot_table_are_where_ring_md_says() {
     let u32_at = |o: usize| u32::from_le_bytes(bytes[o..o + 4].try_into().unwrap());
     let u64_at = |o: usize| u64::from_le_bytes(bytes[o..o + 8].try_into().unwrap());
     assert_eq!(&bytes[0..8], b"OCLRING\0");
-    assert_eq!((u16::from_le_bytes([bytes[8], bytes[9]]), u16::from_le_bytes([bytes[10], bytes[11]])), (1, 2));
+    assert_eq!((u16::from_le_bytes([bytes[8], bytes[9]]), u16::from_le_bytes([bytes[10], bytes[11]])), (1, 3));
     assert_eq!((u32_at(12), u32_at(16), u32_at(20)), (4096, 4242, 1));
     assert_eq!((u64_at(24), f64::from_le_bytes(bytes[32..40].try_into().unwrap())), (1000, 3.0e9));
     assert_eq!((u32_at(40), u32_at(44), u64_at(48)), (8, 4, 4096));
@@ -131,7 +131,7 @@ fn a_foreign_truncated_or_oversized_ring_file_is_a_clear_error() {
     bytes[8] = 2;
     std::fs::write(&p, &bytes).unwrap();
     let e = RingFile::open(&p).unwrap_err().to_string();
-    assert!(e.contains("ring file version 2.2, this Ocular reads 1.x"), "{e}");
+    assert!(e.contains("ring file version 2.3, this Ocular reads 1.x"), "{e}");
     std::fs::write(&p, &bytes[..100]).unwrap();
     assert!(RingFile::open(&p).is_err());
 }
