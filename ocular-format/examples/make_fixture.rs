@@ -1,15 +1,15 @@
-//! Writes the frozen format fixture of the current format version (`testdata/v2.5/synthetic.ocl`): every
+//! Writes the frozen format fixture of the current format version (`testdata/v2.6/synthetic.ocl`): every
 //! chunk kind, two threads, a lost record, a snapshot, a window with its stack (since 2.2), the ring file's
-//! path (since 2.3), a flight recorder's dropped range (since 2.4), counter samples (since 2.5) and a
-//! trailer.
+//! path (since 2.3), a flight recorder's dropped range (since 2.4), counter samples (since 2.5), the run of
+//! processes it belongs to (since 2.6) and a trailer.
 //! Frozen files are never rewritten: this refuses to overwrite one.
 //!
-//!     cargo run -p ocular-format --example make_fixture -- testdata/v2.5/synthetic.ocl
+//!     cargo run -p ocular-format --example make_fixture -- testdata/v2.6/synthetic.ocl
 
 use ocular_format::*;
 
 fn main() -> Result<()> {
-    let path = std::env::args().nth(1).unwrap_or_else(|| "testdata/v2.5/synthetic.ocl".into());
+    let path = std::env::args().nth(1).unwrap_or_else(|| "testdata/v2.6/synthetic.ocl".into());
     if std::path::Path::new(&path).exists() {
         eprintln!("{path} exists: frozen fixtures are never rewritten; make a new version's directory instead");
         std::process::exit(1);
@@ -18,6 +18,14 @@ fn main() -> Result<()> {
     let mut w = Writer::new(file, &path, &testing::header(), WriterOptions::default())?;
     // Since 2.3: the ring file (RING.md); it never existed, and the trailer makes it irrelevant.
     w.ring(&RingInfo { path: "/tmp/ocular-fixture/synthetic.ocl.ring".into() })?;
+    // Since 2.6 (FORMAT.md 6.10): a child forked by process 4242.
+    w.process(&ProcessInfo {
+        run_id: 0x5eed,
+        parent_pid: 4242,
+        started: "fork".into(),
+        executable: "/usr/bin/python3".into(),
+        argv: vec!["python3".into(), "workload.py".into()],
+    })?;
     let code = |id: u32, qualname: &str, line: u32| CodeObject {
         id,
         name: qualname.rsplit('.').next().unwrap_or(qualname).into(),

@@ -8,7 +8,7 @@ pub const MAGIC: [u8; 8] = *b"\x89OCL\r\n\x1a\n";
 /// Format major version this crate writes and the newest it reads.
 pub const MAJOR: u16 = 2;
 /// Format minor version this crate writes.
-pub const MINOR: u16 = 5;
+pub const MINOR: u16 = 6;
 /// The chunk sync marker.
 pub const SYNC: [u8; 4] = *b"OCCH";
 
@@ -149,6 +149,8 @@ pub mod kind {
     pub const DROPPED: u16 = 0x0009;
     /// Performance counter samples (since 2.5).
     pub const COUNTERS: u16 = 0x000A;
+    /// The run of several processes a file belongs to (since 2.6).
+    pub const PROCESS: u16 = 0x000B;
     /// Clean close.
     pub const TRAILER: u16 = 0x00FF;
 
@@ -165,6 +167,7 @@ pub mod kind {
             RING => "RING",
             DROPPED => "DROPPED",
             COUNTERS => "COUNTERS",
+            PROCESS => "PROCESS",
             TRAILER => "TRAILER",
             _ => "UNKNOWN",
         }

@@ -43,7 +43,7 @@ pub use error::{Error, Result};
 pub use event::{kind_name, EventKind, RawEvent};
 pub use meta::{
     Calibration, Clock, CodeObject, CodeSnapshot, CounterInfo, CounterSample, CounterSamples, Dropped, Header, Lost,
-    Mode, OpcodeTable, Options, Position, RingInfo, ThreadInfo, Trailer,
+    Mode, OpcodeTable, Options, Position, ProcessInfo, RingInfo, ThreadInfo, Trailer,
 };
 pub use reader::{
     Body, Chunk, ChunkInfo, Damage, Mismatch, ReadOptions, Reader, Report, Source, ThreadLoss, MAX_LOSS_RANGES,

@@ -237,6 +237,22 @@ pub struct Dropped {
     pub last_ticks: u64,
 }
 
+/// Which run of several processes a file belongs to, and how its process started (FORMAT.md 6.10, since
+/// 2.6).
+#[derive(Clone, Debug, Default, PartialEq, Eq, Serialize, Deserialize)]
+pub struct ProcessInfo {
+    /// The same in every file of one run.
+    pub run_id: u64,
+    /// The process that started this one; 0 for the run's first.
+    pub parent_pid: u32,
+    /// `run`, `fork` or `exec`.
+    pub started: String,
+    /// `sys.executable`.
+    pub executable: String,
+    /// `sys.orig_argv`.
+    pub argv: Vec<String>,
+}
+
 /// Samples of performance counters (FORMAT.md 6.9, since 2.5).
 #[derive(Clone, Debug, Default, PartialEq, Eq, Serialize, Deserialize)]
 pub struct CounterSamples {

@@ -4,8 +4,8 @@ use crate::chunk::{codec, hex, kind, ChunkHeader, Preamble, CHUNK_HEADER_LEN, MA
 use crate::error::{Error, Result};
 use crate::event::RawEvent;
 use crate::meta::{
-    Calibration, CodeObject, CodeRecord, CodeSnapshot, CounterSamples, Dropped, Header, Lost, Position, RingInfo,
-    ThreadInfo, Trailer,
+    Calibration, CodeObject, CodeRecord, CodeSnapshot, CounterSamples, Dropped, Header, Lost, Position, ProcessInfo,
+    RingInfo, ThreadInfo, Trailer,
 };
 use serde::de::DeserializeOwned;
 use std::collections::HashMap;
@@ -80,6 +80,8 @@ pub enum Body<'a> {
     Dropped(Dropped),
     /// Performance counter samples (since 2.5).
     Counters(CounterSamples),
+    /// The run of several processes the file belongs to (FORMAT.md 6.10, since 2.6).
+    Process(ProcessInfo),
     /// A chunk this reader does not understand (unknown kind or codec); skipped, and counted in the report.
     Skipped(String),
 }
@@ -935,6 +937,7 @@ impl<R: Read + Seek> Reader<R> {
                 | kind::RING
                 | kind::DROPPED
                 | kind::COUNTERS
+                | kind::PROCESS
         );
         let known_codec = matches!(info.codec & 0x0f, codec::NONE | codec::ZSTD)
             && match info.codec >> 4 {
@@ -1058,6 +1061,7 @@ impl<R: Read + Seek> Reader<R> {
                 Body::Dropped(d)
             }
             kind::COUNTERS => Body::Counters(self.decode_one(offset)?),
+            kind::PROCESS => Body::Process(self.decode_one(offset)?),
             kind::TRAILER => {
                 let t: Trailer = self.decode_one(offset)?;
                 self.done = true;

@@ -10,8 +10,8 @@ const RAW_FALLBACK_EVENTS: usize = 1 << 21;
 use crate::error::{Error, Result};
 use crate::event::RawEvent;
 use crate::meta::{
-    Calibration, CodeObject, CodeRecord, CodeSnapshot, CounterSamples, Dropped, Header, Lost, RingInfo, ThreadInfo,
-    Trailer,
+    Calibration, CodeObject, CodeRecord, CodeSnapshot, CounterSamples, Dropped, Header, Lost, ProcessInfo, RingInfo,
+    ThreadInfo, Trailer,
 };
 use serde::Serialize;
 use std::borrow::Cow;
@@ -353,6 +353,11 @@ impl<W: Write> Writer<W> {
     /// Names the recording's ring file (since 2.3).
     pub fn ring(&mut self, info: &RingInfo) -> Result<()> {
         self.record(Place::meta(kind::RING, 0, 1), info, "ring")
+    }
+
+    /// Says which run of several processes the file belongs to (FORMAT.md 6.10, since 2.6).
+    pub fn process(&mut self, info: &ProcessInfo) -> Result<()> {
+        self.record(Place::meta(kind::PROCESS, 0, 1), info, "process")
     }
 
     /// Names a thread.

@@ -45,8 +45,11 @@ fn check_synthetic(bytes: &[u8], version: (u16, u16)) {
     assert_eq!(all.snapshots[0].bytecode, [151, 0, 194, 2, 0, 0, 1, 0, 140, 4, 83, 0]);
     let t = all.trailer.unwrap();
     // Since 2.3 a RING chunk follows the header (FORMAT.md 6.7): one chunk more.
-    // Since 2.4 a DROPPED chunk (FORMAT.md 6.8), since 2.5 a COUNTERS chunk (6.9): one more each.
-    let want = if version >= (2, 5) {
+    // Since 2.4 a DROPPED chunk (FORMAT.md 6.8), since 2.5 a COUNTERS chunk (6.9), since 2.6 a PROCESS
+    // chunk (6.10): one more each.
+    let want = if version >= (2, 6) {
+        (86, 3, 14)
+    } else if version >= (2, 5) {
         (86, 3, 13)
     } else if version >= (2, 4) {
         (86, 3, 12)
@@ -87,6 +90,23 @@ fn v2_2_synthetic_reads_forever() {
     let bytes = fixture("v2.2/synthetic.ocl");
     assert_eq!(bytes.len(), 1976);
     check_synthetic(&bytes, (2, 2));
+}
+
+#[test]
+fn v2_6_synthetic_reads_forever() {
+    let bytes = fixture("v2.6/synthetic.ocl");
+    assert_eq!(bytes.len(), 2373);
+    check_synthetic(&bytes, (2, 6));
+    let mut r = ocular_format::Reader::new(std::io::Cursor::new(&bytes), "fixture", Default::default()).unwrap();
+    let mut got = None;
+    while let Some(c) = r.next_chunk().unwrap() {
+        if let ocular_format::Body::Process(p) = c.body {
+            got = Some(p);
+        }
+    }
+    let p = got.expect("a PROCESS chunk");
+    assert_eq!((p.run_id, p.parent_pid, p.started.as_str()), (0x5eed, 4242, "fork"));
+    assert_eq!(p.argv, ["python3", "workload.py"]);
 }
 
 #[test]

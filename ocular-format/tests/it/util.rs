@@ -96,7 +96,7 @@ pub fn read_all(bytes: &[u8], salvage: bool) -> Result<Everything> {
             Body::Trailer(t) => all.trailer = Some(t),
             Body::Calibration(c) => all.calibration = Some(c),
             Body::Skipped(why) => all.skipped.push(why),
-            Body::Ring(_) | Body::Dropped(_) | Body::Counters(_) => {}
+            Body::Ring(_) | Body::Dropped(_) | Body::Counters(_) | Body::Process(_) => {}
         }
     }
     all.report = r.report().clone();
