@@ -821,7 +821,8 @@ pub fn analyze(path: &Path, opts: ReadOptions) -> ocular_format::Result<Analysis
             | Body::Skipped(_)
             | Body::Ring(_)
             | Body::Dropped(_)
-            | Body::Counters(_) => {}
+            | Body::Counters(_)
+            | Body::Process(_) => {}
         }
     }
     // Samples after a thread's last event: the function it was in then.

@@ -81,6 +81,10 @@ enum Command {
         /// functions, with shares of the wall time.
         #[arg(long)]
         per_thread: bool,
+        /// A run of several processes (recorded with python -m ocular run, which follows child
+        /// processes): one table per process instead of one of every process merged.
+        #[arg(long)]
+        per_process: bool,
         /// Print JSON instead of text: an array of rows (thread_id, thread_name, function, file, line, calls,
         /// inclusive_ms, exclusive_ms, mean_us, wall_ms, threads, wall_share = inclusive_ms / (wall_ms x
         /// threads)).
@@ -192,22 +196,48 @@ enum Command {
 fn run(cli: Cli) -> anyhow::Result<()> {
     match cli.command {
         Command::Info { file, json, salvage } => {
-            let info = crate::info::summarize(&file, ReadOptions::with_salvage(salvage))?;
-            warn(&info.warnings);
-            print_report(json, &info, |out| writeln!(out, "{info}"))?;
+            let opts = ReadOptions::with_salvage(salvage);
+            let run = open_run(&file, opts)?;
+            if run.single() {
+                let info = crate::info::summarize(&file, opts)?;
+                warn(&info.warnings);
+                print_report(json, &info, |out| writeln!(out, "{info}"))?;
+            } else {
+                let info = crate::info::summarize_run(&run, opts)?;
+                warn(&info.first.warnings);
+                print_report(json, &info, |out| writeln!(out, "{info}"))?;
+            }
         }
         Command::Hot { file, top, json, salvage } => {
-            let a = crate::analysis::analyze(&file, ReadOptions::with_salvage(salvage))?;
-            warn(&a.warnings);
-            let report = crate::hot::report(&a, top);
+            let opts = ReadOptions::with_salvage(salvage);
+            let run = open_run(&file, opts)?;
+            let analyses = analyze_run(&run, opts)?;
+            let report = if run.single() {
+                crate::hot::report(&analyses[0], top)
+            } else {
+                crate::hot::report_run(&analyses.iter().collect::<Vec<_>>(), top)
+            };
             print_report(json, &report, |out| write!(out, "{report}"))?;
         }
-        Command::Stats { file, sort, top, per_thread, json, salvage } => {
+        Command::Stats { file, sort, top, per_thread, per_process, json, salvage } => {
             let opts = ReadOptions::with_salvage(salvage);
-            let a = crate::analysis::analyze(&file, opts)?;
-            warn(&a.warnings);
-            let span = crate::stats::span(&file, opts)?;
-            let report = crate::stats::report(&a, span, per_thread, sort, top);
+            let run = open_run(&file, opts)?;
+            let analyses = analyze_run(&run, opts)?;
+            let report = if run.single() {
+                let span = crate::stats::span(&file, opts)?;
+                crate::stats::report(&analyses[0], span, per_thread, sort, top)
+            } else {
+                let spans =
+                    run.processes.iter().map(|p| crate::stats::span(&p.path, opts)).collect::<Result<Vec<_>, _>>()?;
+                let parts: Vec<crate::stats::Part<'_>> = run
+                    .processes
+                    .iter()
+                    .zip(&analyses)
+                    .zip(spans)
+                    .map(|((process, analysis), span)| crate::stats::Part { process, analysis, span })
+                    .collect();
+                crate::stats::report_run(&parts, run.unrecorded.len(), per_process, per_thread, sort, top)
+            };
             print_report(json, &report, |out| write!(out, "{report}"))?;
         }
         Command::Export { file, parquet: true, output, salvage, .. } => {
@@ -223,13 +253,25 @@ fn run(cli: Cli) -> anyhow::Result<()> {
             let out_path = output.unwrap_or_else(|| file.with_extension(fmt));
             crate::output::refuse_input(&file, &out_path)?;
             let opts = ReadOptions::with_salvage(salvage);
+            let run = open_run(&file, opts)?;
             let (written, read, warnings) = write_output(&file, &out_path, |w| {
-                Ok(if fmt == "pftrace" {
-                    let ((p, r), w) = crate::export::pftrace::export(&file, opts, w)?;
-                    (p, r, w)
-                } else {
-                    let (c, w) = crate::export::chrome::export(&file, opts, w)?;
-                    (c.events, c.read, w)
+                Ok(match (fmt == "pftrace", run.single()) {
+                    (true, true) => {
+                        let ((p, r), w) = crate::export::pftrace::export(&file, opts, w)?;
+                        (p, r, w)
+                    }
+                    (true, false) => {
+                        let ((p, r), w) = crate::export::pftrace::export_run(&run, opts, w)?;
+                        (p, r, w)
+                    }
+                    (false, true) => {
+                        let (c, w) = crate::export::chrome::export(&file, opts, w)?;
+                        (c.events, c.read, w)
+                    }
+                    (false, false) => {
+                        let (c, w) = crate::export::chrome::export_run(&run, opts, w)?;
+                        (c.events, c.read, w)
+                    }
                 })
             })
             .with_context(|| format!("cannot export {}", file.display()))?;
@@ -243,7 +285,8 @@ fn run(cli: Cli) -> anyhow::Result<()> {
         Command::Flamegraph { file, output, folded, salvage } => {
             let opts = ReadOptions::with_salvage(salvage);
             if folded {
-                let (lines, warnings) = crate::export::flame::folded(&file, opts)?;
+                let run = open_run(&file, opts)?;
+                let (lines, warnings, _) = crate::export::flame::folded_run(&run, opts)?;
                 let mut out = std::io::BufWriter::new(std::io::stdout().lock());
                 for (s, v) in lines {
                     writeln!(out, "{s} {v}")?;
@@ -282,6 +325,24 @@ fn run(cli: Cli) -> anyhow::Result<()> {
         }
     }
     Ok(())
+}
+
+/// The run `file` begins (FORMAT.md 10): itself alone unless it is a run's first file with children.
+fn open_run(file: &std::path::Path, opts: ReadOptions) -> anyhow::Result<crate::procs::Run> {
+    let (run, warnings) = crate::procs::open(file, opts)?;
+    warn(&warnings);
+    Ok(run)
+}
+
+/// Each process of `run` analyzed, its reader's warnings said (named by process in a run of several).
+fn analyze_run(run: &crate::procs::Run, opts: ReadOptions) -> anyhow::Result<Vec<crate::analysis::Analysis>> {
+    let mut out = Vec::new();
+    for p in &run.processes {
+        let a = crate::analysis::analyze(&p.path, opts).with_context(|| format!("cannot read {}", p.path.display()))?;
+        warn(&a.warnings);
+        out.push(a);
+    }
+    Ok(out)
 }
 
 /// Reader warnings go to stderr, one line each.

@@ -104,6 +104,11 @@ pub fn dump(path: &Path, opts: ReadOptions, out: &mut dyn Write) -> anyhow::Resu
                 writeln!(out, "  calibration ticks per event: {}", costs.join(" "))?
             }
             Body::Ring(r) => writeln!(out, "  ring path={:?}", r.path)?,
+            Body::Process(p) => writeln!(
+                out,
+                "  process run_id={:#x} parent_pid={} started={} executable={:?} argv={:?}",
+                p.run_id, p.parent_pid, p.started, p.executable, p.argv
+            )?,
             Body::Skipped(why) => writeln!(out, "  skipped: {why}")?,
         }
     }

@@ -7,6 +7,8 @@ use serde::Serialize;
 /// One hot loop.
 #[derive(Debug, Serialize)]
 pub struct HotLoop {
+    /// The process that ran it.
+    pub pid: u32,
     /// Qualified name of the function.
     pub function: String,
     /// Source file.
@@ -128,6 +130,28 @@ pub struct HotReport {
     pub loops: Vec<HotLoop>,
     /// Threads that lost events (their loops' figures miss those stretches).
     pub lost: Vec<crate::analysis::Loss>,
+    /// A run of several processes: how many (0 for one); each loop names its process.
+    #[serde(skip_serializing_if = "is_zero")]
+    pub processes: usize,
+}
+
+fn is_zero(n: &usize) -> bool {
+    *n == 0
+}
+
+/// The `top` hottest loops of a run of several processes, over all of them: each process's report, the
+/// loops merged by total time.
+pub fn report_run(analyses: &[&Analysis], top: usize) -> HotReport {
+    let mut reports: Vec<HotReport> = analyses.iter().map(|a| report(a, top)).collect();
+    let mut first = reports.remove(0);
+    for r in reports {
+        first.loops.extend(r.loops);
+        first.lost.extend(r.lost);
+    }
+    first.loops.sort_by(|x, y| y.total_ns.total_cmp(&x.total_ns).then(y.iterations.cmp(&x.iterations)));
+    first.loops.truncate(top);
+    first.processes = analyses.len();
+    first
 }
 
 /// Quiet iterations needed before `ns_per_iteration` uses them.
@@ -205,6 +229,7 @@ pub fn report(a: &Analysis, top: usize) -> HotReport {
             })
             .collect();
         loops.push(HotLoop {
+            pid: header.pid,
             function: co.qualname.clone(),
             file: co.filename.clone(),
             first_line: if lo == i32::MAX { co.first_line as i32 } else { lo },
@@ -239,6 +264,7 @@ pub fn report(a: &Analysis, top: usize) -> HotReport {
         Mode::Calls => ("calls", "none: calls mode records no jumps, so no loops are found"),
     };
     HotReport {
+        processes: 0,
         lost: a.losses.clone(),
         mode: mode.into(),
         cost_kind: cost_kind.into(),
@@ -327,9 +353,10 @@ impl std::fmt::Display for HotReport {
             } else {
                 "no iteration timed".to_string()
             };
+            let pid = if self.processes > 0 { format!(" (pid {})", l.pid) } else { String::new() };
             writeln!(
                 f,
-                "#{} {}  {}:{}-{}\n   {} iterations{sampled}, {per}, {:.3} ms in total{unrecorded}",
+                "#{} {}{pid}  {}:{}-{}\n   {} iterations{sampled}, {per}, {:.3} ms in total{unrecorded}",
                 i + 1,
                 l.function,
                 l.file,

@@ -61,6 +61,8 @@ pub struct Info {
     pub dropped_events: u64,
     /// Performance counters asked for (FORMAT.md 6.9), with what was sampled.
     pub counters: Vec<CounterSummary>,
+    /// The run of several processes the file belongs to, if it does (FORMAT.md 6.10).
+    pub process: Option<ocular_format::ProcessInfo>,
     /// Reader warnings.
     pub warnings: Vec<String>,
 }
@@ -116,8 +118,10 @@ pub fn summarize(path: impl AsRef<Path>, opts: ReadOptions) -> ocular_format::Re
     let (mut code, mut snaps, mut lost) = (0u64, 0u64, 0u64);
     let (mut first, mut last) = (u64::MAX, 0u64);
     let mut counters: Vec<CounterSummary> = Vec::new();
+    let mut process = None;
     while let Some(c) = r.next_chunk()? {
         match c.body {
+            Body::Process(p) => process = Some(p),
             Body::Events(ev) => {
                 for e in ev {
                     by_kind[e.kind as usize] += 1;
@@ -223,6 +227,7 @@ pub fn summarize(path: impl AsRef<Path>, opts: ReadOptions) -> ocular_format::Re
         lost_events: lost,
         dropped_events: report.dropped.values().map(|d| d.events).sum(),
         counters,
+        process,
         closed_cleanly: report.clean(),
         warnings: report.warnings(&path.display().to_string()),
     })
@@ -315,6 +320,113 @@ impl std::fmt::Display for Info {
             )?;
         }
         write!(f, "closed        {}", if self.closed_cleanly { "cleanly" } else { "NOT cleanly (see warnings)" })?;
+        Ok(())
+    }
+}
+
+/// One process of a run (FORMAT.md 10), as `info` lists it.
+#[derive(Debug, Serialize)]
+pub struct ProcessSummary {
+    /// Process id.
+    pub pid: u32,
+    /// The process that started it (0 for the run's first).
+    pub parent_pid: u32,
+    /// `run`, `fork` or `exec`.
+    pub started: String,
+    /// Its command line.
+    pub argv: Vec<String>,
+    /// Its trace.
+    pub file: String,
+    /// Events recorded.
+    pub events: u64,
+    /// Events the recorder dropped.
+    pub lost_events: u64,
+    /// First to last event.
+    pub duration_s: f64,
+    /// Threads with events.
+    pub threads: usize,
+    /// Whether its file ends with a trailer and nothing was damaged.
+    pub closed_cleanly: bool,
+}
+
+/// `info` of a run of several processes: the first process's file in full, then every process.
+#[derive(Debug, Serialize)]
+pub struct RunInfo {
+    /// The first process's file.
+    #[serde(flatten)]
+    pub first: Info,
+    /// Every recorded process, the first one first.
+    pub processes: Vec<ProcessSummary>,
+    /// Python children that ran unrecorded, and why.
+    pub unrecorded: Vec<crate::procs::Unrecorded>,
+}
+
+/// Summarizes every process of `run`; the warnings of the children's files are in each's reading.
+pub fn summarize_run(run: &crate::procs::Run, opts: ReadOptions) -> ocular_format::Result<RunInfo> {
+    let mut infos = Vec::new();
+    for p in &run.processes {
+        infos.push(summarize(&p.path, opts)?);
+    }
+    let processes = run
+        .processes
+        .iter()
+        .zip(&infos)
+        .map(|(p, i)| ProcessSummary {
+            pid: p.pid,
+            parent_pid: p.info.as_ref().map_or(0, |x| x.parent_pid),
+            started: p.info.as_ref().map_or_else(String::new, |x| x.started.clone()),
+            argv: p.info.as_ref().map_or_else(Vec::new, |x| x.argv.clone()),
+            file: p.path.display().to_string(),
+            events: i.events,
+            lost_events: i.lost_events,
+            duration_s: i.duration_s,
+            threads: i.threads.len(),
+            closed_cleanly: i.closed_cleanly,
+        })
+        .collect();
+    let mut infos = infos.into_iter();
+    let mut first = infos.next().expect("a run has its first process");
+    for i in infos {
+        first.warnings.extend(i.warnings);
+    }
+    Ok(RunInfo { first, processes, unrecorded: run.unrecorded.clone() })
+}
+
+impl std::fmt::Display for RunInfo {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        write!(f, "{}", self.first)?;
+        let events: u64 = self.processes.iter().map(|p| p.events).sum();
+        writeln!(f, "\nrun of {} processes, {events} events in all:", self.processes.len())?;
+        writeln!(
+            f,
+            "  {:>8} {:>8}  {:<5} {:>12} {:>10} {:>7}  command",
+            "pid", "parent", "how", "events", "seconds", "threads"
+        )?;
+        for p in &self.processes {
+            let parent = if p.parent_pid == 0 { "-".to_string() } else { p.parent_pid.to_string() };
+            let unclean = if p.closed_cleanly { "" } else { "  (not closed cleanly: killed, or still running)" };
+            writeln!(
+                f,
+                "  {:>8} {parent:>8}  {:<5} {:>12} {:>10.3} {:>7}  {}{unclean}",
+                p.pid,
+                p.started,
+                p.events,
+                p.duration_s,
+                p.threads,
+                crate::procs::command(&p.argv)
+            )?;
+        }
+        for u in &self.unrecorded {
+            writeln!(
+                f,
+                "  not recorded: pid {} (child of {}), {} (Python {}): {}",
+                u.pid,
+                u.parent_pid,
+                crate::procs::command(&u.argv),
+                u.python,
+                u.reason
+            )?;
+        }
         Ok(())
     }
 }

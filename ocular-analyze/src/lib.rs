@@ -13,6 +13,7 @@ pub mod export;
 pub mod hot;
 pub mod info;
 pub mod output;
+pub mod procs;
 pub mod progress;
 pub mod stats;
 pub mod table;

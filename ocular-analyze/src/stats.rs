@@ -28,6 +28,11 @@ pub enum SortBy {
 /// One row.
 #[derive(Debug, Serialize)]
 pub struct Row {
+    /// Process id; 0 in a run's rows merged over its processes (`processes` says how many).
+    pub pid: u32,
+    /// In a run of several processes merged: how many processes ran the function.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub processes: Option<usize>,
     /// Thread id, or 0 when merged.
     pub thread_id: u64,
     /// Qualified name.
@@ -64,6 +69,7 @@ pub struct Row {
 /// Rows for every function, merged over threads or per thread, in the order `sort` asks for (per thread,
 /// the threads' rows are interleaved: [`report`] groups them).
 pub fn rows(a: &Analysis, per_thread: bool, sort: SortBy) -> Vec<Row> {
+    let pid = a.header.as_ref().map_or(0, |h| h.pid);
     let mut out = Vec::new();
     let mut push = |tid: u64, m: &HashMap<u32, FunctionStats>| {
         for (id, s) in m {
@@ -73,6 +79,8 @@ pub fn rows(a: &Analysis, per_thread: bool, sort: SortBy) -> Vec<Row> {
             }
             let inclusive_ms = a.ns(s.inclusive.max(0.0)) / 1e6;
             out.push(Row {
+                pid,
+                processes: None,
                 thread_id: tid,
                 function: co.qualname.clone(),
                 file: co.filename.clone(),
@@ -102,14 +110,18 @@ pub fn rows(a: &Analysis, per_thread: bool, sort: SortBy) -> Vec<Row> {
     } else {
         push(0, &a.functions);
     }
+    sort_rows(&mut out, sort);
+    out
+}
+
+fn sort_rows(rows: &mut [Row], sort: SortBy) {
     let key = |r: &Row| match sort {
         SortBy::Exclusive => r.exclusive_ms,
         SortBy::Inclusive => r.inclusive_ms,
         SortBy::Calls => r.calls as f64,
         SortBy::Mean => r.mean_us,
     };
-    out.sort_by(|x, y| key(y).total_cmp(&key(x)).then_with(|| x.function.cmp(&y.function)));
-    out
+    rows.sort_by(|x, y| key(y).total_cmp(&key(x)).then_with(|| x.function.cmp(&y.function)));
 }
 
 /// The recording's extent, which summed times are read against.
@@ -119,6 +131,9 @@ pub struct Span {
     pub wall_ms: f64,
     /// Threads with events.
     pub threads: usize,
+    /// The first and the last event, `CLOCK_MONOTONIC` ns (for a run of several processes, which share it).
+    pub first_ns: f64,
+    pub last_ns: f64,
 }
 
 /// Reads the [`Span`] of `path` from its chunk headers: EVENTS chunks are checked but not decompressed,
@@ -136,7 +151,10 @@ pub fn span(path: &Path, opts: ReadOptions) -> ocular_format::Result<Span> {
         }
     }
     let wall_ms = if last > first && tps > 0.0 { (last - first) as f64 * 1e3 / tps } else { 0.0 };
-    Ok(Span { wall_ms, threads: threads.len() })
+    let h = r.header();
+    let ns = |t: u64| h.start_monotonic_ns as f64 + (t as f64 - h.start_ticks as f64) * 1e9 / tps.max(1.0);
+    let (first_ns, last_ns) = if last >= first { (ns(first), ns(last)) } else { (0.0, 0.0) };
+    Ok(Span { wall_ms, threads: threads.len(), first_ns, last_ns })
 }
 
 /// A [`Row`] with what its inclusive time is a share of. In JSON, its fields follow the row's.
@@ -159,6 +177,8 @@ pub struct ShareRow {
 /// One table: the functions of one thread, or of every thread merged (thread id 0).
 #[derive(Debug)]
 pub struct Table {
+    /// In a run of several processes, one table per process: which ("12258 (fork of 12250): ...").
+    pub process: Option<String>,
     /// Native thread id, 0 when merged.
     pub thread_id: u64,
     /// The thread's name ("" when merged, or when the thread had none).
@@ -181,6 +201,8 @@ pub struct Report {
     pub tables: Vec<Table>,
     /// A caveat about the figures (the de-instrumentation threshold), if one applies.
     pub note: Option<String>,
+    /// A run of several processes: how many were recorded and how many ran unrecorded (0, 0 for one).
+    pub processes: (usize, usize),
 }
 
 /// The report of `a` (whose recording spans `span`): at most `top` rows per table.
@@ -209,10 +231,147 @@ pub fn report(a: &Analysis, span: Span, per_thread: bool, sort: SortBy, top: usi
                     ShareRow { row, thread_name: thread_name.clone(), wall_ms: span.wall_ms, threads, wall_share }
                 })
                 .collect();
-            Table { thread_id: tid, thread_name, rows, more }
+            Table { process: None, thread_id: tid, thread_name, rows, more }
         })
         .collect();
-    Report { span, per_thread, tables, note }
+    Report { span, per_thread, tables, note, processes: (0, 0) }
+}
+
+/// One process of a run, for [`report_run`].
+#[derive(Debug)]
+pub struct Part<'a> {
+    /// The process.
+    pub process: &'a crate::procs::Process,
+    /// Its analysis.
+    pub analysis: &'a Analysis,
+    /// Its extent.
+    pub span: Span,
+}
+
+/// The report of a run of several processes: one table per process (`per_process`, or `per_thread`: one
+/// per thread of each), or one table of every process merged, a function's figures summed over the
+/// processes that ran it (by qualified name, file and line: each process numbers its code objects).
+pub fn report_run(
+    parts: &[Part<'_>],
+    unrecorded: usize,
+    per_process: bool,
+    per_thread: bool,
+    sort: SortBy,
+    top: usize,
+) -> Report {
+    let processes = (parts.len(), unrecorded);
+    if per_process || per_thread {
+        let mut tables = Vec::new();
+        let mut notes = Vec::new();
+        for p in parts {
+            let r = report(p.analysis, p.span, per_thread, sort, top);
+            if let Some(n) = r.note {
+                notes.push((p.process.pid, n));
+            }
+            for mut t in r.tables {
+                t.process = Some(p.process.title());
+                tables.push(t);
+            }
+        }
+        let note = group_notes(notes);
+        let span = parts.first().map_or_else(Span::default, |p| p.span);
+        return Report { span, per_thread, tables, note, processes };
+    }
+    let mut merged: Vec<Row> = Vec::new();
+    let mut index: HashMap<(String, String, u32), usize> = HashMap::default();
+    let mut notes = Vec::new();
+    for p in parts {
+        if let Some(n) = threshold_note(p.analysis, &[]) {
+            notes.push((p.process.pid, n));
+        }
+        for r in rows(p.analysis, false, sort) {
+            let key = (r.function.clone(), r.file.clone(), r.line);
+            match index.get(&key) {
+                Some(&i) => {
+                    let m = &mut merged[i];
+                    m.calls += r.calls;
+                    m.observed_calls += r.observed_calls;
+                    m.inclusive_ms += r.inclusive_ms;
+                    m.exclusive_ms += r.exclusive_ms;
+                    m.estimated |= r.estimated;
+                    m.calls_estimated |= r.calls_estimated;
+                    m.lost_share = m.lost_share.max(r.lost_share);
+                    m.processes = m.processes.map(|n| n + 1);
+                    for (name, n) in r.counters {
+                        match m.counters.iter_mut().find(|c| c.0 == name) {
+                            Some(c) => c.1 += n,
+                            None => m.counters.push((name, n)),
+                        }
+                    }
+                }
+                None => {
+                    index.insert(key, merged.len());
+                    merged.push(Row { pid: 0, processes: Some(1), ..r });
+                }
+            }
+        }
+    }
+    for m in &mut merged {
+        m.mean_us = if m.calls > 0 { m.inclusive_ms * 1e3 / m.calls as f64 } else { 0.0 };
+    }
+    // Every row the same counter columns, in the first process's order.
+    let names: Vec<String> =
+        merged.iter().flat_map(|r| r.counters.iter().map(|c| c.0.clone())).fold(Vec::new(), |mut v, n| {
+            if !v.contains(&n) {
+                v.push(n);
+            }
+            v
+        });
+    for m in &mut merged {
+        m.counters =
+            names.iter().map(|n| (n.clone(), m.counters.iter().find(|c| &c.0 == n).map_or(0, |c| c.1))).collect();
+    }
+    sort_rows(&mut merged, sort);
+    let first = parts.iter().map(|p| p.span.first_ns).filter(|&x| x > 0.0).fold(f64::MAX, f64::min);
+    let last = parts.iter().map(|p| p.span.last_ns).fold(0.0, f64::max);
+    let threads: usize = parts.iter().map(|p| p.span.threads).sum();
+    let wall_ms = if last > first { (last - first) / 1e6 } else { 0.0 };
+    let span = Span { wall_ms, threads, first_ns: first, last_ns: last };
+    // A process's share: its threads for its own wall time, summed.
+    let capacity: f64 = parts.iter().map(|p| p.span.wall_ms * p.span.threads as f64).sum();
+    let more = merged.len().saturating_sub(top);
+    let rows = merged
+        .into_iter()
+        .take(top)
+        .map(|row| {
+            let wall_share = (capacity > 0.0).then(|| row.inclusive_ms / capacity);
+            ShareRow { row, thread_name: String::new(), wall_ms, threads, wall_share }
+        })
+        .collect();
+    let note = group_notes(notes);
+    Report {
+        span,
+        per_thread: false,
+        tables: vec![Table { process: None, thread_id: 0, thread_name: String::new(), rows, more }],
+        note,
+        processes,
+    }
+}
+
+/// Each process's note once per text: "processes 12, 13: the note" ("every process: ..." when all say it).
+fn group_notes(notes: Vec<(u32, String)>) -> Option<String> {
+    let total = notes.len();
+    let mut groups: Vec<(String, Vec<u32>)> = Vec::new();
+    for (pid, n) in notes {
+        match groups.iter_mut().find(|g| g.0 == n) {
+            Some(g) => g.1.push(pid),
+            None => groups.push((n, vec![pid])),
+        }
+    }
+    let lines: Vec<String> = groups
+        .into_iter()
+        .map(|(n, pids)| match pids.len() {
+            1 => format!("process {}: {n}", pids[0]),
+            k if k == total && total > 1 => format!("every process: {n}"),
+            _ => format!("processes {}: {n}", pids.iter().map(u32::to_string).collect::<Vec<_>>().join(", ")),
+        })
+        .collect();
+    (!lines.is_empty()).then(|| lines.join("\nnote: "))
 }
 
 /// What the figures cover: with windows, which part is estimated; in a thresholded recording made before
@@ -280,9 +439,25 @@ impl Serialize for Report {
 
 impl fmt::Display for Report {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
-        let Span { wall_ms, threads: n } = self.span;
+        let Span { wall_ms, threads: n, .. } = self.span;
         let threads = if n == 1 { "1 thread".to_string() } else { format!("{n} threads") };
-        if self.per_thread {
+        let (procs, unrecorded) = self.processes;
+        if procs > 0 {
+            let unrec = if unrecorded > 0 {
+                format!(" ({unrecorded} more ran unrecorded: info lists them)")
+            } else {
+                String::new()
+            };
+            if self.tables.iter().any(|t| t.process.is_some()) {
+                writeln!(f, "run of {procs} processes{unrec}, one table per process; incl % = incl ms / (the process's threads x its wall)")?;
+            } else {
+                writeln!(
+                    f,
+                    "run of {procs} processes{unrec}, wall {wall_ms:.3} ms, {threads}: times are summed over the \
+                     processes and threads; incl % = incl ms / (the processes' threads x their walls)"
+                )?;
+            }
+        } else if self.per_thread {
             writeln!(f, "wall {wall_ms:.3} ms, {threads}, one table per thread; incl % = incl ms / wall")?;
         } else if n > 1 {
             writeln!(
@@ -294,6 +469,9 @@ impl fmt::Display for Report {
             writeln!(f, "wall {wall_ms:.3} ms, {threads}; incl % = incl ms / wall")?;
         }
         for t in &self.tables {
+            if let Some(p) = &t.process {
+                writeln!(f, "\nprocess {p}")?;
+            }
             if self.per_thread {
                 let name = if t.thread_name.is_empty() { "unnamed" } else { &t.thread_name };
                 writeln!(f, "\nthread {} ({name})", t.thread_id)?;

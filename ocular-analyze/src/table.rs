@@ -7,7 +7,10 @@
 //! whole trace. Before that pass a first pass collects the code objects and the specialized bytecode, which
 //! the recorder writes at stop, after the events.
 //!
-//! Columns (types are Arrow's; `?` marks a nullable column; text columns are dictionary-encoded):
+//! Columns (types are Arrow's; `?` marks a nullable column; text columns are dictionary-encoded). Every
+//! table starts with `pid` u32, the process: a run of several processes (FORMAT.md 10) is one set of
+//! tables, its times (`ts_ns`, `start_ns`, `end_ns`) from the first process's start, through
+//! `CLOCK_MONOTONIC`, which the processes share.
 //! - events: `thread_id` u64, `ts_ns` i64 (ns since the recording started), `tsc` u64 (raw ticks),
 //!   `event` text (as `sys.monitoring.events` names it; its dictionary holds every kind the format defines,
 //!   in kind-number order, the same in every export; null for a kind this analyzer does not know),
@@ -194,6 +197,7 @@ impl Select {
 pub fn columns(table: Table) -> &'static [&'static str] {
     match table {
         Table::Events => &[
+            "pid",
             "thread_id",
             "ts_ns",
             "tsc",
@@ -208,6 +212,7 @@ pub fn columns(table: Table) -> &'static [&'static str] {
             "specialized",
         ],
         Table::Calls => &[
+            "pid",
             "thread_id",
             "call_id",
             "parent",
@@ -223,6 +228,7 @@ pub fn columns(table: Table) -> &'static [&'static str] {
             "clipped",
         ],
         Table::Code => &[
+            "pid",
             "code_id",
             "function",
             "name",
@@ -233,8 +239,8 @@ pub fn columns(table: Table) -> &'static [&'static str] {
             "bytecode",
             "specialized_bytecode",
         ],
-        Table::Lost => &["thread_id", "thread_lost", "thread_recorded", "start_ns", "end_ns"],
-        Table::CounterSamples => &["thread_id", "ts_ns", "counter", "value", "call_id", "function"],
+        Table::Lost => &["pid", "thread_id", "thread_lost", "thread_recorded", "start_ns", "end_ns"],
+        Table::CounterSamples => &["pid", "thread_id", "ts_ns", "counter", "value", "call_id", "function"],
     }
 }
 
@@ -453,7 +459,9 @@ fn metadata(path: &Path, opts: ReadOptions, select: &Select) -> ocular_format::R
 /// Every dictionary filled from the first pass, so that it never grows during the second: all batches
 /// of a column share one dictionary (and one Arrow/polars type).
 fn freeze(m: &Metadata, d: &mut Dictionaries) -> ById {
-    d.event_kinds();
+    if d.kinds.is_empty() {
+        d.event_kinds();
+    }
     let mut ids: Vec<u32> = m.code.keys().copied().collect();
     ids.sort_unstable();
     ById::new(ids.into_iter().map(|id| (id, d.resolve(&m.code[&id], &m.header, m.snapshots.get(&id)))).collect())
@@ -462,6 +470,7 @@ fn freeze(m: &Metadata, d: &mut Dictionaries) -> ById {
 /// Column builders of the events table.
 #[derive(Default)]
 struct Events {
+    pid: Vec<u32>,
     thread_id: Vec<u64>,
     ts_ns: Vec<i64>,
     tsc: Vec<u64>,
@@ -480,6 +489,7 @@ impl Events {
     /// Columns with room for `rows`: a batch fills them without regrowing (and copying) each one.
     fn with_capacity(rows: usize) -> Self {
         Events {
+            pid: Vec::with_capacity(rows),
             thread_id: Vec::with_capacity(rows),
             ts_ns: Vec::with_capacity(rows),
             tsc: Vec::with_capacity(rows),
@@ -497,8 +507,10 @@ impl Events {
 
     /// Appends `evs`, a column at a time (loops the compiler can vectorize), then what each event's code
     /// object says at its offset (one look-up per run of events of the same code object).
+    #[allow(clippy::too_many_arguments)]
     fn extend(
         &mut self,
+        pid: u32,
         tid: u64,
         evs: &[RawEvent],
         kinds: &[u32],
@@ -506,6 +518,7 @@ impl Events {
         unknown: &Resolved,
         ns: &impl Fn(u64) -> i64,
     ) {
+        self.pid.resize(self.pid.len() + evs.len(), pid);
         self.thread_id.resize(self.thread_id.len() + evs.len(), tid);
         self.tsc.extend(evs.iter().map(|e| e.ticks.get()));
         self.ts_ns.extend(evs.iter().map(|e| ns(e.ticks.get())));
@@ -539,6 +552,7 @@ impl Events {
         Batch {
             rows: e.tsc.len(),
             columns: vec![
+                ("pid", Column::U32(e.pid)),
                 ("thread_id", Column::U64(e.thread_id)),
                 ("ts_ns", Column::I64(e.ts_ns)),
                 ("tsc", Column::U64(e.tsc)),
@@ -559,6 +573,7 @@ impl Events {
 /// Column builders of the calls table.
 #[derive(Default)]
 struct Calls {
+    pid: Vec<u32>,
     thread_id: Vec<u64>,
     call_id: Vec<u64>,
     parent: Vec<Option<u64>>,
@@ -580,6 +595,7 @@ impl Calls {
         Batch {
             rows: c.call_id.len(),
             columns: vec![
+                ("pid", Column::U32(c.pid)),
                 ("thread_id", Column::U64(c.thread_id)),
                 ("call_id", Column::U64(c.call_id)),
                 ("parent", Column::OptU64(c.parent)),
@@ -605,8 +621,11 @@ struct CounterSamples {
     pending: HashMap<u64, crate::analysis::SampleQueue>,
     stacks: HashMap<u64, Vec<(u32, u64)>>,
     names: Arc<Vec<String>>,
+    pid: Vec<u32>,
     thread_id: Vec<u64>,
     ts_ns: Vec<i64>,
+    /// This file's counter indexes as codes into `names` (the run's counters, by name).
+    counter_codes: Vec<u32>,
     counter: Vec<u32>,
     value: Vec<u64>,
     call_id: Vec<Option<u64>>,
@@ -616,8 +635,10 @@ struct CounterSamples {
 impl CounterSamples {
     /// Places thread `tid`'s samples up to tick `t` in the activation running then (before the item at
     /// `t` changes it), keeping those `keep` selects.
+    #[allow(clippy::too_many_arguments)]
     fn place(
         &mut self,
+        pid: u32,
         tid: u64,
         t: u64,
         resolved: &ById,
@@ -632,9 +653,10 @@ impl CounterSamples {
             if !keep(tid, ns(ticks)) {
                 continue;
             }
+            self.pid.push(pid);
             self.thread_id.push(tid);
             self.ts_ns.push(ns(ticks));
-            self.counter.push(k as u32);
+            self.counter.push(self.counter_codes.get(k as usize).copied().unwrap_or(NULL_CODE));
             self.value.push(period);
             self.call_id.push(top.map(|f| f.1));
             self.function.push(top.map_or(NULL_CODE, |f| resolved.get(f.0).unwrap_or(unknown).function));
@@ -647,6 +669,7 @@ impl CounterSamples {
         Batch {
             rows,
             columns: vec![
+                ("pid", Column::U32(std::mem::take(&mut self.pid))),
                 ("thread_id", Column::U64(std::mem::take(&mut self.thread_id))),
                 ("ts_ns", Column::I64(std::mem::take(&mut self.ts_ns))),
                 ("counter", Column::Dict(std::mem::take(&mut self.counter), names)),
@@ -658,13 +681,12 @@ impl CounterSamples {
     }
 }
 
-fn code_table(m: &Metadata, d: &mut Dictionaries) -> Batch {
+fn code_table(m: &Metadata, d: &mut Dictionaries, names: &mut Dictionary) -> Batch {
     let mut ids: Vec<u32> = m.code.keys().copied().collect();
     ids.sort_unstable();
     let (mut function, mut name, mut file) = (Vec::new(), Vec::new(), Vec::new());
     let (mut first, mut last, mut count, mut base, mut spec) =
         (Vec::new(), Vec::new(), Vec::new(), Vec::new(), Vec::new());
-    let mut names = Dictionary::default();
     for id in &ids {
         let co = &m.code[id];
         function.push(d.function.code(&co.qualname));
@@ -679,6 +701,7 @@ fn code_table(m: &Metadata, d: &mut Dictionaries) -> Batch {
     Batch {
         rows: ids.len(),
         columns: vec![
+            ("pid", Column::U32(vec![m.header.pid; ids.len()])),
             ("code_id", Column::U32(ids)),
             ("function", Column::Dict(function, d.function.snapshot())),
             ("name", Column::Dict(name, names.snapshot())),
@@ -693,7 +716,7 @@ fn code_table(m: &Metadata, d: &mut Dictionaries) -> Batch {
 }
 
 /// One row per stretch of lost events: the thread, how many its stretches lost in all, and when.
-fn lost_table(losses: &[crate::analysis::Loss]) -> Batch {
+fn lost_table(pid: u32, losses: &[crate::analysis::Loss]) -> Batch {
     let (mut thread, mut lost, mut recorded, mut start, mut end) =
         (Vec::new(), Vec::new(), Vec::new(), Vec::new(), Vec::new());
     for l in losses {
@@ -708,6 +731,7 @@ fn lost_table(losses: &[crate::analysis::Loss]) -> Batch {
     Batch {
         rows: thread.len(),
         columns: vec![
+            ("pid", Column::U32(vec![pid; thread.len()])),
             ("thread_id", Column::U64(thread)),
             ("thread_lost", Column::U64(lost)),
             ("thread_recorded", Column::U64(recorded)),
@@ -753,143 +777,176 @@ pub fn build_selected(
     for &t in tables {
         select.check(t)?;
     }
+    // A run of several processes (FORMAT.md 10) is one set of tables.
+    let (run, run_warnings) = crate::procs::open(path, opts)?;
     let mut selected = Selected { select, sink };
     let sink: &mut dyn Sink = if select.columns.is_some() { &mut selected } else { selected.sink };
     let (lo, hi) = select.range();
     let everything = select.is_all();
     let batch_rows = batch_rows.max(1);
-    let meta = metadata(path, opts, select)?;
+    let metas =
+        run.processes.iter().map(|p| metadata(&p.path, opts, select)).collect::<ocular_format::Result<Vec<_>>>()?;
     if let Some(budget) = select.budget.filter(|_| tables.contains(&Table::Events)) {
-        let too_big =
-            TooBig { rows: meta.selected_events, bytes: meta.selected_events * select.row_bytes(Table::Events) };
+        let rows: u64 = metas.iter().map(|m| m.selected_events).sum();
+        let too_big = TooBig { rows, bytes: rows * select.row_bytes(Table::Events) };
         if too_big.bytes > budget {
             return Err(too_big.into());
         }
     }
-    let h = &meta.header;
-    let ns_per_tick = 1e9 / h.ticks_per_second;
-    let ns = |ticks: u64| (ticks.wrapping_sub(h.start_ticks) as i64 as f64 * ns_per_tick) as i64;
+    // Times from the first process's start, through CLOCK_MONOTONIC: for one file, from its own start.
+    let origin = metas[0].header.start_monotonic_ns as i64;
+    // Every dictionary filled from every file first: all batches of a column share one.
     let mut d = Dictionaries::default();
-    // Code objects resolved to dictionary codes.
-    let resolved = freeze(&meta, &mut d);
+    let resolved: Vec<ById> = metas.iter().map(|m| freeze(m, &mut d)).collect();
     // Events of a code object the file does not describe (damaged input).
     let unknown = Resolved { function: d.function.code("?"), file: d.file.code("?"), first_line: 0, units: vec![] };
+    let mut code_names = Dictionary::default();
+    for m in &metas {
+        let mut ids: Vec<&u32> = m.code.keys().collect();
+        ids.sort_unstable();
+        for id in ids {
+            code_names.code(&m.code[id].name);
+        }
+    }
     let mut summary = Summary::default();
     let count =
         |summary: &mut Summary, t: Table, b: &Batch| *summary.rows.entry(t.name()).or_default() += b.rows as u64;
-    if tables.contains(&Table::Code) {
-        let b = code_table(&meta, &mut d);
-        count(&mut summary, Table::Code, &b);
-        sink.batch(Table::Code, b)?;
-    }
-    if tables.contains(&Table::Lost) {
-        let b = lost_table(&meta.losses);
-        count(&mut summary, Table::Lost, &b);
-        sink.batch(Table::Lost, b)?;
+    for (t, make) in [(Table::Code, true), (Table::Lost, false)] {
+        if !tables.contains(&t) {
+            continue;
+        }
+        for m in &metas {
+            let b = if make { code_table(m, &mut d, &mut code_names) } else { lost_table(m.header.pid, &m.losses) };
+            count(&mut summary, t, &b);
+            sink.batch(t, b)?;
+        }
     }
     let want_events = tables.contains(&Table::Events);
     let want_calls = tables.contains(&Table::Calls);
     let want_samples = tables.contains(&Table::CounterSamples);
-    let mut samples = CounterSamples::default();
+    let mut file_samples = Vec::new();
+    let mut counter_names = Dictionary::default();
     if want_samples {
-        let s = crate::analysis::read_samples(path, opts, h)?;
-        samples.names = Arc::new(s.counters.iter().map(|c| c.name.clone()).collect());
-        samples.pending = s.by_thread;
+        for (p, m) in run.processes.iter().zip(&metas) {
+            let s = crate::analysis::read_samples(&p.path, opts, &m.header)?;
+            let codes: Vec<u32> = s.counters.iter().map(|c| counter_names.code(&c.name)).collect();
+            file_samples.push((codes, s.by_thread));
+        }
     }
+    let mut samples = CounterSamples { names: counter_names.snapshot(), ..CounterSamples::default() };
     let keep_sample = |tid: u64, t: i64| everything || (select.thread(tid) && t >= lo && t <= hi);
     if !want_events && !want_calls && !want_samples {
-        summary.warnings = meta.warnings.clone();
+        summary.warnings = run_warnings;
+        for m in &metas {
+            summary.warnings.extend(m.warnings.iter().cloned());
+        }
         return Ok(summary);
     }
     // Reserved a batch ahead (up to the default size: a caller may ask for one batch of everything).
     let reserve = batch_rows.min(DEFAULT_BATCH_ROWS);
     let mut events = Events::with_capacity(if want_events { reserve } else { 0 });
     let mut calls = Calls::default();
-    let mut failed: Option<anyhow::Error> = None;
-    let timeline = Timeline::open(path, opts)?.without_loops();
-    let result = timeline.run(|_, item| {
-        let r = (|| -> anyhow::Result<()> {
-            match item {
-                Item::Events { tid, events: mut evs } if want_events => {
-                    if !everything {
-                        if !select.thread(tid) {
+    summary.warnings = run_warnings;
+    let mut file_samples = file_samples.into_iter();
+    for (i, (p, m)) in run.processes.iter().zip(&metas).enumerate() {
+        let (h, pid, resolved) = (&m.header, m.header.pid, &resolved[i]);
+        let ns_per_tick = 1e9 / h.ticks_per_second;
+        let offset = h.start_monotonic_ns as i64 - origin;
+        let ns = |ticks: u64| offset + (ticks.wrapping_sub(h.start_ticks) as i64 as f64 * ns_per_tick) as i64;
+        if let Some((codes, pending)) = file_samples.next() {
+            samples.counter_codes = codes;
+            samples.pending = pending;
+            samples.stacks.clear();
+        }
+        let mut failed: Option<anyhow::Error> = None;
+        let timeline = Timeline::open(&p.path, opts)?.without_loops();
+        let result = timeline.run(|_, item| {
+            let r = (|| -> anyhow::Result<()> {
+                match item {
+                    Item::Events { tid, events: mut evs } if want_events => {
+                        if !everything {
+                            if !select.thread(tid) {
+                                return Ok(());
+                            }
+                            // A thread's events are in time order: the range is one slice of them.
+                            let a = evs.partition_point(|e| ns(e.ticks.get()) < lo);
+                            let b = evs.partition_point(|e| ns(e.ticks.get()) <= hi);
+                            evs = &evs[a..b.max(a)];
+                        }
+                        while !evs.is_empty() {
+                            let (now, later) = evs.split_at(evs.len().min(batch_rows - events.tsc.len()));
+                            events.extend(pid, tid, now, &d.kinds, resolved, &unknown, &ns);
+                            evs = later;
+                            if events.tsc.len() >= batch_rows {
+                                let b = events.take(&mut d, reserve);
+                                count(&mut summary, Table::Events, &b);
+                                sink.batch(Table::Events, b)?;
+                            }
+                        }
+                    }
+                    Item::Begin { tid, ticks, code: id, call } if want_samples => {
+                        samples.place(pid, tid, ticks, resolved, &unknown, &keep_sample, &ns);
+                        samples.stacks.entry(tid).or_default().push((id, call));
+                    }
+                    Item::End { tid, ticks, code: id, call } if want_calls || want_samples => {
+                        if want_samples {
+                            samples.place(pid, tid, ticks, resolved, &unknown, &keep_sample, &ns);
+                            samples.stacks.entry(tid).or_default().pop();
+                            if samples.ts_ns.len() >= batch_rows {
+                                let b = samples.take(&mut d);
+                                count(&mut summary, Table::CounterSamples, &b);
+                                sink.batch(Table::CounterSamples, b)?;
+                            }
+                            if !want_calls {
+                                return Ok(());
+                            }
+                        }
+                        if !everything && (!select.thread(tid) || ns(ticks) < lo || ns(call.start) > hi) {
                             return Ok(());
                         }
-                        // A thread's events are in time order: the range is one slice of them.
-                        let a = evs.partition_point(|e| ns(e.ticks.get()) < lo);
-                        let b = evs.partition_point(|e| ns(e.ticks.get()) <= hi);
-                        evs = &evs[a..b.max(a)];
-                    }
-                    while !evs.is_empty() {
-                        let (now, later) = evs.split_at(evs.len().min(batch_rows - events.tsc.len()));
-                        events.extend(tid, now, &d.kinds, &resolved, &unknown, &ns);
-                        evs = later;
-                        if events.tsc.len() >= batch_rows {
-                            let b = events.take(&mut d, reserve);
-                            count(&mut summary, Table::Events, &b);
-                            sink.batch(Table::Events, b)?;
+                        let co = resolved.get(id).unwrap_or(&unknown);
+                        calls.pid.push(pid);
+                        calls.thread_id.push(tid);
+                        calls.call_id.push(call.id);
+                        calls.parent.push(call.parent);
+                        calls.depth.push(call.depth);
+                        calls.code_id.push(id);
+                        calls.function.push(co.function);
+                        calls.file.push(co.file);
+                        calls.line.push(co.first_line);
+                        calls.start_ns.push(ns(call.start));
+                        calls.end_ns.push(ns(ticks));
+                        calls.window.push(call.window.map(|w| w as i32));
+                        calls.clipped.push(call.clipped);
+                        if calls.call_id.len() >= batch_rows {
+                            let b = calls.take(&mut d);
+                            count(&mut summary, Table::Calls, &b);
+                            sink.batch(Table::Calls, b)?;
                         }
                     }
+                    _ => {}
                 }
-                Item::Begin { tid, ticks, code: id, call } if want_samples => {
-                    samples.place(tid, ticks, &resolved, &unknown, &keep_sample, &ns);
-                    samples.stacks.entry(tid).or_default().push((id, call));
-                }
-                Item::End { tid, ticks, code: id, call } if want_calls || want_samples => {
-                    if want_samples {
-                        samples.place(tid, ticks, &resolved, &unknown, &keep_sample, &ns);
-                        samples.stacks.entry(tid).or_default().pop();
-                        if samples.ts_ns.len() >= batch_rows {
-                            let b = samples.take(&mut d);
-                            count(&mut summary, Table::CounterSamples, &b);
-                            sink.batch(Table::CounterSamples, b)?;
-                        }
-                        if !want_calls {
-                            return Ok(());
-                        }
-                    }
-                    if !everything && (!select.thread(tid) || ns(ticks) < lo || ns(call.start) > hi) {
-                        return Ok(());
-                    }
-                    let co = resolved.get(id).unwrap_or(&unknown);
-                    calls.thread_id.push(tid);
-                    calls.call_id.push(call.id);
-                    calls.parent.push(call.parent);
-                    calls.depth.push(call.depth);
-                    calls.code_id.push(id);
-                    calls.function.push(co.function);
-                    calls.file.push(co.file);
-                    calls.line.push(co.first_line);
-                    calls.start_ns.push(ns(call.start));
-                    calls.end_ns.push(ns(ticks));
-                    calls.window.push(call.window.map(|w| w as i32));
-                    calls.clipped.push(call.clipped);
-                    if calls.call_id.len() >= batch_rows {
-                        let b = calls.take(&mut d);
-                        count(&mut summary, Table::Calls, &b);
-                        sink.batch(Table::Calls, b)?;
-                    }
-                }
-                _ => {}
-            }
-            Ok(())
-        })();
-        // The walker speaks io::Error; keep the real error and stop it with a placeholder.
-        r.map_err(|e| {
-            failed = Some(e);
-            std::io::Error::other("table sink failed")
-        })
-    });
-    if let Some(e) = failed {
-        return Err(e);
-    }
-    let (read, warnings) = result?;
-    // Samples after their thread's last recorded activation ended: no function.
-    let mut tids: Vec<u64> = samples.pending.keys().copied().collect();
-    tids.sort_unstable();
-    for tid in tids {
-        samples.stacks.remove(&tid);
-        samples.place(tid, u64::MAX, &resolved, &unknown, &keep_sample, &ns);
+                Ok(())
+            })();
+            // The walker speaks io::Error; keep the real error and stop it with a placeholder.
+            r.map_err(|e| {
+                failed = Some(e);
+                std::io::Error::other("table sink failed")
+            })
+        });
+        if let Some(e) = failed {
+            return Err(e);
+        }
+        let (read, warnings) = result?;
+        // Samples after their thread's last recorded activation ended: no function.
+        let mut tids: Vec<u64> = samples.pending.keys().copied().collect();
+        tids.sort_unstable();
+        for tid in tids {
+            samples.stacks.remove(&tid);
+            samples.place(pid, tid, u64::MAX, resolved, &unknown, &keep_sample, &ns);
+        }
+        summary.events_read += read;
+        summary.warnings.extend(warnings);
     }
     for (t, want) in [(Table::Events, want_events), (Table::Calls, want_calls), (Table::CounterSamples, want_samples)] {
         if !want {
@@ -906,7 +963,5 @@ pub fn build_selected(
             sink.batch(t, b)?;
         }
     }
-    summary.events_read = read;
-    summary.warnings = warnings;
     Ok(summary)
 }

@@ -481,6 +481,8 @@ enum Msg {
     Calibration(Calibration),
     /// Performance counter samples (FORMAT.md 6.9).
     Counters(ocular_format::CounterSamples),
+    /// The run of several processes the recording belongs to (FORMAT.md 6.10).
+    Process(ocular_format::ProcessInfo),
     /// Write the flight recorder's content into `file`: everything up to `at`.
     Dump {
         file: File,
@@ -645,6 +647,13 @@ impl WriterJob {
             }
             Msg::Counters(c) => {
                 self.write(|w| w.counters(&c));
+            }
+            // Flushed at once: a child killed early keeps it, and with it its place in the run.
+            Msg::Process(p) => {
+                self.write(|w| {
+                    w.process(&p)?;
+                    w.flush()
+                });
             }
             Msg::Finish(t) => {
                 if let Some(w) = self.writer.take() {
@@ -1079,6 +1088,11 @@ impl Session {
     }
 
     /// Sends the recorder's cost per event kind (before any events).
+    /// Says which run of several processes the recording belongs to (FORMAT.md 6.10).
+    pub fn process(&self, p: ocular_format::ProcessInfo) {
+        let _ = self.send(Msg::Process(p));
+    }
+
     pub fn calibration(&self, c: Calibration) {
         if let (Some(ring), Ok(bytes)) = (&self.ring, postcard::to_allocvec(&c)) {
             ring.append_meta(ocular_format::chunk::kind::CALIBRATION, &bytes);

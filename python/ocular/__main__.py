@@ -76,7 +76,8 @@ def _run(opts: dict) -> int:
                         window_period=opts["window_period"], window_length=opts["window_length"],
                         buffer_events=opts["buffer_events"], max_buffers=opts["max_buffers"],
                         on_full=opts["on_full"], ring_file=opts["ring_file"], ring=opts["ring"],
-                        dump_on=opts["dump_on"], live=opts["live"], counters=opts["counters"], perf=opts["perf"])
+                        dump_on=opts["dump_on"], live=opts["live"], counters=opts["counters"], perf=opts["perf"],
+                        follow=opts["follow"])
     except ValueError as e:
         print(f"python -m ocular run: {e}", file=sys.stderr)
         return 2

@@ -151,7 +151,17 @@ def _after_fork_in_child() -> None:
     except Exception:  # noqa: BLE001 - best effort in a forked child
         pass
     rec._running = False
+    rec._run = None  # the parent's run: its environment stays, for the child's own children
     _active = None
+    config = rec._follow_config
+    if config is not None:
+        # Following: the child records on into its own file of the run.
+        from . import _follow
+
+        try:
+            _follow.start_child(config, started="fork", parent_pid=os.getppid())
+        except Exception as e:  # noqa: BLE001 - the child runs on unrecorded, and the run says why
+            _follow.unrecorded(config, f"starting the recording after fork failed: {type(e).__name__}: {e}")
 
 
 # Calibration pairs (untraced run, traced run) per measurement.
@@ -277,6 +287,7 @@ class Recording:
         perf: bool = False,
         window_period: float | None = None,
         window_length: float = 0.0005,
+        follow: bool = False,
     ) -> None:
         _interp.check_supported()
         if mode not in MODES:
@@ -340,6 +351,14 @@ class Recording:
         self._events: list[str] = event_names(mode)
         self._running = False
         self._old_sigterm: Any = None
+        # Following child processes (_follow.py): the run this recording belongs to, and its own part in it.
+        self.follow = bool(follow)
+        self._follow_config: dict | None = None
+        self._process: dict | None = None
+        self._run: Any = None
+        self.children = 0
+        self.children_events = 0
+        self.unrecorded_children: list[str] = []
 
     # -- lifecycle ---------------------------------------------------------------------------------
 
@@ -359,7 +378,17 @@ class Recording:
             self.notes.append(note)
             warnings.warn(note, RuntimeWarning, skip_file_prefixes=(_OWN_CODE,))
         self.tool_id = tool
+        if self.follow and self._follow_config is None:
+            # The run's first process: its children's directory, and the environment that new interpreters
+            # follow (put back at stop).
+            from . import _follow
+
+            self._run = _follow.Run(self)
+            self._follow_config = self._run.config
+            self._process = _follow.process_info(self._run.run_id, 0, "run")
         try:
+            if self._run is not None:
+                self._run.begin()
             # The tick rate is measured across the calibration (about 2 ms; clock points good to tens of ns)
             # instead of a sleep of its own, which would add 10 ms to every run.
             before = nat.clock_point()
@@ -380,6 +409,8 @@ class Recording:
                 "ticks_per_second": hz,
                 **_interp.opcode_tables(),
             }
+            if self._process is not None:
+                header["process"] = self._process
             boot = threading.Thread._bootstrap.__code__  # type: ignore[attr-defined]
             main = threading.main_thread()
             no_ring = nat.start(self.path, header, self.mode, self.deinstrument_threshold, self.include_only,
@@ -403,6 +434,8 @@ class Recording:
                     warnings.warn(f"Ocular: {note}", RuntimeWarning, skip_file_prefixes=(_OWN_CODE,))
         except BaseException:
             release_tool_id(tool, self._events)
+            if self._run is not None:
+                self._run.end()
             raise
         # Locations switched off (DISABLE) by an earlier recording would stay off: switch them back on.
         mon.restart_events()
@@ -458,6 +491,12 @@ class Recording:
             self._perf_activated = False
         _quiet_fork_warning(False)
         atexit.unregister(self._stop_at_exit)
+        if self._run is not None:
+            from . import _follow
+
+            self._run.end()
+            self.children, self.children_events, self.unrecorded_children = _follow.summary(
+                self.path, self._run.run_id)
         if self._old_dump_handler is not None and threading.current_thread() is threading.main_thread():
             if _signal.getsignal(self.dump_on) == self._dump_on_signal:
                 _signal.signal(self.dump_on, self._old_dump_handler)
@@ -590,9 +629,17 @@ class Recording:
         per = f", {self.bytes / self.events:.2f} bytes/event" if self.events else ""
         ring = (f"; flight recorder of {_human(self.ring)}: the newest events, {self.dropped:,} older ones "
                 f"overwritten" if self.ring else "")
+        children = ""
+        if self.children or self.unrecorded_children:
+            from ._follow import children_dir
+
+            children = (f"; and {self.children} child process{'es' if self.children != 1 else ''} "
+                        f"({self.children_events:,} events) in {children_dir(self.path)}")
+            if self.unrecorded_children:
+                children += f", {len(self.unrecorded_children)} not recorded: " + "; ".join(self.unrecorded_children)
         return (
             f"{self.path}: {self.events:,} events ({self.mode} mode), {self.lost:,} lost, "
-            f"{self.threads} threads, {self.code_objects} code objects, {self.bytes:,} bytes{per}{ring}"
+            f"{self.threads} threads, {self.code_objects} code objects, {self.bytes:,} bytes{per}{ring}{children}"
         )
 
     def __repr__(self) -> str:

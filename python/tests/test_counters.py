@@ -275,7 +275,7 @@ def test_counter_samples_are_a_table_joined_to_calls(tmp_path):
     rows, _, out = _record(tmp_path, "page-faults")
     trace = ocular.load(str(out))
     s = trace.counter_samples()
-    assert s.columns == ["thread_id", "ts_ns", "counter", "value", "call_id", "function"]
+    assert s.columns == ["pid", "thread_id", "ts_ns", "counter", "value", "call_id", "function"]
     assert set(s["counter"].to_list()) == {"page-faults"}
     # Each sample's function is the one stats credits with it: the same totals per function.
     per_function = dict(s.group_by("function").agg(pl.col("value").sum()).drop_nulls().iter_rows())

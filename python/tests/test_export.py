@@ -113,9 +113,9 @@ def test_pftrace_names_functions_threads_and_loops(trace):
 
 # -- Parquet ---------------------------------------------------------------------------------------------
 
-EVENT_COLUMNS = ["thread_id", "ts_ns", "tsc", "event", "code_id", "function", "file", "line", "offset", "arg",
+EVENT_COLUMNS = ["pid", "thread_id", "ts_ns", "tsc", "event", "code_id", "function", "file", "line", "offset", "arg",
                  "opcode", "specialized"]
-CALL_COLUMNS = ["thread_id", "call_id", "parent", "depth", "code_id", "function", "file", "line", "start_ns",
+CALL_COLUMNS = ["pid", "thread_id", "call_id", "parent", "depth", "code_id", "function", "file", "line", "start_ns",
                 "end_ns", "duration_ns", "window", "clipped"]
 
 

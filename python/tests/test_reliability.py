@@ -283,7 +283,7 @@ def test_events_keeps_only_the_columns_threads_and_time_asked_for(ocl):
     calls = t.calls(threads=[int(tid)], start_ns=int(lo), end_ns=int(hi))
     assert len(calls) > 0 and (calls["thread_id"] == tid).all()
     assert ((calls["end_ns"] >= int(lo)) & (calls["start_ns"] <= int(hi))).all()
-    with pytest.raises(ValueError, match=r'the events table has no column "time"; its columns: thread_id, ts_ns'):
+    with pytest.raises(ValueError, match=r'the events table has no column "time"; its columns: pid, thread_id, ts_ns'):
         t.events(columns=["time"])
 
 

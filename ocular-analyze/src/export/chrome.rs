@@ -25,23 +25,64 @@ pub struct Written {
 
 /// Streams `path` as Chrome Trace Event JSON into `out`. Returns counts and the reader's warnings.
 pub fn export(path: &Path, opts: ReadOptions, out: &mut dyn Write) -> anyhow::Result<(Written, Vec<String>)> {
+    out.write_all(b"{\"displayTimeUnit\":\"ns\",\"traceEvents\":[\n")?;
+    let mut first = true;
+    let r = events(path, opts, out, &mut first, None)?;
+    out.write_all(b"\n]}\n")?;
+    out.flush()?;
+    Ok(r)
+}
+
+/// Streams a run of several processes (FORMAT.md 10) as one Chrome Trace Event JSON: each process under
+/// its own pid, named with its command line and labelled with its parent, on one time line (microseconds
+/// since the first process started, through `CLOCK_MONOTONIC`, which the processes share).
+pub fn export_run(
+    run: &crate::procs::Run,
+    opts: ReadOptions,
+    out: &mut dyn Write,
+) -> anyhow::Result<(Written, Vec<String>)> {
+    let origin = Timeline::open(&run.processes[0].path, opts)?.header().start_monotonic_ns;
+    out.write_all(b"{\"displayTimeUnit\":\"ns\",\"traceEvents\":[\n")?;
+    let mut first = true;
+    let mut all = Written::default();
+    let mut warnings = Vec::new();
+    for (i, p) in run.processes.iter().enumerate() {
+        let (w, warn) = events(&p.path, opts, out, &mut first, Some((origin, i, p)))?;
+        all.events += w.events;
+        all.read += w.read;
+        warnings.extend(warn);
+    }
+    out.write_all(b"\n]}\n")?;
+    out.flush()?;
+    Ok((all, warnings))
+}
+
+/// Writes the trace events of one file; in a run, `process` is (the run's origin, monotonic ns; the
+/// process's place in the run; the process).
+fn events(
+    path: &Path,
+    opts: ReadOptions,
+    out: &mut dyn Write,
+    first: &mut bool,
+    process: Option<(u64, usize, &crate::procs::Process)>,
+) -> anyhow::Result<(Written, Vec<String>)> {
     let timeline = Timeline::open(path, opts)?;
     let h = timeline.header().clone();
     let pid = h.pid;
-    let us = |ticks: u64| ticks.wrapping_sub(h.start_ticks) as i64 as f64 * 1e6 / h.ticks_per_second;
+    // In a run, from the first process's start; alone, from the file's own.
+    let offset_us = process.map_or(0.0, |(origin, _, _)| (h.start_monotonic_ns as f64 - origin as f64) / 1e3);
+    let us = |ticks: u64| offset_us + ticks.wrapping_sub(h.start_ticks) as i64 as f64 * 1e6 / h.ticks_per_second;
     // Names escaped for JSON once per code object, not once per event.
     let mut escaped: HashMap<u32, String> = HashMap::default();
     let mut w = Written::default();
-    let mut first = true;
     let mut emit = |out: &mut dyn Write, json: std::fmt::Arguments| -> std::io::Result<()> {
-        if !first {
+        if !*first {
             out.write_all(b",\n")?;
         }
-        first = false;
+        *first = false;
         w.events += 1;
         out.write_fmt(json)
     };
-    out.write_all(b"{\"displayTimeUnit\":\"ns\",\"traceEvents\":[\n")?;
     let (read, warnings) = timeline.run(|code, item| {
         let mut name = |id: u32| -> String {
             escaped
@@ -95,13 +136,33 @@ pub fn export(path: &Path, opts: ReadOptions, out: &mut dyn Write) -> anyhow::Re
             }
         }
     })?;
-    let process = json_str(&format!("python {} (pid {pid}, {} mode)", h.python_version, h.options.mode.name()));
+    let mut label = format!("python {} (pid {pid}, {} mode)", h.python_version, h.options.mode.name());
+    if let Some((_, place, p)) = process {
+        if let Some(info) = &p.info {
+            label = format!("{label}: {}", crate::procs::command(&info.argv));
+            if info.parent_pid != 0 {
+                let how = if info.started == "fork" { "forked" } else { "started" };
+                let parent = json_str(&format!("{how} by {}", info.parent_pid));
+                emit(
+                    out,
+                    format_args!(
+                        "{{\"name\":\"process_labels\",\"ph\":\"M\",\"pid\":{pid},\"args\":{{\"labels\":{parent}}}}}"
+                    ),
+                )?;
+            }
+        }
+        emit(
+            out,
+            format_args!(
+                "{{\"name\":\"process_sort_index\",\"ph\":\"M\",\"pid\":{pid},\"args\":{{\"sort_index\":{place}}}}}"
+            ),
+        )?;
+    }
+    let process = json_str(&label);
     emit(
         out,
         format_args!("{{\"name\":\"process_name\",\"ph\":\"M\",\"pid\":{pid},\"args\":{{\"name\":{process}}}}}"),
     )?;
-    out.write_all(b"\n]}\n")?;
-    out.flush()?;
     w.read = read;
     Ok((w, warnings))
 }

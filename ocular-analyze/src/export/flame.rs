@@ -44,9 +44,35 @@ fn folded_with_note(path: &Path, opts: ReadOptions) -> anyhow::Result<(Folded, V
     Ok((lines, a.warnings, note))
 }
 
-/// Writes an SVG flame graph of `path` to `out`.
+/// Folded stacks of a run of several processes (FORMAT.md 10): each process's stacks under a root frame
+/// naming it ("13200 python job.py"), and the warnings; a single process's as [`folded`].
+pub fn folded_run(run: &crate::procs::Run, opts: ReadOptions) -> anyhow::Result<(Folded, Vec<String>, Option<String>)> {
+    if run.single() {
+        return folded_with_note(&run.processes[0].path, opts);
+    }
+    let (mut all, mut warnings, mut notes) = (Vec::new(), Vec::new(), Vec::new());
+    for p in &run.processes {
+        let (lines, w, note) = folded_with_note(&p.path, opts)?;
+        let argv = p.info.as_ref().map_or_else(Vec::new, |i| i.argv.clone());
+        let root = format!("{} {}", p.pid, crate::procs::command(&argv)).replace(';', ":");
+        all.extend(lines.into_iter().map(|(s, v)| (format!("{root};{s}"), v)));
+        warnings.extend(w);
+        if let Some(n) = note {
+            if !notes.contains(&n) {
+                notes.push(n);
+            }
+        }
+    }
+    all.sort();
+    let note = (!notes.is_empty()).then(|| notes.join("; "));
+    Ok((all, warnings, note))
+}
+
+/// Writes an SVG flame graph of `path` to `out`: of its whole run if it is a run's first file.
 pub fn svg(path: &Path, opts: ReadOptions, title: &str, out: &mut dyn Write) -> anyhow::Result<Vec<String>> {
-    let (lines, warnings, note) = folded_with_note(path, opts)?;
+    let (run, mut warnings) = crate::procs::open(path, opts)?;
+    let (lines, w, note) = folded_run(&run, opts)?;
+    warnings.extend(w);
     if lines.is_empty() {
         anyhow::bail!("{}: no function calls recorded, nothing to draw", path.display());
     }

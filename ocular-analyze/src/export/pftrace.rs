@@ -285,6 +285,43 @@ impl Sequences {
 
 /// Streams `path` as a Perfetto protobuf trace; returns (packets written, events read) and warnings.
 pub fn export(path: &Path, opts: ReadOptions, out: &mut dyn Write) -> anyhow::Result<((u64, u64), Vec<String>)> {
+    let mut o = Out { w: out, buf: Vec::new(), packets: 0 };
+    let mut seqs = Sequences { by_tid: Default::default() };
+    let (read, warnings) = export_into(path, opts, &mut o, &mut seqs, 0, None)?;
+    o.w.flush()?;
+    Ok(((o.packets, read), warnings))
+}
+
+/// Streams a run of several processes (FORMAT.md 10) as one Perfetto trace: a process track per process,
+/// named with its command line and parent, its threads under it, all on `CLOCK_MONOTONIC` (shared by the
+/// processes, so their times line up).
+pub fn export_run(
+    run: &crate::procs::Run,
+    opts: ReadOptions,
+    out: &mut dyn Write,
+) -> anyhow::Result<((u64, u64), Vec<String>)> {
+    let mut o = Out { w: out, buf: Vec::new(), packets: 0 };
+    let mut seqs = Sequences { by_tid: Default::default() };
+    let (mut read, mut warnings) = (0, Vec::new());
+    for (i, p) in run.processes.iter().enumerate() {
+        let (r, w) = export_into(&p.path, opts, &mut o, &mut seqs, i as u64, Some(p))?;
+        read += r;
+        warnings.extend(w);
+    }
+    o.w.flush()?;
+    Ok(((o.packets, read), warnings))
+}
+
+/// Writes one file's packets. `index`, the file's place in its run, keeps its tracks and sequences apart
+/// from the other processes' (a thread id can come back in another process, as after an exec).
+fn export_into(
+    path: &Path,
+    opts: ReadOptions,
+    o: &mut Out<'_>,
+    seqs: &mut Sequences,
+    index: u64,
+    process: Option<&crate::procs::Process>,
+) -> anyhow::Result<(u64, Vec<String>)> {
     let timeline = Timeline::open(path, opts)?;
     let h = timeline.header().clone();
     let pid = h.pid as i32;
@@ -292,31 +329,35 @@ pub fn export(path: &Path, opts: ReadOptions, out: &mut dyn Write) -> anyhow::Re
         h.start_monotonic_ns
             .saturating_add_signed((ticks.wrapping_sub(h.start_ticks) as i64 as f64 * 1e9 / h.ticks_per_second) as i64)
     };
-    let mut o = Out { w: out, buf: Vec::new(), packets: 0 };
-    let process_uuid = pid as u64 | 1 << 40;
+    let track = |tid: u64| tid | index << 32;
+    let process_uuid = pid as u64 | 1 << 40 | index << 48;
+    let mut name = format!("python {} ({} mode)", h.python_version, h.options.mode.name());
+    if let Some(info) = process.and_then(|p| p.info.as_ref()) {
+        name = format!("{name}: {}", crate::procs::command(&info.argv));
+        if info.parent_pid != 0 {
+            let how = if info.started == "fork" { "forked" } else { "started" };
+            name = format!("{name} ({how} by {})", info.parent_pid);
+        }
+    }
     o.packet(
         DESCRIPTORS,
         None,
         TracePacket {
             track_descriptor: Some(TrackDescriptor {
                 uuid: Some(process_uuid),
-                process: Some(ProcessDescriptor {
-                    pid: Some(pid),
-                    process_name: Some(format!("python {} ({} mode)", h.python_version, h.options.mode.name())),
-                }),
+                process: Some(ProcessDescriptor { pid: Some(pid), process_name: Some(name) }),
                 ..Default::default()
             }),
             ..Default::default()
         },
     )?;
-    let mut seqs = Sequences { by_tid: Default::default() };
     let mut counter_tracks: HashSet<u64> = HashSet::default();
     let (read, warnings) = timeline.run(|code, item| match item {
         Item::Events { .. } => Ok(()),
         // A counter track per thread and counter (FORMAT.md 6.9), under the thread's track, described at
         // its first sample: the thread's running total of the counter's events.
         Item::Counter { tid, ticks, counter, name, unit, total } => {
-            let uuid = COUNTER_TRACK | tid << 8 | counter as u64;
+            let uuid = COUNTER_TRACK | index << 48 | tid << 8 | counter as u64;
             if counter_tracks.insert(uuid) {
                 let (unit, unit_name) =
                     if unit == "ns" { (UNIT_TIME_NS, None) } else { (UNIT_COUNT, Some(unit.into())) };
@@ -327,7 +368,7 @@ pub fn export(path: &Path, opts: ReadOptions, out: &mut dyn Write) -> anyhow::Re
                         track_descriptor: Some(TrackDescriptor {
                             uuid: Some(uuid),
                             name: Some(name.into()),
-                            parent_uuid: Some(tid),
+                            parent_uuid: Some(track(tid)),
                             counter: Some(CounterDescriptor { unit: Some(unit), unit_name }),
                             ..Default::default()
                         }),
@@ -342,7 +383,7 @@ pub fn export(path: &Path, opts: ReadOptions, out: &mut dyn Write) -> anyhow::Re
                 ..Default::default()
             };
             o.packet(
-                COUNTERS,
+                COUNTERS - index as u32,
                 None,
                 TracePacket {
                     timestamp: Some(ns(ticks)),
@@ -356,36 +397,37 @@ pub fn export(path: &Path, opts: ReadOptions, out: &mut dyn Write) -> anyhow::Re
         Item::Lost { tid, first, count, .. } => {
             let mut te = track_event(INSTANT, Some(LOST_IID));
             te.debug_annotations.push(annotation(LOST_COUNT_IID, count));
-            seqs.event(&mut o, tid, ns(first), te, None)
+            seqs.event(o, track(tid), ns(first), te, None)
         }
-        Item::Thread { tid, name } => o.packet(DESCRIPTORS, None, thread_track(pid, tid, process_uuid, name)),
+        Item::Thread { tid, name } => {
+            o.packet(DESCRIPTORS, None, thread_track(pid, tid, track(tid), process_uuid, name))
+        }
         Item::Begin { tid, ticks, code: id, .. } => {
             let qualname = || code.get(&id).map_or_else(|| "?".into(), |c| c.qualname.clone());
-            seqs.event(&mut o, tid, ns(ticks), track_event(SLICE_BEGIN, Some(id as u64 + 1)), Some((id, &qualname)))
+            seqs.event(o, track(tid), ns(ticks), track_event(SLICE_BEGIN, Some(id as u64 + 1)), Some((id, &qualname)))
         }
-        Item::End { tid, ticks, .. } => seqs.event(&mut o, tid, ns(ticks), track_event(SLICE_END, None), None),
+        Item::End { tid, ticks, .. } => seqs.event(o, track(tid), ns(ticks), track_event(SLICE_END, None), None),
         Item::Loop { tid, ticks, uops, cycles, .. } => {
             let mut te = track_event(INSTANT, Some(LOOP_IID));
             te.debug_annotations.push(annotation(UOPS_IID, uops as u64));
             if let Some(c) = cycles {
                 te.debug_annotations.push(annotation(CYCLES_IID, c));
             }
-            seqs.event(&mut o, tid, ns(ticks), te, None)
+            seqs.event(o, track(tid), ns(ticks), te, None)
         }
         // Names can arrive after a thread's first events: describe the track again with its final name.
         Item::ThreadDone { tid, name: Some(name) } => {
-            o.packet(DESCRIPTORS, None, thread_track(pid, tid, process_uuid, Some(name)))
+            o.packet(DESCRIPTORS, None, thread_track(pid, tid, track(tid), process_uuid, Some(name)))
         }
         Item::ThreadDone { name: None, .. } => Ok(()),
     })?;
-    o.w.flush()?;
-    Ok(((o.packets, read), warnings))
+    Ok((read, warnings))
 }
 
-fn thread_track(pid: i32, tid: u64, parent: u64, name: Option<&str>) -> TracePacket {
+fn thread_track(pid: i32, tid: u64, uuid: u64, parent: u64, name: Option<&str>) -> TracePacket {
     TracePacket {
         track_descriptor: Some(TrackDescriptor {
-            uuid: Some(tid),
+            uuid: Some(uuid),
             parent_uuid: Some(parent),
             thread: Some(ThreadDescriptor {
                 pid: Some(pid),

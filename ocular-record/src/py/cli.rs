@@ -116,6 +116,11 @@ struct RunArgs {
     /// Do not record code whose file or qualified name contains P (repeatable)
     #[arg(long, value_name = "P")]
     exclude: Vec<String>,
+    /// Record the program's process only. By default every Python child it starts is recorded too
+    /// (os.fork, multiprocessing, concurrent.futures process pools, subprocess and os.exec* of CPython
+    /// 3.12+), each into OUTPUT.children/PID.ocl, and the analyzer reads OUTPUT as the whole run
+    #[arg(long)]
+    no_follow: bool,
     /// Do not print the summary line
     #[arg(short, long)]
     quiet: bool,
@@ -165,6 +170,7 @@ pub(super) fn parse_run<'py>(py: Python<'py>, argv: Vec<OsString>) -> PyResult<B
     d.set_item("include", run.include)?;
     d.set_item("exclude", run.exclude)?;
     d.set_item("quiet", run.quiet)?;
+    d.set_item("follow", !run.no_follow)?;
     match run.module {
         Some(mut m) => {
             let name = m.remove(0);

@@ -338,6 +338,16 @@ fn start(
                 }
                 _ => PyOSError::new_err(e.to_string()),
             })?;
+            if let Some(p) = header.get_item("process")? {
+                let p = p.cast_into::<PyDict>()?;
+                session.process(ocular_format::ProcessInfo {
+                    run_id: get(&p, "run_id")?,
+                    parent_pid: get(&p, "parent_pid")?,
+                    started: get(&p, "started")?,
+                    executable: get(&p, "executable")?,
+                    argv: get(&p, "argv")?,
+                });
+            }
             if !calibration.is_empty() {
                 session.calibration(ocular_format::Calibration { costs: calibration });
             }
@@ -810,6 +820,7 @@ fn _ocular(m: &Bound<'_, PyModule>) -> PyResult<()> {
     m.add_function(wrap_pyfunction!(is_recording, m)?)?;
     m.add_function(wrap_pyfunction!(windows::start_windows, m)?)?;
     m.add_function(wrap_pyfunction!(read::read, m)?)?;
+    m.add_function(wrap_pyfunction!(read::file_events, m)?)?;
     m.add_function(wrap_pyfunction!(analyze::info, m)?)?;
     m.add_function(wrap_pyfunction!(analyze::hot, m)?)?;
     m.add_function(wrap_pyfunction!(analyze::stats, m)?)?;

@@ -100,6 +100,15 @@ pub(super) fn read<'py>(py: Python<'py>, path: std::path::PathBuf, salvage: bool
                     samples.append((x.thread_id, x.counter, x.monotonic_ns, x.period))?;
                 }
             }
+            Body::Process(p) => {
+                let d = PyDict::new(py);
+                d.set_item("run_id", p.run_id)?;
+                d.set_item("parent_pid", p.parent_pid)?;
+                d.set_item("started", p.started)?;
+                d.set_item("executable", p.executable)?;
+                d.set_item("argv", p.argv)?;
+                out.set_item("process", d)?;
+            }
             Body::Skipped(_) | Body::Ring(_) => {}
         }
     }
@@ -117,4 +126,25 @@ pub(super) fn read<'py>(py: Python<'py>, path: std::path::PathBuf, salvage: bool
     let name = path.display().to_string();
     out.set_item("warnings", r.report().warnings(&name))?;
     Ok(out)
+}
+
+/// `file_events(path) -> (events, run_id | None)`: the events a trace holds, from its chunk headers (no
+/// event is decompressed), and the run of several processes it belongs to (FORMAT.md 6.10), if any.
+#[pyfunction]
+pub(super) fn file_events(py: Python<'_>, path: std::path::PathBuf) -> PyResult<(u64, Option<u64>)> {
+    py.detach(|| -> Result<(u64, Option<u64>), String> {
+        let opts = ocular_format::ReadOptions { skip_events: true, ..ocular_format::ReadOptions::with_salvage(true) };
+        let mut r = ocular_format::Reader::open_with(&path, opts).map_err(|e| e.to_string())?;
+        let (mut events, mut run) = (0u64, None);
+        while let Some(c) = r.next_chunk().map_err(|e| e.to_string())? {
+            if c.info.kind == ocular_format::chunk::kind::EVENTS {
+                events += c.info.count as u64;
+            }
+            if let Body::Process(p) = c.body {
+                run = Some(p.run_id);
+            }
+        }
+        Ok((events, run))
+    })
+    .map_err(pyo3::exceptions::PyOSError::new_err)
 }
