@@ -29,6 +29,7 @@
 
 pub mod chunk;
 pub mod codec;
+pub mod complete;
 mod error;
 mod event;
 pub mod linetable;

@@ -23,6 +23,7 @@ pub mod clock;
 pub mod counters;
 pub mod filter;
 pub mod session;
+pub mod threads;
 
 #[cfg(feature = "python")]
 mod py;

@@ -481,8 +481,7 @@ enum Msg {
     Calibration(Calibration),
     /// Performance counter samples (FORMAT.md 6.9).
     Counters(ocular_format::CounterSamples),
-    /// The run of several processes the recording belongs to (FORMAT.md 6.10).
-    Process(ocular_format::ProcessInfo),
+
     /// Write the flight recorder's content into `file`: everything up to `at`.
     Dump {
         file: File,
@@ -543,6 +542,8 @@ struct Flight {
     path: PathBuf,
     /// Whether `path` is a regular file (the final dump replaces it), else it is written in place.
     regular: bool,
+    /// The run of several processes the recording belongs to: every dump says so too.
+    process: Option<ocular_format::ProcessInfo>,
 }
 
 impl WriterJob {
@@ -648,13 +649,7 @@ impl WriterJob {
             Msg::Counters(c) => {
                 self.write(|w| w.counters(&c));
             }
-            // Flushed at once: a child killed early keeps it, and with it its place in the run.
-            Msg::Process(p) => {
-                self.write(|w| {
-                    w.process(&p)?;
-                    w.flush()
-                });
-            }
+
             Msg::Finish(t) => {
                 if let Some(w) = self.writer.take() {
                     self.out.bytes = w.bytes_written();
@@ -731,6 +726,9 @@ impl WriterJob {
         let meta = w.copy();
         let mut d =
             Writer::new(BufWriter::with_capacity(1 << 20, file), name, &flight.header, WriterOptions::default())?;
+        if let Some(p) = &flight.process {
+            d.process(p)?;
+        }
         let mut snapshots = Vec::new();
         let mut at_byte = 0usize;
         while at_byte + ocular_format::chunk::CHUNK_HEADER_LEN <= meta.len() {
@@ -879,6 +877,17 @@ impl Session {
     /// made it unreadable. The lock goes with the file's last descriptor: at the end of the session, or
     /// when the process dies, so a crash leaves no stale lock behind.
     pub fn start(path: &Path, header: &Header, cfg: Config) -> ocular_format::Result<Session> {
+        Self::start_in_run(path, header, cfg, None)
+    }
+
+    /// [`Session::start`] for a process of a run of several (FORMAT.md 6.10): its `PROCESS` chunk is in
+    /// the file before this returns, so a child killed at once still belongs to its run.
+    pub fn start_in_run(
+        path: &Path,
+        header: &Header,
+        cfg: Config,
+        process: Option<&ocular_format::ProcessInfo>,
+    ) -> ocular_format::Result<Session> {
         let name = path.display().to_string();
         let io = |error| ocular_format::Error::Io { path: name.clone(), error };
         let file = std::fs::OpenOptions::new().write(true).create(true).truncate(false).open(path).map_err(io)?;
@@ -923,6 +932,9 @@ impl Session {
             let abs = std::path::absolute(r.path()).unwrap_or_else(|_| r.path().to_owned());
             writer.ring(&RingInfo { path: abs.display().to_string() })?;
         }
+        if let Some(p) = process {
+            writer.process(p)?;
+        }
         if ring.is_none() && cfg.flight > 0 {
             let layout = Self::layout(cfg).map_err(io)?;
             let anon =
@@ -936,7 +948,7 @@ impl Session {
         writer.flush()?;
         let flight = (cfg.flight > 0).then(|| {
             writer.keep_copy();
-            Flight { header: header.clone(), path: path.to_owned(), regular: is_file }
+            Flight { header: header.clone(), path: path.to_owned(), regular: is_file, process: process.cloned() }
         });
         let pool = Pool::new(cfg);
         let pool = Arc::new(match &ring {
@@ -945,30 +957,28 @@ impl Session {
         });
         let (tx, rx) = channel::<Msg>();
         let mut job = WriterJob { writer: Some(writer), out: Outcome::default(), pool: Arc::clone(&pool), flight };
-        let handle = std::thread::Builder::new()
-            .name("ocular-writer".into())
-            .spawn(move || {
-                // No spares yet: a short recording never needs them (faulting in 4.5 MiB took ~4 ms that
-                // stop() waited for). The first full buffer makes the writer allocate them.
-                // Rings of killed recordings stay for their traces to be read: the newest 8, for a week at
-                // most (RING.md 2).
-                if job.pool.ring().is_some() {
-                    // A ring slot takes ~0.5 ms to set up (384 page faults on a memory file system, where
-                    // a heap buffer gets one huge page): one is made here, beside the program, for the
-                    // first thread to take instead of making it itself.
-                    job.pool.keep_spares(1);
+        let handle = crate::threads::spawn("ocular-writer", move || {
+            // No spares yet: a short recording never needs them (faulting in 4.5 MiB took ~4 ms that
+            // stop() waited for). The first full buffer makes the writer allocate them.
+            // Rings of killed recordings stay for their traces to be read: the newest 8, for a week at
+            // most (RING.md 2).
+            if job.pool.ring().is_some() {
+                // A ring slot takes ~0.5 ms to set up (384 page faults on a memory file system, where
+                // a heap buffer gets one huge page): one is made here, beside the program, for the
+                // first thread to take instead of making it itself.
+                job.pool.keep_spares(1);
+            }
+            if let Some(dir) = ocular_format::ring::runtime_dir() {
+                ocular_format::ring::sweep(&dir, RING_KEEP, RING_KEEP_FILES);
+            }
+            for msg in rx {
+                if job.handle(msg) {
+                    break;
                 }
-                if let Some(dir) = ocular_format::ring::runtime_dir() {
-                    ocular_format::ring::sweep(&dir, RING_KEEP, RING_KEEP_FILES);
-                }
-                for msg in rx {
-                    if job.handle(msg) {
-                        break;
-                    }
-                }
-                job.out
-            })
-            .map_err(io)?;
+            }
+            job.out
+        })
+        .map_err(io)?;
         Ok(Session {
             tx,
             code: Mutex::new(Vec::new()),
@@ -1088,11 +1098,6 @@ impl Session {
     }
 
     /// Sends the recorder's cost per event kind (before any events).
-    /// Says which run of several processes the recording belongs to (FORMAT.md 6.10).
-    pub fn process(&self, p: ocular_format::ProcessInfo) {
-        let _ = self.send(Msg::Process(p));
-    }
-
     pub fn calibration(&self, c: Calibration) {
         if let (Some(ring), Ok(bytes)) = (&self.ring, postcard::to_allocvec(&c)) {
             ring.append_meta(ocular_format::chunk::kind::CALIBRATION, &bytes);

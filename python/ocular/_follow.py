@@ -110,6 +110,10 @@ def start_child(config: dict, started: str = "exec", parent_pid: int | None = No
 
     rec = Recording(child_path(config["dir"], os.getpid()), **config["options"], dump_on=config.get("dump_on"))
     rec._follow_config = config
+    # A child keeps SIGTERM's default action: with a handler in Python, a signal that came just before a
+    # blocking call (a multiprocessing.Pool worker waiting for its next task) was never handled, and
+    # Pool.terminate() hung. Killed, its trace is completed from its ring file (summary()).
+    rec._handle_sigterm = False
     rec._process = process_info(config["run_id"], os.getppid() if parent_pid is None else parent_pid, started)
     rec.start()
     return rec
@@ -128,14 +132,15 @@ def unrecorded(config: dict, reason: str) -> None:
         pass
 
 
-def summary(path: str, run_id: int | None) -> tuple[int, int, list[str]]:
-    """(processes recorded, their events, notes on children that were not) of the run's children."""
+def summary(path: str, run_id: int | None) -> tuple[int, int, list[str], int]:
+    """(processes recorded, their events, notes on children that were not, children killed whose traces
+    were completed from their ring files) of the run's children."""
     from ._recorder import _native
 
     directory = children_dir(path)
     if not os.path.isdir(directory):
-        return 0, 0, []
-    processes = events = 0
+        return 0, 0, [], 0
+    processes = events = completed = 0
     notes = []
     for name in sorted(os.listdir(directory)):
         full = os.path.join(directory, name)
@@ -149,10 +154,17 @@ def summary(path: str, run_id: int | None) -> tuple[int, int, list[str]]:
                 notes.append(f"pid {note.get('pid')} ({note.get('executable')}): {note.get('reason')}")
         elif name.endswith(".ocl"):
             try:
+                # A child killed (Pool.terminate() kills its workers): its trace made whole from its ring
+                # file now, while that is surely there.
+                if _native().complete_trace(full) is not None:
+                    completed += 1
+            except OSError:
+                pass
+            try:
                 n, rid = _native().file_events(full)
             except OSError:
                 continue
             if rid == run_id:
                 processes += 1
                 events += n
-    return processes, events, notes
+    return processes, events, notes, completed

@@ -153,6 +153,10 @@ def _after_fork_in_child() -> None:
     rec._running = False
     rec._run = None  # the parent's run: its environment stays, for the child's own children
     _active = None
+    if _signal.getsignal(_signal.SIGTERM) is _sigterm:
+        # The fork gave the child SIGTERM's default action back (own_sigterm): say so to Python too; the
+        # child's own recording installs Ocular's handler again.
+        _signal.signal(_signal.SIGTERM, _signal.SIG_DFL)
     config = rec._follow_config
     if config is not None:
         # Following: the child records on into its own file of the run.
@@ -356,6 +360,10 @@ class Recording:
         self._follow_config: dict | None = None
         self._process: dict | None = None
         self._run: Any = None
+        self._pid = os.getpid()
+        # SIGTERM completes the trace, then kills (_sigterm); a followed child keeps the default action.
+        self._handle_sigterm = True
+        self.completed_children = 0
         self.children = 0
         self.children_events = 0
         self.unrecorded_children: list[str] = []
@@ -378,6 +386,7 @@ class Recording:
             self.notes.append(note)
             warnings.warn(note, RuntimeWarning, skip_file_prefixes=(_OWN_CODE,))
         self.tool_id = tool
+        self._pid = os.getpid()
         if self.follow and self._follow_config is None:
             # The run's first process: its children's directory, and the environment that new interpreters
             # follow (put back at stop).
@@ -451,8 +460,9 @@ class Recording:
         if threading.current_thread() is threading.main_thread():
             # SIGTERM's default action kills the process at once: complete the file first, then take that
             # default action (_sigterm). Only when nobody else handles SIGTERM.
-            if _signal.getsignal(_signal.SIGTERM) == _signal.SIG_DFL:
+            if self._handle_sigterm and _signal.getsignal(_signal.SIGTERM) == _signal.SIG_DFL:
                 self._old_sigterm = _signal.signal(_signal.SIGTERM, _sigterm)
+                nat.own_sigterm(True)
         if self.perf and not sys.is_stack_trampoline_active():
             # Python functions get their own native frames, named in /tmp/perf-PID.map: a `perf record` of the
             # process shows them (CPython's perf support).
@@ -495,8 +505,8 @@ class Recording:
             from . import _follow
 
             self._run.end()
-            self.children, self.children_events, self.unrecorded_children = _follow.summary(
-                self.path, self._run.run_id)
+            self.children, self.children_events, self.unrecorded_children, self.completed_children = (
+                _follow.summary(self.path, self._run.run_id))
         if self._old_dump_handler is not None and threading.current_thread() is threading.main_thread():
             if _signal.getsignal(self.dump_on) == self._dump_on_signal:
                 _signal.signal(self.dump_on, self._old_dump_handler)
@@ -504,6 +514,7 @@ class Recording:
         if self._old_sigterm is not None and threading.current_thread() is threading.main_thread():
             if _signal.getsignal(_signal.SIGTERM) is _sigterm:
                 _signal.signal(_signal.SIGTERM, self._old_sigterm)
+                _native().own_sigterm(False)
             self._old_sigterm = None
         self.events = out["events"]
         self.lost = out["lost"]
@@ -635,6 +646,9 @@ class Recording:
 
             children = (f"; and {self.children} child process{'es' if self.children != 1 else ''} "
                         f"({self.children_events:,} events) in {children_dir(self.path)}")
+            if self.completed_children:
+                children += (f" ({self.completed_children} killed, their traces completed from their ring "
+                             f"files)")
             if self.unrecorded_children:
                 children += f", {len(self.unrecorded_children)} not recorded: " + "; ".join(self.unrecorded_children)
         return (
@@ -659,7 +673,7 @@ def _install_exit_hooks() -> None:
         @functools.wraps(original)
         def ending(*args: Any, __original: Any = original, **kwargs: Any) -> Any:
             rec = _active
-            if rec is not None:
+            if rec is not None and rec._pid == os.getpid():
                 try:
                     rec.stop()
                 except Exception as e:  # noqa: BLE001 - the process is ending: report rather than raise
@@ -674,15 +688,21 @@ def _sigterm(signum: int, frame: object) -> None:
     """SIGTERM while recording: complete the trace, then die of the signal as the program would have without
     Ocular (no unwinding, no wait for non-daemon threads, the signal's exit status). Raising SystemExit
     instead let a program with a non-daemon thread run on: shutdown waits for such threads."""
+    # The recording of this process only: in a child forked a moment ago, the fork hooks may not have run
+    # yet, and the parent's recording, whose threads the child does not have, is still the active one
+    # (stopping it there raised, and the signal was lost: a pool worker terminated early lived on and
+    # the program hung in join()). And whatever stopping does, the process dies of the signal.
     rec = _active
-    if rec is not None:
-        try:
+    try:
+        if rec is not None and rec._pid == os.getpid():
             rec.stop()
-        except Exception as e:  # noqa: BLE001 - the program is ending: report rather than raise
-            print(f"ocular: stopping the recording on SIGTERM failed: {e}", file=sys.stderr)
-    _signal.signal(signum, _signal.SIG_DFL)
-    # raise() delivers to this thread before it returns (os.kill may pick another thread and return first).
-    _signal.raise_signal(signum)
+    except BaseException as e:  # noqa: BLE001 - the program is ending: report rather than raise
+        print(f"ocular: stopping the recording on SIGTERM failed: {e}", file=sys.stderr)
+    finally:
+        _signal.signal(signum, _signal.SIG_DFL)
+        # raise() delivers to this thread before it returns (os.kill may pick another thread and return
+        # first).
+        _signal.raise_signal(signum)
 
 
 _UNITS = {"": 1, "b": 1, "k": 1 << 10, "m": 1 << 20, "g": 1 << 30, "t": 1 << 40}

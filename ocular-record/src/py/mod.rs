@@ -25,7 +25,7 @@ use pyo3::prelude::*;
 use pyo3::types::{PyBytes, PyDict};
 use rustc_hash::FxHashMap;
 use std::cell::UnsafeCell;
-use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 
 /// A value shared between threads that only ever touch it with the GIL held.
 struct GilCell<T>(UnsafeCell<T>);
@@ -165,15 +165,13 @@ impl CounterState {
         let stop = std::sync::Arc::new(std::sync::atomic::AtomicBool::new(false));
         let drain = c.any().then(|| {
             let (c, stop, sink) = (std::sync::Arc::clone(&c), std::sync::Arc::clone(&stop), sink.clone());
-            std::thread::Builder::new()
-                .name("ocular-counters".into())
-                .spawn(move || {
-                    while !stop.load(Ordering::Acquire) {
-                        std::thread::sleep(std::time::Duration::from_millis(10));
-                        sink.send(c.drain());
-                    }
-                })
-                .ok()
+            crate::threads::spawn("ocular-counters", move || {
+                while !stop.load(Ordering::Acquire) {
+                    std::thread::sleep(std::time::Duration::from_millis(10));
+                    sink.send(c.drain());
+                }
+            })
+            .ok()
         });
         CounterState { c, stop, drain: drain.flatten(), sink }
     }
@@ -331,23 +329,26 @@ fn start(
         Some(p) => {
             let h = header_from(header, options, event_cost_ticks)?;
             let cfg = Config { buffer_events, max_buffers, on_full, ring, flight, live };
-            let session = py.detach(|| Session::start(&p, &h, cfg)).map_err(|e| match &e {
+            let process = match header.get_item("process")? {
+                Some(p) => {
+                    let p = p.cast_into::<PyDict>()?;
+                    Some(ocular_format::ProcessInfo {
+                        run_id: get(&p, "run_id")?,
+                        parent_pid: get(&p, "parent_pid")?,
+                        started: get(&p, "started")?,
+                        executable: get(&p, "executable")?,
+                        argv: get(&p, "argv")?,
+                    })
+                }
+                None => None,
+            };
+            let session = py.detach(|| Session::start_in_run(&p, &h, cfg, process.as_ref())).map_err(|e| match &e {
                 // A ring smaller than one chunk: the caller's value, not the file system.
                 ocular_format::Error::Io { error, .. } if error.kind() == std::io::ErrorKind::InvalidInput => {
                     PyValueError::new_err(error.to_string())
                 }
                 _ => PyOSError::new_err(e.to_string()),
             })?;
-            if let Some(p) = header.get_item("process")? {
-                let p = p.cast_into::<PyDict>()?;
-                session.process(ocular_format::ProcessInfo {
-                    run_id: get(&p, "run_id")?,
-                    parent_pid: get(&p, "parent_pid")?,
-                    started: get(&p, "started")?,
-                    executable: get(&p, "executable")?,
-                    argv: get(&p, "argv")?,
-                });
-            }
             if !calibration.is_empty() {
                 session.calibration(ocular_format::Calibration { costs: calibration });
             }
@@ -821,6 +822,8 @@ fn _ocular(m: &Bound<'_, PyModule>) -> PyResult<()> {
     m.add_function(wrap_pyfunction!(windows::start_windows, m)?)?;
     m.add_function(wrap_pyfunction!(read::read, m)?)?;
     m.add_function(wrap_pyfunction!(read::file_events, m)?)?;
+    m.add_function(wrap_pyfunction!(own_sigterm, m)?)?;
+    m.add_function(wrap_pyfunction!(read::complete_trace, m)?)?;
     m.add_function(wrap_pyfunction!(analyze::info, m)?)?;
     m.add_function(wrap_pyfunction!(analyze::hot, m)?)?;
     m.add_function(wrap_pyfunction!(analyze::stats, m)?)?;
@@ -838,4 +841,75 @@ fn _ocular(m: &Bound<'_, PyModule>) -> PyResult<()> {
     callbacks::check_compact_ints(m.py())?;
     m.add("FAST_INTS", callbacks::fast_ints())?;
     Ok(())
+}
+
+/// Whether the process's SIGTERM handler is Ocular's (`_recorder._sigterm`, installed while recording).
+static OWN_SIGTERM: AtomicBool = AtomicBool::new(false);
+/// Set by the fork's prepare handler when it blocked SIGTERM in the forking thread.
+static SIGTERM_BLOCKED: AtomicBool = AtomicBool::new(false);
+
+/// `own_sigterm(on)`: says whether Ocular's SIGTERM handler is installed. While it is, a fork closes the
+/// window in which CPython loses a signal: in a child, a signal that comes after `fork()` returns and
+/// before CPython's after-fork code runs is caught by its handler, then cleared by that code
+/// (`_PySignal_AfterFork`), so a `multiprocessing.Pool` worker terminated at once lived on and the
+/// program hung in `join()` (without Ocular the signal's default action kills it). Around the fork
+/// SIGTERM is blocked; the child gets the default action back, as without Ocular, then the signal: one
+/// sent in between kills it. (Ocular's handler is installed again when the child's recording starts.)
+#[pyfunction]
+fn own_sigterm(on: bool) {
+    static REGISTER: std::sync::Once = std::sync::Once::new();
+    #[cfg(unix)]
+    REGISTER.call_once(|| {
+        // SAFETY: the three handlers only call async-signal-safe functions (sigemptyset, sigaddset,
+        // pthread_sigmask, sigaction) and touch atomics.
+        unsafe { libc::pthread_atfork(Some(fork_prepare), Some(fork_parent), Some(fork_child)) };
+    });
+    OWN_SIGTERM.store(on, Ordering::Relaxed);
+}
+
+#[cfg(unix)]
+fn sigterm_set() -> libc::sigset_t {
+    // SAFETY: a zeroed sigset_t is a valid argument for sigemptyset.
+    unsafe {
+        let mut set: libc::sigset_t = std::mem::zeroed();
+        libc::sigemptyset(&mut set);
+        libc::sigaddset(&mut set, libc::SIGTERM);
+        set
+    }
+}
+
+#[cfg(unix)]
+extern "C" fn fork_prepare() {
+    if OWN_SIGTERM.load(Ordering::Relaxed) {
+        let set = sigterm_set();
+        // SAFETY: blocks SIGTERM in the forking thread only.
+        unsafe { libc::pthread_sigmask(libc::SIG_BLOCK, &set, std::ptr::null_mut()) };
+        SIGTERM_BLOCKED.store(true, Ordering::Relaxed);
+    }
+}
+
+#[cfg(unix)]
+extern "C" fn fork_parent() {
+    if SIGTERM_BLOCKED.swap(false, Ordering::Relaxed) {
+        let set = sigterm_set();
+        // SAFETY: undoes fork_prepare's block in this thread.
+        unsafe { libc::pthread_sigmask(libc::SIG_UNBLOCK, &set, std::ptr::null_mut()) };
+    }
+}
+
+#[cfg(unix)]
+extern "C" fn fork_child() {
+    if SIGTERM_BLOCKED.swap(false, Ordering::Relaxed) {
+        OWN_SIGTERM.store(false, Ordering::Relaxed);
+        let set = sigterm_set();
+        // SAFETY: a zeroed sigaction with SIG_DFL is the default action; then the block is undone, and a
+        // SIGTERM sent since the fork takes that action.
+        unsafe {
+            let mut sa: libc::sigaction = std::mem::zeroed();
+            sa.sa_sigaction = libc::SIG_DFL;
+            libc::sigemptyset(&mut sa.sa_mask);
+            libc::sigaction(libc::SIGTERM, &sa, std::ptr::null_mut());
+            libc::pthread_sigmask(libc::SIG_UNBLOCK, &set, std::ptr::null_mut());
+        }
+    }
 }

@@ -148,3 +148,12 @@ pub(super) fn file_events(py: Python<'_>, path: std::path::PathBuf) -> PyResult<
     })
     .map_err(pyo3::exceptions::PyOSError::new_err)
 }
+
+/// `complete_trace(path) -> (recovered, events) | None`: a killed recording's trace made whole from its
+/// ring file (`ocular_format::complete`); None when there was nothing to do.
+#[pyfunction]
+pub(super) fn complete_trace(py: Python<'_>, path: std::path::PathBuf) -> PyResult<Option<(u64, u64)>> {
+    py.detach(|| ocular_format::complete::complete(&path))
+        .map(|c| c.map(|c| (c.recovered, c.events)))
+        .map_err(|e| PyOSError::new_err(e.to_string()))
+}

@@ -162,49 +162,47 @@ pub(super) fn start_windows(period: f64, length: f64, main_ident: u64) -> PyResu
     }
     rec.window_len = ((length * 1e6).round() as u32, (length * rec.ticks_per_second).round() as u64);
     let (tx, rx) = mpsc::channel::<()>();
-    let handle = std::thread::Builder::new()
-        .name("ocular-windows".into())
-        .spawn(move || {
-            // Without a free signal every window is opened by the fallback.
-            let signal = install_signal();
-            // xorshift64*, seeded from the clock: the jitter needs no quality beyond not being periodic.
-            let mut x = clock::ticks() | 1;
-            loop {
-                x ^= x >> 12;
-                x ^= x << 25;
-                x ^= x >> 27;
-                let u = (x.wrapping_mul(0x2545_f491_4f6c_dd1d) >> 11) as f64 / (1u64 << 53) as f64;
-                let wait = Duration::from_secs_f64(period * (0.5 + u));
-                match rx.recv_timeout(wait) {
-                    Err(mpsc::RecvTimeoutError::Timeout) => {}
-                    _ => return, // stopped
-                }
-                SCHEDULED_AT.store(clock::ticks(), Ordering::Release);
-                SCHEDULED_FOR.store(generation, Ordering::Release);
-                if let Some(sig) = &signal {
-                    // SAFETY: the main thread outlives the recording (its stop joins this thread).
-                    unsafe { libc::pthread_kill(main_ident as libc::pthread_t, sig.signo) };
-                }
-                match rx.recv_timeout(FALLBACK) {
-                    Err(mpsc::RecvTimeoutError::Timeout) => {}
-                    _ => return,
-                }
-                if SCHEDULED_FOR.load(Ordering::Acquire) != generation {
-                    continue; // the main thread opened it
-                }
-                // SAFETY: `open` runs with the GIL (attach) and checks the recording is still this one.
-                let go_on = Python::attach(|py| unsafe {
-                    match claim(generation) {
-                        Some(due) => open(py, generation, due),
-                        None => state().generation == generation,
-                    }
-                });
-                if !go_on {
-                    return;
-                }
+    let handle = crate::threads::spawn("ocular-windows", move || {
+        // Without a free signal every window is opened by the fallback.
+        let signal = install_signal();
+        // xorshift64*, seeded from the clock: the jitter needs no quality beyond not being periodic.
+        let mut x = clock::ticks() | 1;
+        loop {
+            x ^= x >> 12;
+            x ^= x << 25;
+            x ^= x >> 27;
+            let u = (x.wrapping_mul(0x2545_f491_4f6c_dd1d) >> 11) as f64 / (1u64 << 53) as f64;
+            let wait = Duration::from_secs_f64(period * (0.5 + u));
+            match rx.recv_timeout(wait) {
+                Err(mpsc::RecvTimeoutError::Timeout) => {}
+                _ => return, // stopped
             }
-        })
-        .map_err(|e| PyRuntimeError::new_err(format!("cannot start the ocular-windows thread: {e}")))?;
+            SCHEDULED_AT.store(clock::ticks(), Ordering::Release);
+            SCHEDULED_FOR.store(generation, Ordering::Release);
+            if let Some(sig) = &signal {
+                // SAFETY: the main thread outlives the recording (its stop joins this thread).
+                unsafe { libc::pthread_kill(main_ident as libc::pthread_t, sig.signo) };
+            }
+            match rx.recv_timeout(FALLBACK) {
+                Err(mpsc::RecvTimeoutError::Timeout) => {}
+                _ => return,
+            }
+            if SCHEDULED_FOR.load(Ordering::Acquire) != generation {
+                continue; // the main thread opened it
+            }
+            // SAFETY: `open` runs with the GIL (attach) and checks the recording is still this one.
+            let go_on = Python::attach(|py| unsafe {
+                match claim(generation) {
+                    Some(due) => open(py, generation, due),
+                    None => state().generation == generation,
+                }
+            });
+            if !go_on {
+                return;
+            }
+        }
+    })
+    .map_err(|e| PyRuntimeError::new_err(format!("cannot start the ocular-windows thread: {e}")))?;
     rec.windows = Some(Opener { stop: tx, handle });
     Ok(())
 }

@@ -1,0 +1,76 @@
+//! Making a killed recording's trace whole (RING.md 4): what a reader recovers from the ring file, written
+//! into the trace itself, with a trailer, so that it no longer depends on the ring file (which the
+//! runtime directory keeps for a bounded time) and reads as any finished trace.
+
+use crate::{Body, Error, ReadOptions, Reader, Result, Trailer, Writer, WriterOptions};
+use std::path::Path;
+
+/// What [`complete`] did.
+#[derive(Clone, Debug, Default, PartialEq, Eq)]
+pub struct Completed {
+    /// Events recovered from the ring file and written into the trace.
+    pub recovered: u64,
+    /// Events in the trace now.
+    pub events: u64,
+}
+
+/// Rewrites the trace at `path`, which ends without a trailer and whose process is gone, with what its
+/// ring file adds and a trailer, then removes the ring file. `None` when there is nothing to do: the
+/// trace ended cleanly, its process still runs, or no ring file adds anything.
+pub fn complete(path: &Path) -> Result<Option<Completed>> {
+    let mut r = Reader::open_with(path, ReadOptions::default())?;
+    let header = r.header().clone();
+    let name = path.display().to_string();
+    let mut tmp = path.as_os_str().to_owned();
+    tmp.push(".completing");
+    let tmp = std::path::PathBuf::from(tmp);
+    let io = |error| Error::Io { path: name.clone(), error };
+    let file = std::fs::File::create(&tmp).map_err(io)?;
+    let mut w = Writer::new(std::io::BufWriter::new(file), &name, &header, WriterOptions::default())?;
+    let (mut last, mut lost) = (header.start_ticks, 0u64);
+    let written = (|| -> Result<()> {
+        while let Some(c) = r.next_chunk()? {
+            match c.body {
+                Body::Events(evs) => {
+                    last = last.max(c.info.last_ts);
+                    w.events(c.info.thread_id, evs)?
+                }
+                Body::Code(objs) => w.code_objects(&objs)?,
+                Body::Thread(t) => w.thread(&t)?,
+                Body::Lost(l) => {
+                    lost += l.count;
+                    w.lost(&l)?
+                }
+                Body::Snapshot(s) => w.snapshots(&s)?,
+                Body::Calibration(c) => w.calibration(&c)?,
+                Body::Dropped(d) => w.dropped(&d)?,
+                Body::Counters(c) => w.counters(&c)?,
+                Body::Process(p) => w.process(&p)?,
+                // The trace is whole now: no ring to complete it from.
+                Body::Ring(_) | Body::Trailer(_) | Body::Skipped(_) => {}
+            }
+        }
+        Ok(())
+    })();
+    let report = r.report().clone();
+    let recovered = match (&written, &report.recovered) {
+        (Ok(()), Some(rec)) if report.trailer.is_none() => rec.clone(),
+        _ => {
+            drop(w);
+            let _ = std::fs::remove_file(&tmp);
+            return written.map(|()| None);
+        }
+    };
+    let events = w.events_written();
+    let ns = header.start_monotonic_ns as f64
+        + (last as f64 - header.start_ticks as f64) * 1e9 / header.ticks_per_second.max(1.0);
+    let trailer =
+        Trailer { end_unix_ns: 0, end_monotonic_ns: ns.max(0.0) as u64, end_ticks: last, events, lost, chunks: 0 };
+    let done = w.finish(trailer).and_then(|bw| bw.into_inner().map_err(|e| io(e.into_error())).map(drop));
+    if let Err(e) = done.and_then(|()| std::fs::rename(&tmp, path).map_err(io)) {
+        let _ = std::fs::remove_file(&tmp);
+        return Err(e);
+    }
+    let _ = std::fs::remove_file(&recovered.path);
+    Ok(Some(Completed { recovered: recovered.events + recovered.chunk_events, events }))
+}
