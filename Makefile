@@ -11,7 +11,7 @@ PYTHONS := $(shell scripts/find-pythons.sh)
 NEW_PYTHONS ?= 3.14 3.15
 
 .DEFAULT_GOAL := help
-.PHONY: help demo test test-rust test-python check-python pythons stress lint bench bench-format bench-record bench-truth bench-analyze bench-peers bench-startup bench-after-stop bench-flight bench-live bench-counters fuzz clean
+.PHONY: help demo test test-rust test-python check-python pythons stress lint bench bench-format bench-record bench-truth bench-analyze bench-peers bench-startup bench-after-stop bench-flight bench-live bench-counters bench-follow fuzz clean
 
 help: ## list the targets
 	@grep -E '^[a-zA-Z_-]+:.*## ' $(MAKEFILE_LIST) | awk 'BEGIN {FS = ":.*## "}; {printf "  make %-16s %s\n", $$1, $$2}'
@@ -84,7 +84,7 @@ lint: ## rustfmt, clippy with warnings as errors, docs without warnings
 	PYO3_PYTHON=$(firstword $(PYTHONS)) $(CARGO) clippy -p ocular-record --features python --locked -- -D warnings
 	RUSTDOCFLAGS="-D warnings" $(CARGO) doc --workspace --no-deps --locked
 
-bench: bench-format bench-record bench-truth bench-analyze bench-startup bench-after-stop bench-flight bench-live bench-counters ## every benchmark (prints tables; see BENCHMARKS.md)
+bench: bench-format bench-record bench-truth bench-analyze bench-startup bench-after-stop bench-flight bench-live bench-counters bench-follow ## every benchmark (prints tables; see BENCHMARKS.md)
 
 bench-analyze: check-python ## analyzer throughput: info, stats, hot, export on a large recorded trace
 	$(CARGO) build --release --locked -p ocular-analyze $(ANALYZE_FEATURES)
@@ -114,6 +114,11 @@ bench-after-stop: check-python ## a hot loop after a recording stopped vs never 
 
 bench-flight: check-python ## flight recorder: what a dump costs the program (the soak: bench/flight.py soak --minutes 10)
 	@venv=$$(scripts/venv.sh $(firstword $(PYTHONS)) | tail -n 1); $$venv/bin/python bench/flight.py pause
+
+bench-follow: check-python ## following child processes: a process pool untraced, with and without following, and trace0
+	@venv=$$(scripts/venv.sh $(firstword $(PYTHONS)) | tail -n 1); \
+	    $$venv/bin/python -m pip install -q --disable-pip-version-check "trace0==0.1.16" || echo "(trace0 not installed: its column is left out)"; \
+	    $$venv/bin/python bench/follow.py
 
 bench-counters: check-python ## performance counters: the cost of each sampling rate, side by side
 	@venv=$$(scripts/venv.sh $(firstword $(PYTHONS)) | tail -n 1); $$venv/bin/python bench/counters.py

@@ -260,6 +260,12 @@ def test_a_run_is_one_trace_for_every_export(tmp_path):
     leaf = calls.filter(pl.col("function") == "leaf").group_by("pid").len()
     assert dict(leaf.iter_rows()) == made
     assert calls["start_ns"].min() >= 0
+    # ocular.load() of the first file is the run: stats merged, info and hot over every process.
+    trace = ocular.load(str(out))
+    leaf_row = [r for r in trace.stats() if r["function"] == "leaf"]
+    assert len(leaf_row) == 1 and leaf_row[0]["calls"] == sum(made.values()) and leaf_row[0]["pid"] == 0
+    assert {p["pid"] for p in trace.info()["processes"]} == pids
+    assert trace.hot()["processes"] == len(pids)
     pq = tmp_path / "pq"
     analyze("export", "--parquet", out, "-o", pq)
     assert pl.read_parquet(pq / "calls.parquet").height == calls.height

@@ -61,7 +61,14 @@ fn json<T: serde::Serialize>(py: Python<'_>, v: &T) -> PyResult<Py<PyAny>> {
 #[pyfunction]
 #[pyo3(signature = (path, salvage=false))]
 pub(super) fn info(py: Python<'_>, path: PathBuf, salvage: bool) -> PyResult<Py<PyAny>> {
-    let i = py.detach(|| ocular_analyze::info::summarize(&path, ReadOptions::with_salvage(salvage))).map_err(os_err)?;
+    let opts = ReadOptions::with_salvage(salvage);
+    // A run of several processes (FORMAT.md 10): the first file's info, with every process's.
+    let (run, _) = py.detach(|| ocular_analyze::procs::open(&path, opts)).map_err(os_err)?;
+    if !run.single() {
+        let i = py.detach(|| ocular_analyze::info::summarize_run(&run, opts)).map_err(os_err)?;
+        return json(py, &i);
+    }
+    let i = py.detach(|| ocular_analyze::info::summarize(&path, opts)).map_err(os_err)?;
     json(py, &i)
 }
 
@@ -77,8 +84,20 @@ pub(super) fn hot(
 ) -> PyResult<(Py<PyAny>, String, Vec<String>)> {
     let (report, warnings) = py
         .detach(|| {
-            let a = ocular_analyze::analysis::analyze(&path, ReadOptions::with_salvage(salvage))?;
-            Ok::<_, ocular_format::Error>((ocular_analyze::hot::report(&a, top), a.warnings))
+            let opts = ReadOptions::with_salvage(salvage);
+            let (run, mut warnings) = ocular_analyze::procs::open(&path, opts)?;
+            let mut analyses = Vec::new();
+            for p in &run.processes {
+                let a = ocular_analyze::analysis::analyze(&p.path, opts)?;
+                warnings.extend(a.warnings.iter().cloned());
+                analyses.push(a);
+            }
+            let report = if run.single() {
+                ocular_analyze::hot::report(&analyses[0], top)
+            } else {
+                ocular_analyze::hot::report_run(&analyses.iter().collect::<Vec<_>>(), top)
+            };
+            Ok::<_, ocular_format::Error>((report, warnings))
         })
         .map_err(os_err)?;
     Ok((json(py, &report)?, report.to_string(), warnings))
@@ -94,9 +113,44 @@ pub(super) fn stats(
     per_thread: bool,
     salvage: bool,
 ) -> PyResult<(Py<PyAny>, Vec<String>)> {
+    let opts = ReadOptions::with_salvage(salvage);
+    let (run, mut warnings) = py.detach(|| ocular_analyze::procs::open(&path, opts)).map_err(os_err)?;
+    if !run.single() {
+        // A run of several processes: functions merged over the processes (pid 0), or per process and
+        // thread with per_thread.
+        let report = py
+            .detach(|| {
+                let mut parts = Vec::new();
+                for p in &run.processes {
+                    let a = ocular_analyze::analysis::analyze(&p.path, opts)?;
+                    let span = ocular_analyze::stats::span(&p.path, opts)?;
+                    parts.push((a, span));
+                }
+                Ok::<_, ocular_format::Error>(parts)
+            })
+            .map_err(os_err)?;
+        for (a, _) in &report {
+            warnings.extend(a.warnings.iter().cloned());
+        }
+        let parts: Vec<ocular_analyze::stats::Part<'_>> = run
+            .processes
+            .iter()
+            .zip(&report)
+            .map(|(process, (analysis, span))| ocular_analyze::stats::Part { process, analysis, span: *span })
+            .collect();
+        let r = ocular_analyze::stats::report_run(
+            &parts,
+            run.unrecorded.len(),
+            false,
+            per_thread,
+            ocular_analyze::stats::SortBy::Exclusive,
+            usize::MAX,
+        );
+        return Ok((json(py, &r)?, warnings));
+    }
     let (rows, warnings) = py
         .detach(|| {
-            let a = ocular_analyze::analysis::analyze(&path, ReadOptions::with_salvage(salvage))?;
+            let a = ocular_analyze::analysis::analyze(&path, opts)?;
             let rows = ocular_analyze::stats::rows(&a, per_thread, ocular_analyze::stats::SortBy::Exclusive);
             Ok::<_, ocular_format::Error>((rows, a.warnings))
         })
