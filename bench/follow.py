@@ -16,6 +16,7 @@ from __future__ import annotations
 import argparse
 import os
 import shutil
+import signal
 import statistics
 import subprocess
 import sys
@@ -108,12 +109,18 @@ def main() -> None:
                         continue
                     clean(out)
                     t = time.perf_counter()
+                    # In a session of its own: a run that hangs is killed with every process it started
+                    # (trace0's spawn workers spun on, and disturbed every later measurement).
+                    p = subprocess.Popen([*cmd, pool, method], stdout=subprocess.PIPE, stderr=subprocess.PIPE,
+                                         text=True, cwd=tmp, start_new_session=True)
                     try:
-                        r = subprocess.run([*cmd, pool, method], capture_output=True, text=True, cwd=tmp,
-                                           timeout=TIMEOUT)
+                        stdout, stderr = p.communicate(timeout=TIMEOUT)
                     except subprocess.TimeoutExpired:
+                        os.killpg(p.pid, signal.SIGKILL)
+                        p.communicate()
                         hung.add(name)
                         continue
+                    r = subprocess.CompletedProcess(p.args, p.returncode, stdout, stderr)
                     times[name].append(time.perf_counter() - t)
                     if r.returncode != 0 or r.stdout.strip() != str(40 * 30_000):
                         raise SystemExit(f"{name} {method}: {r.returncode} {r.stdout!r} {r.stderr[-500:]}")
