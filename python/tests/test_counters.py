@@ -329,7 +329,8 @@ def test_in_the_default_mode_samples_between_windows_go_to_no_other_function(tmp
     rows = {row["function"]: row for row in json.loads(s.stdout)}
     assert rows["dense"]["estimated"], "recorded in windows (else this test tests nothing)"
     faults = {f: _c(row, "page-faults") for f, row in rows.items() if row.get("counters")}
-    assert faults["dense"] == faults["tiny"] == 0, faults
+    # A few of their own (the heap growing, in the first window), not a share of toucher's.
+    assert faults["dense"] + faults["tiny"] <= 0.01 * faults["toucher"], faults
     # 81,920 faults; an estimate from the windows' share of the run (~150 windows, ~50 of them in toucher).
     assert 0.6 <= faults["toucher"] / 81_920 <= 1.6, faults
     text = subprocess.run([ANALYZE, "stats", str(out)], capture_output=True, text=True).stdout
