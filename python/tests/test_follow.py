@@ -256,7 +256,8 @@ def test_a_run_is_one_trace_for_every_export(tmp_path):
     pids = {p["pid"] for p in info(out)["processes"]}
     # Tables: a pid column, every process's rows, times on one clock from the first process's start.
     calls = ocular.load(str(out)).calls()
-    assert calls.columns[0] == "pid" and set(calls["pid"].unique().to_list()) == pids
+    # (A worker terminated while it was still starting has no call recorded.)
+    assert calls.columns[0] == "pid" and set(made) <= set(calls["pid"].unique().to_list()) <= pids
     leaf = calls.filter(pl.col("function") == "leaf").group_by("pid").len()
     assert dict(leaf.iter_rows()) == made
     assert calls["start_ns"].min() >= 0
@@ -269,7 +270,7 @@ def test_a_run_is_one_trace_for_every_export(tmp_path):
     pq = tmp_path / "pq"
     analyze("export", "--parquet", out, "-o", pq)
     assert pl.read_parquet(pq / "calls.parquet").height == calls.height
-    assert set(pl.read_parquet(pq / "code.parquet")["pid"].unique().to_list()) == pids
+    assert set(made) <= set(pl.read_parquet(pq / "code.parquet")["pid"].unique().to_list()) <= pids
     # Perfetto: one process per pid, the children labelled with their parent.
     js = tmp_path / "r.json"
     analyze("export", "--perfetto", out, "-o", js)
@@ -289,7 +290,7 @@ def test_a_run_is_one_trace_for_every_export(tmp_path):
     # The flame graph: each process's stacks under a frame naming it.
     folded = analyze("flamegraph", "--folded", out)
     roots = {int(line.split(" ", 1)[0]) for line in folded.splitlines()}
-    assert roots == pids
+    assert set(made) <= roots <= pids
 
 
 @pytest.mark.parametrize("follow", [True, False])
