@@ -15,8 +15,8 @@ pub struct Completed {
 }
 
 /// Rewrites the trace at `path`, which ends without a trailer and whose process is gone, with what its
-/// ring file adds and a trailer, then removes the ring file. `None` when there is nothing to do: the
-/// trace ended cleanly, its process still runs, or no ring file adds anything.
+/// ring file adds (if anything) and a trailer, then removes the ring file. `None` when there is nothing to
+/// do: the trace ended cleanly, or its process still runs.
 pub fn complete(path: &Path) -> Result<Option<Completed>> {
     let mut r = Reader::open_with(path, ReadOptions::default())?;
     let header = r.header().clone();
@@ -53,8 +53,11 @@ pub fn complete(path: &Path) -> Result<Option<Completed>> {
         Ok(())
     })();
     let report = r.report().clone();
+    // Its process gone, a trace without a trailer is completed even when the ring adds nothing (a process
+    // killed while idle, its last buffer already written): it then reads as closed.
+    let gone = report.recovered.is_some() || !crate::reader::process_alive(header.pid);
     let recovered = match (&written, &report.recovered) {
-        (Ok(()), Some(rec)) if report.trailer.is_none() => rec.clone(),
+        (Ok(()), rec) if report.trailer.is_none() && gone => rec.clone().unwrap_or_default(),
         _ => {
             drop(w);
             let _ = std::fs::remove_file(&tmp);
@@ -71,6 +74,8 @@ pub fn complete(path: &Path) -> Result<Option<Completed>> {
         let _ = std::fs::remove_file(&tmp);
         return Err(e);
     }
-    let _ = std::fs::remove_file(&recovered.path);
+    if !recovered.path.is_empty() {
+        let _ = std::fs::remove_file(&recovered.path);
+    }
     Ok(Some(Completed { recovered: recovered.events + recovered.chunk_events, events }))
 }

@@ -311,3 +311,31 @@ fn losses_are_gathered_per_thread_with_their_share_and_stretches() {
     assert!(r.clean());
     assert_eq!(r.warnings("t.ocl")[0], format!("t.ocl: {}", lines[0]));
 }
+
+/// A trace whose writer died without its trailer (here: never written), of a process that is gone, is
+/// completed in place: every event kept, a trailer, read as closed; a finished trace is left alone.
+#[test]
+fn complete_gives_a_dead_process_s_trace_its_trailer_and_leaves_a_finished_one_alone() {
+    use ocular_format::{complete::complete, testing, EventKind, RawEvent, Writer};
+    let dir = tempfile::tempdir().unwrap();
+    let path = dir.path().join("killed.ocl");
+    let mut header = testing::header();
+    header.pid = 4_194_000; // near the largest pid Linux hands out: no such process here
+    let events: Vec<RawEvent> =
+        (0..100u64).map(|i| RawEvent::new(1_000 + i, 1, 0, 0, EventKind::PY_START as u8)).collect();
+    let mut w = Writer::new(std::fs::File::create(&path).unwrap(), "killed.ocl", &header, Default::default()).unwrap();
+    w.events(7, &events).unwrap();
+    drop(w.finish_open());
+    let done = complete(&path).unwrap().expect("completed");
+    assert_eq!((done.events, done.recovered), (100, 0));
+    let mut r = ocular_format::Reader::open_with(&path, Default::default()).unwrap();
+    let mut n = 0;
+    while let Some(c) = r.next_chunk().unwrap() {
+        if let ocular_format::Body::Events(e) = c.body {
+            n += e.len();
+        }
+    }
+    assert_eq!(n, 100);
+    assert!(r.report().clean(), "{:?}", r.report().warnings("killed.ocl"));
+    assert_eq!(complete(&path).unwrap(), None, "a finished trace is left alone");
+}
