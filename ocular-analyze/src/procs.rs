@@ -30,6 +30,16 @@ impl Process {
     }
 }
 
+impl Process {
+    /// How it relates to its parent, for the exports: "forked by 12250" or "started by 12250"; `None` for
+    /// a run's first process or a file alone.
+    pub fn parent_label(&self) -> Option<String> {
+        let p = self.info.as_ref().filter(|p| p.parent_pid != 0)?;
+        let how = if p.started == "fork" { "forked" } else { "started" };
+        Some(format!("{how} by {}", p.parent_pid))
+    }
+}
+
 /// A command line for a person: its words, shortened past 80 characters.
 pub fn command(argv: &[String]) -> String {
     let s = argv.join(" ").replace('\n', "\\n");

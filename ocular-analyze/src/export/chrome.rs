@@ -140,9 +140,8 @@ fn events(
     if let Some((_, place, p)) = process {
         if let Some(info) = &p.info {
             label = format!("{label}: {}", crate::procs::command(&info.argv));
-            if info.parent_pid != 0 {
-                let how = if info.started == "fork" { "forked" } else { "started" };
-                let parent = json_str(&format!("{how} by {}", info.parent_pid));
+            if let Some(parent) = p.parent_label() {
+                let parent = json_str(&parent);
                 emit(
                     out,
                     format_args!(

@@ -332,11 +332,12 @@ fn export_into(
     let track = |tid: u64| tid | index << 32;
     let process_uuid = pid as u64 | 1 << 40 | index << 48;
     let mut name = format!("python {} ({} mode)", h.python_version, h.options.mode.name());
-    if let Some(info) = process.and_then(|p| p.info.as_ref()) {
-        name = format!("{name}: {}", crate::procs::command(&info.argv));
-        if info.parent_pid != 0 {
-            let how = if info.started == "fork" { "forked" } else { "started" };
-            name = format!("{name} ({how} by {})", info.parent_pid);
+    if let Some(p) = process {
+        if let Some(info) = &p.info {
+            name = format!("{name}: {}", crate::procs::command(&info.argv));
+        }
+        if let Some(parent) = p.parent_label() {
+            name = format!("{name} ({parent})");
         }
     }
     o.packet(
