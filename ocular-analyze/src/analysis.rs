@@ -275,6 +275,8 @@ enum Phase {
 #[derive(Default)]
 struct ThreadState {
     stack: Vec<Frame>,
+    /// The thread's root node in the call tree.
+    root: u32,
     /// The code id of the thread's last event.
     last_code: u32,
     /// Sum of the recorder's cost of every event of this thread so far, in ticks.
@@ -370,12 +372,15 @@ impl ThreadState {
     }
 }
 
-/// Every distinct call stack seen, interned as a tree: node 0 is the root, each other node is (parent,
-/// code id). Exclusive time accumulates per node, which is a flame graph's data.
+/// Every distinct call stack seen, interned as a tree: node 0 is the root, under it one node per thread,
+/// and under those each other node is (parent, code id). Exclusive time accumulates per node, which is a
+/// flame graph's data.
 #[derive(Debug)]
 pub struct CallTree {
     nodes: Vec<(u32, u32)>,
     index: HashMap<(u32, u32), u32>,
+    /// The threads whose root nodes are children of node 0: the k-th one's node has code `u32::MAX - k`.
+    threads: Vec<u64>,
     /// Per node: [complete part, window part] of exclusive ticks.
     parts: Vec<[f64; 2]>,
     /// Per node: exclusive ticks, the window part scaled (set when the pass ends).
@@ -384,8 +389,23 @@ pub struct CallTree {
 
 impl Default for CallTree {
     fn default() -> Self {
-        CallTree { nodes: vec![(0, 0)], index: HashMap::default(), parts: vec![[0.0; 2]], exclusive: vec![0.0] }
+        CallTree {
+            nodes: vec![(0, 0)],
+            index: HashMap::default(),
+            threads: Vec::new(),
+            parts: vec![[0.0; 2]],
+            exclusive: vec![0.0],
+        }
     }
+}
+
+/// What a call tree node stands for.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Node {
+    /// The root of one thread's stacks.
+    Thread(u64),
+    /// A call of this code id.
+    Code(u32),
 }
 
 impl CallTree {
@@ -400,14 +420,35 @@ impl CallTree {
         id
     }
 
+    /// The root node of thread `tid`'s stacks (made on first use).
+    fn thread_root(&mut self, tid: u64) -> u32 {
+        let k = match self.threads.iter().position(|&t| t == tid) {
+            Some(k) => k,
+            None => {
+                self.threads.push(tid);
+                self.threads.len() - 1
+            }
+        };
+        self.child(0, u32::MAX - k as u32)
+    }
+
     fn finish(&mut self, scale: f64) {
         for (x, p) in self.exclusive.iter_mut().zip(&self.parts) {
             *x = p[0] + p[1] * scale;
         }
     }
 
-    /// `(code ids from the outermost call, exclusive ticks)` for every stack with time in it.
-    pub fn stacks(&self) -> Vec<(Vec<u32>, f64)> {
+    /// Every node but the root, in the order made (a parent before its children): `(node, parent, what it
+    /// stands for, exclusive ticks)`. A thread's node has no time of its own.
+    pub fn nodes(&self) -> impl Iterator<Item = (u32, u32, Node, f64)> + '_ {
+        self.nodes.iter().zip(&self.exclusive).enumerate().skip(1).map(|(i, (&(parent, code), &x))| {
+            let node = if parent == 0 { Node::Thread(self.threads[(u32::MAX - code) as usize]) } else { Node::Code(code) };
+            (i as u32, parent, node, x)
+        })
+    }
+
+    /// `(thread, code ids from the outermost call, exclusive ticks)` for every stack with time in it.
+    pub fn thread_stacks(&self) -> Vec<(u64, Vec<u32>, f64)> {
         let mut out = Vec::new();
         for (node, &ticks) in self.exclusive.iter().enumerate().skip(1) {
             if ticks <= 0.0 {
@@ -415,22 +456,34 @@ impl CallTree {
             }
             let mut path = Vec::new();
             let mut n = node as u32;
-            while n != 0 {
+            loop {
                 let (parent, code) = self.nodes[n as usize];
+                if parent == 0 {
+                    out.push((self.threads[(u32::MAX - code) as usize], path.into_iter().rev().collect(), ticks));
+                    break;
+                }
                 path.push(code);
                 n = parent;
             }
-            path.reverse();
-            out.push((path, ticks));
         }
         out
+    }
+
+    /// `(code ids from the outermost call, exclusive ticks)` for every stack with time in it, threads
+    /// merged.
+    pub fn stacks(&self) -> Vec<(Vec<u32>, f64)> {
+        let mut merged: HashMap<Vec<u32>, f64> = HashMap::default();
+        for (_, path, ticks) in self.thread_stacks() {
+            *merged.entry(path).or_default() += ticks;
+        }
+        merged.into_iter().collect()
     }
 }
 
 /// What a pass produced.
 #[derive(Debug, Default)]
 pub struct Analysis {
-    /// Exclusive time per call stack, threads merged.
+    /// Exclusive time per call stack, under a root per thread.
     pub tree: CallTree,
     /// Per code id.
     pub functions: HashMap<u32, FunctionStats>,
@@ -782,7 +835,9 @@ pub fn analyze(path: &Path, opts: ReadOptions) -> ocular_format::Result<Analysis
         match c.body {
             Body::Events(evs) => {
                 let tid = c.info.thread_id;
-                let ts = threads.entry(tid).or_default();
+                let ts = threads
+                    .entry(tid)
+                    .or_insert_with(|| ThreadState { root: a.tree.thread_root(tid), ..ThreadState::default() });
                 let per = a.per_thread.entry(tid).or_default();
                 let mut pending = samples.get_mut(&tid);
                 for e in evs {
@@ -1163,7 +1218,7 @@ fn push(ts: &mut ThreadState, id: u32, t: u64, off: u32, tables: &Tables, tree: 
     let depth = ts.active.entry(id).or_insert(0);
     *depth += 1;
     let outermost = *depth == 1;
-    let parent = ts.stack.last().map_or(0, |f| f.node);
+    let parent = ts.stack.last().map_or(ts.root, |f| f.node);
     ts.stack.push(Frame {
         code: id,
         index: tables.code_index(id),
