@@ -1,5 +1,6 @@
 //! Flame graphs: the analysis pass's call tree (exclusive time per call stack, recorder cost subtracted as
-//! in `stats`) folded into `outer;inner;leaf nanoseconds` lines and rendered to SVG by `inferno`.
+//! in `stats`) folded into `outer;inner;leaf nanoseconds` lines and rendered to SVG by `inferno`, as an
+//! icicle (roots on top). Drawing costs the number of distinct stacks; the pass costs what `stats` does.
 
 use ocular_format::ReadOptions;
 use std::io::Write;
@@ -8,8 +9,8 @@ use std::path::Path;
 /// Folded stacks, `("outer;inner;leaf", exclusive nanoseconds)`, sorted.
 pub type Folded = Vec<(String, u64)>;
 
-/// Folded stacks, one entry per distinct stack (threads merged), and the reader's warnings; with
-/// windows (FORMAT.md 5.3), a warning says that the widths are estimates.
+/// Folded stacks, one entry per distinct stack (under a frame per thread when several threads ran), and
+/// the reader's warnings; with windows (FORMAT.md 5.3), a warning says that the widths are estimates.
 pub fn folded(path: &Path, opts: ReadOptions) -> anyhow::Result<(Folded, Vec<String>)> {
     let (lines, warnings, _) = folded_with_note(path, opts)?;
     Ok((lines, warnings))
@@ -31,16 +32,22 @@ fn folded_with_note(path: &Path, opts: ReadOptions) -> anyhow::Result<(Folded, V
         });
     }
     let name = |id: &u32| a.code.get(id).map_or("?".to_string(), |c| c.qualname.replace(';', ":"));
-    let mut lines: Folded = a
-        .tree
-        .stacks()
-        .into_iter()
-        .filter_map(|(path, ticks)| {
-            let ns = a.ns(ticks).round() as u64;
-            (ns > 0).then(|| (path.iter().map(name).collect::<Vec<_>>().join(";"), ns))
-        })
-        .collect();
-    lines.sort();
+    // With several threads, each one's stacks stand under a frame naming it ("thread MainThread (4242)").
+    let stacks = a.tree.thread_stacks();
+    let threads: std::collections::BTreeSet<u64> = stacks.iter().map(|s| s.0).collect();
+    let thread = |tid: u64| {
+        let n = a.threads.get(&tid).map_or(String::new(), |n| format!("{} ", n.replace(';', ":")));
+        format!("thread {n}({tid});")
+    };
+    let mut merged: std::collections::BTreeMap<String, u64> = std::collections::BTreeMap::new();
+    for (tid, path, ticks) in stacks {
+        let ns = a.ns(ticks).round() as u64;
+        if ns > 0 {
+            let root = if threads.len() > 1 { thread(tid) } else { String::new() };
+            *merged.entry(root + &path.iter().map(name).collect::<Vec<_>>().join(";")).or_default() += ns;
+        }
+    }
+    let lines: Folded = merged.into_iter().collect();
     Ok((lines, a.warnings, note))
 }
 
@@ -80,6 +87,9 @@ pub fn svg(path: &Path, opts: ReadOptions, title: &str, out: &mut dyn Write) -> 
     let mut options = inferno::flamegraph::Options::default();
     options.title = title.to_string();
     options.count_name = "ns".to_string();
+    // An icicle: the roots (processes, threads, the outermost calls) on top, in view without scrolling
+    // however deep the stacks go.
+    options.direction = inferno::flamegraph::Direction::Inverted;
     // Estimated widths say so on the picture itself, not only in a terminal.
     options.subtitle = note;
     inferno::flamegraph::from_lines(&mut options, text.iter().map(String::as_str), out)?;
