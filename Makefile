@@ -11,7 +11,7 @@ PYTHONS := $(shell scripts/find-pythons.sh)
 NEW_PYTHONS ?= 3.14 3.15
 
 .DEFAULT_GOAL := help
-.PHONY: help demo test test-rust test-python check-python pythons stress lint bench bench-format bench-record bench-truth bench-analyze bench-peers bench-startup bench-after-stop bench-flight bench-live bench-counters bench-follow fuzz clean
+.PHONY: help demo report-check test test-rust test-python check-python pythons stress lint bench bench-format bench-record bench-truth bench-analyze bench-peers bench-startup bench-after-stop bench-flight bench-live bench-counters bench-follow fuzz clean
 
 help: ## list the targets
 	@grep -E '^[a-zA-Z_-]+:.*## ' $(MAKEFILE_LIST) | awk 'BEGIN {FS = ":.*## "}; {printf "  make %-16s %s\n", $$1, $$2}'
@@ -43,7 +43,10 @@ demo: check-python ## record the bundled workload (testdata/workloads/demo.py), 
 	@echo "== ocular-analyze flamegraph $(OUT)/demo.ocl -o $(OUT)/demo.svg"
 	@./target/release/ocular-analyze flamegraph $(OUT)/demo.ocl -o $(OUT)/demo.svg
 	@echo
-	@echo "Open $(OUT)/demo.json in https://ui.perfetto.dev and $(OUT)/demo.svg in a browser; in Python:"
+	@echo "== ocular-analyze report $(OUT)/demo.ocl -o $(OUT)/demo.html"
+	@./target/release/ocular-analyze report $(OUT)/demo.ocl -o $(OUT)/demo.html
+	@echo
+	@echo "Open $(OUT)/demo.html in a browser (it needs no network), $(OUT)/demo.json in https://ui.perfetto.dev; in Python:"
 	@echo "  pl.read_parquet('$(OUT)/demo.parquet/events.parquet')   or   ocular.load('$(OUT)/demo.ocl').events()"
 	@echo "every event: ./target/release/ocular-analyze dump $(OUT)/demo.ocl | less"
 
@@ -114,6 +117,10 @@ bench-after-stop: check-python ## a hot loop after a recording stopped vs never 
 
 bench-flight: check-python ## flight recorder: what a dump costs the program (the soak: bench/flight.py soak --minutes 10)
 	@venv=$$(scripts/venv.sh $(firstword $(PYTHONS)) | tail -n 1); $$venv/bin/python bench/flight.py pause
+
+report-check: demo ## render the demo's HTML report in headless Chromium (installed from Debian's packages) and check its flame graph
+	@command -v chromium >/dev/null || (apt-get update -qq && apt-get install -y -qq chromium >/dev/null)
+	python3 scripts/render_report.py $(OUT)/demo.html $(OUT)/demo-report.png
 
 bench-follow: check-python ## following child processes: a process pool untraced, with and without following, and trace0
 	@venv=$$(scripts/venv.sh $(firstword $(PYTHONS)) | tail -n 1); \

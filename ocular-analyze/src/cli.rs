@@ -181,7 +181,28 @@ enum Command {
         #[arg(long, default_value_t = 15)]
         top: usize,
     },
-    /// Print every record of a trace as text, one line per event (the golden format of the tests).
+    /// Write one self-contained HTML page of a trace: its facts, a flame graph / icicle per thread and
+    /// merged (zoom, search), the functions (sortable), the hot loops with their specialized opcodes, and
+    /// the source of the hottest functions. It opens offline, in any browser; its size grows with the
+    /// number of distinct stacks and functions, not with the trace's length.
+    ///
+    /// Example: ocular-analyze report run.ocl -o run.html && xdg-open run.html
+    Report {
+        /// The .ocl file (a run's first file reports the whole run).
+        file: PathBuf,
+        /// The page to write (default: the trace's name with .html).
+        #[arg(short, long)]
+        output: Option<PathBuf>,
+        /// How many functions the table holds (the most exclusive time first).
+        #[arg(long, default_value_t = 500)]
+        functions: usize,
+        /// How many hot loops to show.
+        #[arg(long, default_value_t = 20)]
+        loops: usize,
+        /// Skip damaged chunks instead of stopping at the first one.
+        #[arg(long)]
+        salvage: bool,
+    },    /// Print every record of a trace as text, one line per event (the golden format of the tests).
     ///
     /// Example: ocular-analyze dump run.ocl | grep PY_START | head
     Dump {
@@ -212,32 +233,14 @@ fn run(cli: Cli) -> anyhow::Result<()> {
             let opts = ReadOptions::with_salvage(salvage);
             let run = open_run(&file, opts)?;
             let analyses = analyze_run(&run, opts)?;
-            let report = if run.single() {
-                crate::hot::report(&analyses[0], top)
-            } else {
-                crate::hot::report_run(&analyses.iter().collect::<Vec<_>>(), top)
-            };
+            let report = hot_report(&run, &analyses, top);
             print_report(json, &report, |out| write!(out, "{report}"))?;
         }
         Command::Stats { file, sort, top, per_thread, per_process, json, salvage } => {
             let opts = ReadOptions::with_salvage(salvage);
             let run = open_run(&file, opts)?;
             let analyses = analyze_run(&run, opts)?;
-            let report = if run.single() {
-                let span = crate::stats::span(&file, opts)?;
-                crate::stats::report(&analyses[0], span, per_thread, sort, top)
-            } else {
-                let spans =
-                    run.processes.iter().map(|p| crate::stats::span(&p.path, opts)).collect::<Result<Vec<_>, _>>()?;
-                let parts: Vec<crate::stats::Part<'_>> = run
-                    .processes
-                    .iter()
-                    .zip(&analyses)
-                    .zip(spans)
-                    .map(|((process, analysis), span)| crate::stats::Part { process, analysis, span })
-                    .collect();
-                crate::stats::report_run(&parts, run.unrecorded.len(), per_process, per_thread, sort, top)
-            };
+            let report = stats_report(&run, &analyses, opts, per_process, per_thread, sort, top)?;
             print_report(json, &report, |out| write!(out, "{report}"))?;
         }
         Command::Export { file, parquet: true, output, salvage, .. } => {
@@ -316,7 +319,31 @@ fn run(cli: Cli) -> anyhow::Result<()> {
                 crate::top::interactive(&target, interval, seconds, per_thread, top)?;
             }
         }
-        Command::Dump { file, salvage } => {
+        Command::Report { file, output, functions, loops, salvage } => {
+            let opts = ReadOptions::with_salvage(salvage);
+            let out_path = output.unwrap_or_else(|| file.with_extension("html"));
+            crate::output::refuse_input(&file, &out_path)?;
+            let run = open_run(&file, opts)?;
+            let analyses = analyze_run(&run, opts)?;
+            let info = if run.single() {
+                serde_json::to_value(crate::info::summarize(&file, opts)?)?
+            } else {
+                serde_json::to_value(crate::info::summarize_run(&run, opts)?)?
+            };
+            let sort = crate::stats::SortBy::Exclusive;
+            let stats = stats_report(&run, &analyses, opts, false, false, sort, functions)?;
+            let inputs = crate::report::Inputs {
+                title: file.display().to_string(),
+                run: &run,
+                analyses: &analyses,
+                info,
+                stats: serde_json::to_value(&stats)?,
+                hot: serde_json::to_value(hot_report(&run, &analyses, loops))?,
+            };
+            write_output(&file, &out_path, |w| crate::report::write(&inputs, w))?;
+            let bytes = std::fs::metadata(&out_path).map_or(0, |m| m.len());
+            eprintln!("wrote {} ({bytes} bytes)", out_path.display());
+        }        Command::Dump { file, salvage } => {
             let mut out = std::io::BufWriter::new(std::io::stdout().lock());
             let warnings = crate::dump::dump(&file, ReadOptions::with_salvage(salvage), &mut out)
                 .with_context(|| format!("cannot dump {}", file.display()))?;
@@ -343,6 +370,40 @@ fn analyze_run(run: &crate::procs::Run, opts: ReadOptions) -> anyhow::Result<Vec
         out.push(a);
     }
     Ok(out)
+}
+
+/// `hot`'s report of a run's analyses: one process's, or the run's loops with their processes.
+fn hot_report(run: &crate::procs::Run, analyses: &[crate::analysis::Analysis], top: usize) -> crate::hot::HotReport {
+    if run.single() {
+        crate::hot::report(&analyses[0], top)
+    } else {
+        crate::hot::report_run(&analyses.iter().collect::<Vec<_>>(), top)
+    }
+}
+
+/// `stats`' report of a run's analyses: one process's, or the run's functions merged over its processes.
+fn stats_report(
+    run: &crate::procs::Run,
+    analyses: &[crate::analysis::Analysis],
+    opts: ReadOptions,
+    per_process: bool,
+    per_thread: bool,
+    sort: crate::stats::SortBy,
+    top: usize,
+) -> anyhow::Result<crate::stats::Report> {
+    let spans = run.processes.iter().map(|p| crate::stats::span(&p.path, opts)).collect::<Result<Vec<_>, _>>()?;
+    Ok(if run.single() {
+        crate::stats::report(&analyses[0], spans.into_iter().next().expect("a run has a process"), per_thread, sort, top)
+    } else {
+        let parts: Vec<crate::stats::Part<'_>> = run
+            .processes
+            .iter()
+            .zip(analyses)
+            .zip(spans)
+            .map(|((process, analysis), span)| crate::stats::Part { process, analysis, span })
+            .collect();
+        crate::stats::report_run(&parts, run.unrecorded.len(), per_process, per_thread, sort, top)
+    })
 }
 
 /// Reader warnings go to stderr, one line each.

@@ -15,6 +15,7 @@ pub mod info;
 pub mod output;
 pub mod procs;
 pub mod progress;
+pub mod report;
 pub mod stats;
 pub mod table;
 pub mod top;
