@@ -85,6 +85,13 @@ enum Command {
         /// processes): one table per process instead of one of every process merged.
         #[arg(long)]
         per_process: bool,
+        /// Per source line instead of per function: the hottest lines by own time (file:line, function,
+        /// hits, own ms, share, time with callees, the source text), from the jump and branch (adaptive)
+        /// or instruction (precise) events; calls mode records no lines. Processes of a run are summed.
+        /// JSON: an array of rows (pid, file, line, function, hits, own_ms, with_callees_ms, share,
+        /// estimated, source).
+        #[arg(long, conflicts_with_all = ["per_thread", "per_process"])]
+        lines: bool,
         /// Print JSON instead of text: an array of rows (thread_id, thread_name, function, file, line, calls,
         /// inclusive_ms, exclusive_ms, mean_us, wall_ms, threads, wall_share = inclusive_ms / (wall_ms x
         /// threads)).
@@ -236,7 +243,12 @@ fn run(cli: Cli) -> anyhow::Result<()> {
             let report = hot_report(&run, &analyses, top);
             print_report(json, &report, |out| write!(out, "{report}"))?;
         }
-        Command::Stats { file, sort, top, per_thread, per_process, json, salvage } => {
+        Command::Stats { file, lines: true, top, json, salvage, .. } => {
+            let opts = ReadOptions::with_salvage(salvage);
+            let report = lines_report(&file, opts, top)?;
+            print_report(json, &report, |out| write!(out, "{report}"))?;
+        }
+        Command::Stats { file, sort, top, per_thread, per_process, json, salvage, .. } => {
             let opts = ReadOptions::with_salvage(salvage);
             let run = open_run(&file, opts)?;
             let analyses = analyze_run(&run, opts)?;
@@ -406,6 +418,27 @@ fn stats_report(
     })
 }
 
+/// `stats --lines`: the lines of every process of the run `file` begins, summed; refused when no process
+/// was recorded in a mode that records lines.
+pub fn lines_report(file: &std::path::Path, opts: ReadOptions, top: usize) -> anyhow::Result<crate::lines::Report> {
+    let run = open_run(file, opts)?;
+    let mut parts = Vec::new();
+    for p in &run.processes {
+        let l = crate::lines::analyze(&p.path, opts).with_context(|| format!("cannot read {}", p.path.display()))?;
+        warn(&l.warnings);
+        parts.push(l);
+    }
+    if !parts.iter().any(crate::lines::Lines::has_lines) {
+        anyhow::bail!(
+            "{} was recorded in calls mode, which records function boundaries only: no line ran between two \
+             recorded events. Per-line figures need adaptive mode (the default: jumps and branches) or precise \
+             mode (every instruction); `stats` without --lines gives the per-function figures",
+            file.display()
+        );
+    }
+    Ok(crate::lines::report(&parts, top))
+}
+
 /// Reader warnings go to stderr, one line each.
 fn warn(warnings: &[String]) {
     for w in warnings {
@@ -452,13 +485,14 @@ fn export_parquet(file: &std::path::Path, opts: ReadOptions, dir: &std::path::Pa
     let rows = |t: &str| summary.rows.get(t).copied().unwrap_or(0);
     eprintln!(
         "wrote {}: events.parquet ({} rows), calls.parquet ({} rows), code.parquet ({} rows), lost.parquet ({} rows), \
-         counter_samples.parquet ({} rows) from {} recorded events",
+         counter_samples.parquet ({} rows), lines.parquet ({} rows) from {} recorded events",
         dir.display(),
         rows("events"),
         rows("calls"),
         rows("code"),
         rows("lost"),
         rows("counter_samples"),
+        rows("lines"),
         summary.events_read
     );
     Ok(())

@@ -12,6 +12,7 @@ pub mod dump;
 pub mod export;
 pub mod hot;
 pub mod info;
+pub mod lines;
 pub mod output;
 pub mod procs;
 pub mod progress;

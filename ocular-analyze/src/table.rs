@@ -29,6 +29,9 @@
 //!   innermost activation running on the thread then, as in the calls table; null when none was).
 //! - code: `code_id` u32, `function`, `name`, `file` text, `first_line` u32, `last_line` i32?,
 //!   `instructions` u32, `bytecode` binary (base), `specialized_bytecode` binary? (at stop).
+//! - lines, one row per source line that ran in a recorded run ([`crate::lines`]; empty in calls mode):
+//!   `file` text, `line` u32, `function` text, `hits` u64, `own_ns` i64 (recorder cost and recorded callees
+//!   removed), `estimated` bool (the line's function was seen in part: its figures are lower bounds).
 
 use crate::export::timeline::{Item, Timeline};
 use ocular_format::{Body, CodeObject, EventKind, Header, RawEvent, ReadOptions, Reader};
@@ -58,6 +61,8 @@ pub enum Table {
     Lost,
     /// One row per performance counter sample: empty when the recording had no counters.
     CounterSamples,
+    /// One row per source line (and function) that ran: hits and own time ([`crate::lines`]).
+    Lines,
 }
 
 impl Table {
@@ -69,6 +74,7 @@ impl Table {
             Table::Code => "code",
             Table::Lost => "lost",
             Table::CounterSamples => "counter_samples",
+            Table::Lines => "lines",
         }
     }
 }
@@ -241,6 +247,7 @@ pub fn columns(table: Table) -> &'static [&'static str] {
         ],
         Table::Lost => &["pid", "thread_id", "thread_lost", "thread_recorded", "start_ns", "end_ns"],
         Table::CounterSamples => &["pid", "thread_id", "ts_ns", "counter", "value", "call_id", "function"],
+        Table::Lines => &["pid", "file", "line", "function", "hits", "own_ns", "estimated"],
     }
 }
 
@@ -741,6 +748,29 @@ fn lost_table(pid: u32, losses: &[crate::analysis::Loss]) -> Batch {
     }
 }
 
+/// The lines of one process ([`crate::lines`]), hottest first.
+fn lines_table(mut l: crate::lines::Lines, d: &mut Dictionaries) -> Batch {
+    l.lines.sort_by(|a, b| b.own_ns.total_cmp(&a.own_ns).then_with(|| (&a.file, a.line).cmp(&(&b.file, b.line))));
+    let n = l.lines.len();
+    let (mut file, mut function) = (Vec::with_capacity(n), Vec::with_capacity(n));
+    for x in &l.lines {
+        file.push(d.file.code(&x.file));
+        function.push(d.function.code(&x.function));
+    }
+    Batch {
+        rows: n,
+        columns: vec![
+            ("pid", Column::U32(vec![l.pid; n])),
+            ("file", Column::Dict(file, d.file.snapshot())),
+            ("line", Column::U32(l.lines.iter().map(|x| x.line).collect())),
+            ("function", Column::Dict(function, d.function.snapshot())),
+            ("hits", Column::U64(l.lines.iter().map(|x| x.hits).collect())),
+            ("own_ns", Column::I64(l.lines.iter().map(|x| x.own_ns.round() as i64).collect())),
+            ("estimated", Column::Bool(l.lines.iter().map(|x| x.estimated).collect())),
+        ],
+    }
+}
+
 /// Builds the requested tables of `path` into `sink`, `batch_rows` rows at a time.
 pub fn build(
     path: &Path,
@@ -819,6 +849,15 @@ pub fn build_selected(
             let b = if make { code_table(m, &mut d, &mut code_names) } else { lost_table(m.header.pid, &m.losses) };
             count(&mut summary, t, &b);
             sink.batch(t, b)?;
+        }
+    }
+    if tables.contains(&Table::Lines) {
+        // A pass of its own per process: lines are figures over the whole run, not rows of events.
+        for p in &run.processes {
+            let l = crate::lines::analyze(&p.path, opts)?;
+            let b = lines_table(l, &mut d);
+            count(&mut summary, Table::Lines, &b);
+            sink.batch(Table::Lines, b)?;
         }
     }
     let want_events = tables.contains(&Table::Events);

@@ -34,7 +34,7 @@ class Trace:
     """An ``.ocl`` file, ready to be analyzed. Made by :func:`ocular.load`.
 
     - ``info()``, ``hot(top=10)``, ``stats()``: the reports of ``ocular-analyze info|hot|stats --json``.
-    - ``events()``, ``calls()``, ``code()``, ``lost()``: polars DataFrames (the columns of ``ocular-analyze export
+    - ``events()``, ``calls()``, ``code()``, ``lost()``, ``lines()``: polars DataFrames (the columns of ``ocular-analyze export
       --parquet``; text columns are categorical); ``events_pandas()`` and friends: the same as pandas.
     """
 
@@ -151,6 +151,14 @@ class Trace:
         Join it to :meth:`calls` on thread_id and call_id for any grouping :meth:`counters` does not give.
         ``columns``, ``threads`` and the time range select as in :meth:`events` (polars DataFrame)."""
         return self._polars("counter_samples", columns=columns, threads=threads, start_ns=start_ns, end_ns=end_ns)
+
+    def lines(self):
+        """One row per source line that ran, hottest first: pid, file, line, function, hits, own_ns (the
+        line's own time: recorder cost and recorded Python callees removed) and estimated (the function was
+        seen in part, past the de-instrumentation threshold or between windows: its figures are lower
+        bounds). What ``ocular-analyze stats --lines`` shows; empty for a calls-mode trace, which records no
+        lines (polars DataFrame)."""
+        return self._polars("lines")
 
     def events_pandas(self, **select):
         """:meth:`events` as a pandas DataFrame (needs pandas and pyarrow); the same selection."""

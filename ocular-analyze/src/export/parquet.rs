@@ -363,10 +363,10 @@ impl Pipe {
 }
 
 /// Exports `path` into `dir` (created if missing) as events.parquet, calls.parquet, code.parquet,
-/// lost.parquet and counter_samples.parquet. On an error, the files it created are removed (and `dir`, if it created that too).
+/// lost.parquet, counter_samples.parquet and lines.parquet. On an error, the files it created are removed (and `dir`, if it created that too).
 pub fn export(path: &Path, opts: ReadOptions, dir: &Path) -> anyhow::Result<Summary> {
     crate::output::refuse_input(path, dir)?;
-    for t in [Table::Code, Table::Calls, Table::Events, Table::Lost, Table::CounterSamples] {
+    for t in [Table::Code, Table::Calls, Table::Events, Table::Lost, Table::CounterSamples, Table::Lines] {
         crate::output::refuse_input(path, &dir.join(format!("{}.parquet", t.name())))?;
     }
     let new_dir = !dir.exists();
@@ -391,7 +391,7 @@ pub fn export(path: &Path, opts: ReadOptions, dir: &Path) -> anyhow::Result<Summ
     let built = table::build(
         path,
         opts,
-        &[Table::Code, Table::Lost, Table::Calls, Table::Events, Table::CounterSamples],
+        &[Table::Code, Table::Lost, Table::Calls, Table::Events, Table::CounterSamples, Table::Lines],
         table::DEFAULT_BATCH_ROWS,
         &mut pipe,
     );

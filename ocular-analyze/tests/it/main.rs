@@ -4,6 +4,7 @@ mod cli;
 mod counters;
 mod export;
 mod golden;
+mod lines;
 mod reports;
 mod windows;
 

@@ -258,7 +258,7 @@ impl ArrowTable {
 
 /// `table(path, name, salvage=False, columns=None, threads=None, start_ns=None, end_ns=None) ->
 /// (ArrowTable, warnings)`: one of the tables of `ocular_analyze::table` (`events`, `calls`, `code`,
-/// `lost`, `counter_samples`), with the rows and columns selected.
+/// `lost`, `counter_samples`, `lines`), with the rows and columns selected.
 ///
 /// A table too big for the memory the process can get raises `MemoryError` before anything is built:
 /// Rust aborts the process when an allocation fails (a notebook kernel dies), so the size is estimated
@@ -282,9 +282,10 @@ pub(super) fn table(
         "code" => Table::Code,
         "lost" => Table::Lost,
         "counter_samples" => Table::CounterSamples,
+        "lines" => Table::Lines,
         other => {
             return Err(PyValueError::new_err(format!(
-                "no table {other:?}: events, calls, code, lost or counter_samples"
+                "no table {other:?}: events, calls, code, lost, counter_samples or lines"
             )))
         }
     };
