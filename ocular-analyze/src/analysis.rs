@@ -177,6 +177,12 @@ impl LoopStats {
         self.per_instruction.get(i).filter(|c| c.1 > 0).map(|c| c.0 / c.1 as f64)
     }
 
+    /// Ticks spent at the instruction at `offset` over its measured visits, and those visits, if any.
+    pub fn spent_at(&self, offset: u32) -> Option<(f64, u64)> {
+        let i = self.offsets.binary_search(&offset).ok()?;
+        self.per_instruction.get(i).filter(|c| c.1 > 0).copied()
+    }
+
     fn slots(&mut self, all: &[u32]) -> &mut [(f64, u64)] {
         if self.per_instruction.len() != all.len() {
             self.per_instruction = vec![(0.0, 0); all.len()];

@@ -17,6 +17,7 @@ use std::path::PathBuf;
 ///   ocular-analyze stats ocular.ocl --sort inclusive
 ///   ocular-analyze export --perfetto ocular.ocl -o ocular.json
 ///   ocular-analyze flamegraph ocular.ocl -o flame.svg
+///   ocular-analyze specialize ocular.ocl
 ///   ocular-analyze dump ocular.ocl | less
 ///
 /// And while a program records:
@@ -209,7 +210,50 @@ enum Command {
         /// Skip damaged chunks instead of stopping at the first one.
         #[arg(long)]
         salvage: bool,
-    },    /// Print every record of a trace as text, one line per event (the golden format of the tests).
+    },
+    /// The instructions CPython left generic in the hottest loops and functions: their base opcode still
+    /// held when recording stopped although this Python has specialized forms for it (BINARY_OP instead of
+    /// BINARY_OP_ADD_INT, LOAD_ATTR instead of LOAD_ATTR_INSTANCE_VALUE, ...), weighted by the time spent
+    /// there, with the likely cause the opcode tells (BINARY_OP: operand types vary or are not both int,
+    /// float or str, e.g. mixed int and float; LOAD_ATTR: __getattr__, descriptors, varying shapes; ...).
+    ///
+    /// It walks the --top hottest loops (hot's ranking) and the --top functions with the most exclusive
+    /// time, comparing each instruction's base opcode with the bytecode snapshot taken at stop; families
+    /// come from the file's own opcode table, so every Python version is named as it names itself.
+    /// "Generic at stop" cannot tell never specialized from de-specialized (the snapshot keeps opcodes, not
+    /// adaptive counters). Instructions that ran fewer than 2 times (cold), still instrumented at stop
+    /// (hidden), or without specialized forms (a BINARY_OP `**`) are counted, not listed.
+    ///
+    /// Weights are estimates: in a loop, the instruction's share of the loop's recorded time (each block
+    /// between two events spread evenly over its instructions, callees excluded), scaled up by the time
+    /// the loop ran after the threshold stopped recording it; outside loops, the function's exclusive time
+    /// left after its loops, shared evenly over its other instructions.
+    ///
+    /// --json prints one object: file, python, mode, weighting, notes, and blocks (kind "loop" or
+    /// "function", function, file, first_line, last_line, offsets, iterations, total_ns, instructions,
+    /// specialized, generic_count, instrumented, unspecializable, unknown, cold, listed_elsewhere, and
+    /// generic: function, file, line, offset, base, operator, at_stop, status, weight_ns, weight_kind,
+    /// share, executions, cause, forms).
+    ///
+    /// Examples:
+    ///   python -m ocular run -o run.ocl script.py
+    ///   ocular-analyze specialize run.ocl --top 3
+    ///   ocular-analyze specialize run.ocl --json | jq '.blocks[].generic[] | [.base, .line, .cause]'
+    #[command(verbatim_doc_comment)]
+    Specialize {
+        /// The .ocl file.
+        file: PathBuf,
+        /// How many loops, and how many functions, to walk.
+        #[arg(long, default_value_t = 5)]
+        top: usize,
+        /// Print JSON instead of text.
+        #[arg(long)]
+        json: bool,
+        /// Skip damaged chunks instead of stopping at the first one.
+        #[arg(long)]
+        salvage: bool,
+    },
+    /// Print every record of a trace as text, one line per event (the golden format of the tests).
     ///
     /// Example: ocular-analyze dump run.ocl | grep PY_START | head
     Dump {
@@ -355,7 +399,20 @@ fn run(cli: Cli) -> anyhow::Result<()> {
             write_output(&file, &out_path, |w| crate::report::write(&inputs, w))?;
             let bytes = std::fs::metadata(&out_path).map_or(0, |m| m.len());
             eprintln!("wrote {} ({bytes} bytes)", out_path.display());
-        }        Command::Dump { file, salvage } => {
+        }
+        Command::Specialize { file, top, json, salvage } => {
+            let opts = ReadOptions::with_salvage(salvage);
+            let run = open_run(&file, opts)?;
+            let analyses = analyze_run(&run, opts)?;
+            let name = file.display().to_string();
+            let report = if run.single() {
+                crate::specialize::report(&analyses[0], &name, top)
+            } else {
+                crate::specialize::report_run(&analyses.iter().collect::<Vec<_>>(), &name, top)
+            };
+            print_report(json, &report, |out| write!(out, "{report}"))?;
+        }
+        Command::Dump { file, salvage } => {
             let mut out = std::io::BufWriter::new(std::io::stdout().lock());
             let warnings = crate::dump::dump(&file, ReadOptions::with_salvage(salvage), &mut out)
                 .with_context(|| format!("cannot dump {}", file.display()))?;

@@ -157,13 +157,20 @@ pub fn report_run(analyses: &[&Analysis], top: usize) -> HotReport {
 /// Quiet iterations needed before `ns_per_iteration` uses them.
 pub const MIN_QUIET: u64 = 16;
 
+/// The loops that ran, hottest first: by time in the loop (measured plus unrecorded), then iterations, then
+/// code id and head. `hot` and `specialize` show them in this order.
+pub fn ranked(a: &Analysis) -> Vec<(&crate::analysis::LoopKey, &crate::analysis::LoopStats)> {
+    let mut keys: Vec<_> = a.loops.iter().filter(|(_, s)| s.iterations > 0).collect();
+    let total = |s: &crate::analysis::LoopStats| s.ticks + s.tail_ticks;
+    keys.sort_by(|x, y| total(y.1).total_cmp(&total(x.1)).then(y.1.iterations.cmp(&x.1.iterations)).then(x.0.cmp(y.0)));
+    keys
+}
+
 /// The `top` hottest loops by measured time.
 pub fn report(a: &Analysis, top: usize) -> HotReport {
     let header = a.header.as_ref().expect("analysis has a header");
     let cost_ns = a.ns(header.event_cost_ticks);
-    let mut keys: Vec<_> = a.loops.iter().filter(|(_, s)| s.iterations > 0).collect();
-    let total = |s: &crate::analysis::LoopStats| s.ticks + s.tail_ticks;
-    keys.sort_by(|x, y| total(y.1).total_cmp(&total(x.1)).then(y.1.iterations.cmp(&x.1.iterations)).then(x.0.cmp(y.0)));
+    let keys = ranked(a);
     let threshold = header.options.deinstrument_threshold as u64;
     let mut loops = Vec::new();
     for (&(id, head), s) in keys.into_iter().take(top) {

@@ -17,6 +17,7 @@ pub mod output;
 pub mod procs;
 pub mod progress;
 pub mod report;
+pub mod specialize;
 pub mod stats;
 pub mod table;
 pub mod top;
