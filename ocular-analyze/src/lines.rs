@@ -170,6 +170,8 @@ struct Pass {
     hits: HashMap<(u32, u32), u32>,
     /// Per loop head (code id, backward jumps' destination): its backward jumps recorded.
     heads: HashMap<(u32, u32), u32>,
+    /// Per code id, the backward jumps recorded: (jump's offset, destination).
+    back_jumps: HashMap<u32, HashSet<(u32, u32)>>,
     /// Code ids seen between windows.
     in_gap: HashSet<u32>,
     /// Precise mode with threshold 0: every instruction recorded, a run is one instruction.
@@ -366,6 +368,7 @@ fn step(
             if kind == EventKind::JUMP && e.arg.get() < off {
                 // A loop's backward jumps are recorded for twice the threshold, counted per loop head.
                 *pass.heads.entry((id, e.arg.get())).or_default() += 1;
+                pass.back_jumps.entry(id).or_default().insert((off, e.arg.get()));
             } else {
                 *pass.hits.entry((id, off)).or_default() += 1;
             }
@@ -444,6 +447,7 @@ fn finish(out: &mut Lines, pass: Pass, code: &HashMap<u32, CodeObject>, header: 
     // Runs across a silenced jump or branch, spread as if straight: their code ids and ticks.
     let mut spread: HashSet<u32> = HashSet::default();
     let mut spread_ticks = 0.0;
+    let back_jumps = pass.back_jumps;
     for ((id, start, end, prev_last, flags), (own, total, runs)) in pass.runs {
         let placed = (|| {
             let co = code.get(&id)?;
@@ -469,12 +473,24 @@ fn finish(out: &mut Lines, pass: Pass, code: &HashMap<u32, CodeObject>, header: 
             // threshold (else it would have been recorded): where control went is not known. Such a run is
             // spread over the instructions between its events as if they ran once, no jump taken (one loop
             // iteration whose branch went quiet, typically): an estimate.
+            // If the run holds a loop's backward jump (seen recorded before it went quiet), the loop ran
+            // over and over in it: its time is spread over the loop's body, not the lines around it that ran
+            // once.
+            let mut body: Vec<u32> = Vec::new();
             if ops[lo..hi].contains(&Op::Transfer) {
                 spread_ticks += own;
                 spread.insert(id);
+                let (first, last) = (offsets[lo], offsets[hi]);
+                let loops = back_jumps.get(&id).into_iter().flatten().filter(|&&(j, _)| first <= j && j <= last);
+                for &(j, t) in loops {
+                    body.extend(offsets.iter().copied().filter(|&o| t <= o && o <= j));
+                }
+                body.sort_unstable();
+                body.dedup();
             }
+            let run = if body.is_empty() { &offsets[lo..=hi] } else { &body[..] };
             lines.clear();
-            for &o in &offsets[lo..=hi] {
+            for &o in run {
                 let l = line_of(co, o);
                 if l < 0 {
                     continue;

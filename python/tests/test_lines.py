@@ -106,6 +106,35 @@ def test_default_mode_estimates_past_the_threshold_and_says_so(tmp_path):
     assert "note: lines marked ~ (1 function) were seen in part (the threshold stopped recording" in text
 
 
+LONG_LOOP = textwrap.dedent("""\
+    def work(n):
+        setup = list(range(10))
+        t = 0
+        for i in range(n):
+            t += i * i
+        return t + len(setup)
+
+    work(300_000)
+""")
+
+
+def test_a_loop_that_ran_on_after_the_threshold_keeps_its_time_on_its_own_lines(tmp_path):
+    # Default mode: the loop's branch and backward jump fall silent after their first hits, so the rest of
+    # its 300,000 iterations is one run from the last recorded event to the return. That time is the loop's:
+    # it goes to the loop's lines (4 and 5), not to the lines around it that ran once (2, 3, 6).
+    script = tmp_path / "long.py"
+    script.write_text(LONG_LOOP)
+    path = tmp_path / "long.ocl"
+    r = subprocess.run([sys.executable, "-m", "ocular", "run", "-o", str(path), str(script)], capture_output=True,
+                       text=True)
+    assert r.returncode == 0, r.stderr
+    rows = [r for r in lines_json(path) if r["file"] == str(script) and r["function"] == "work"]
+    own = {r["line"]: r["own_ns"] for r in rows}
+    loop = own.get(4, 0) + own.get(5, 0)
+    assert loop > 0.95 * sum(own.values()), own
+    assert all(r["estimated"] for r in rows)
+
+
 def test_trace_lines_agrees_with_stats_lines_json(tmp_path):
     script, path = record(tmp_path, 5, "--mode", "precise", "--threshold", "0")
     rows = lines_json(path)
