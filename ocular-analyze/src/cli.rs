@@ -395,6 +395,7 @@ fn run(cli: Cli) -> anyhow::Result<()> {
                 info,
                 stats: serde_json::to_value(&stats)?,
                 hot: serde_json::to_value(hot_report(&run, &analyses, loops))?,
+                lines: lines_of_run(&run, &analyses, opts)?,
             };
             write_output(&file, &out_path, |w| crate::report::write(&inputs, w))?;
             let bytes = std::fs::metadata(&out_path).map_or(0, |m| m.len());
@@ -473,6 +474,22 @@ fn stats_report(
             .collect();
         crate::stats::report_run(&parts, run.unrecorded.len(), per_process, per_thread, sort, top)
     })
+}
+
+/// The lines of the processes of `run` recorded in a mode that records them, every line, merged; `None`
+/// when none was (the pass is skipped for calls mode).
+fn lines_of_run(
+    run: &crate::procs::Run,
+    analyses: &[crate::analysis::Analysis],
+    opts: ReadOptions,
+) -> anyhow::Result<Option<crate::lines::Report>> {
+    let mut parts = Vec::new();
+    for (p, a) in run.processes.iter().zip(analyses) {
+        if a.header.as_ref().is_some_and(|h| h.options.mode != ocular_format::Mode::Calls) {
+            parts.push(crate::lines::analyze(&p.path, opts).with_context(|| format!("cannot read {}", p.path.display()))?);
+        }
+    }
+    Ok((!parts.is_empty()).then(|| crate::lines::report(&parts, usize::MAX)))
 }
 
 /// `stats --lines`: the lines of every process of the run `file` begins, summed; refused when no process

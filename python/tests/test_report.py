@@ -161,3 +161,19 @@ def test_the_flame_graph_roots_each_thread_and_draws_an_icicle(recorded, tmp_pat
     thread_y = float(re.search(r'<title>thread side-worker [^<]*</title><rect x="[0-9.]+%" y="([0-9.]+)"', text)[1])
     assert root_y == min(ys) and thread_y > root_y and thread_y <= sorted(set(ys))[1], (root_y, thread_y)
     assert "thread side-worker" in text
+
+
+def test_the_lines_are_stats_lines_and_annotate_the_source(recorded):
+    path, page = recorded
+    data = embedded(page)
+    if "calls" in path.name:
+        assert data["lines"] is None  # calls mode records no lines; the page says so
+        return
+    assert data["lines"]["rows"] == json.loads(analyze("stats", "--lines", "--json", "--top", "100", path).stdout)
+    frames = data["frames"]
+    (spin_src,) = [s for s in data["sources"] if frames[s["frame"]]["name"] == "spin"]
+    by_line = {f[0]: f for f in spin_src["figures"]}
+    first = spin.__code__.co_firstlineno
+    # spin's loop (its for and += lines) holds nearly all of its time.
+    loop = by_line[first + 2][2] + by_line[first + 3][2]
+    assert loop > 0.9 * sum(f[2] for f in spin_src["figures"])

@@ -45,7 +45,13 @@ pub struct Inputs<'a> {
     pub stats: Value,
     /// `hot --json`.
     pub hot: Value,
+    /// `stats --lines` of the run, every line (`None` when no process was recorded in a mode that records
+    /// lines).
+    pub lines: Option<crate::lines::Report>,
 }
+
+/// The hottest lines the page's table lists.
+pub const LINES: usize = 100;
 
 /// One function as the page names it.
 #[derive(Serialize, PartialEq, Eq, Hash, Clone)]
@@ -74,6 +80,16 @@ struct Source {
     frame: u32,
     first_line: u32,
     lines: Vec<String>,
+    /// Per line of the function that ran: `[line, hits, own ns, with callees ns, estimated]`.
+    figures: Vec<(u32, u64, f64, f64, bool)>,
+}
+
+/// `stats --lines`' hottest rows and its notes.
+#[derive(Serialize)]
+struct LinesData<'a> {
+    rows: &'a [crate::lines::Row],
+    more: usize,
+    notes: &'a [String],
 }
 
 #[derive(Serialize)]
@@ -86,6 +102,7 @@ struct Data<'a> {
     frames: Vec<Frame>,
     trees: Vec<Tree>,
     sources: Vec<Source>,
+    lines: Option<LinesData<'a>>,
 }
 
 /// Writes the page to `out`.
@@ -130,7 +147,23 @@ pub fn write(inputs: &Inputs<'_>, out: &mut dyn Write) -> anyhow::Result<()> {
             t.label = format!("{}: {}", p.map_or_else(|| t.pid.to_string(), |p| p.title()), t.label);
         }
     }
-    let sources = sources(&inputs.stats, &frames, &spans);
+    let mut sources = sources(&inputs.stats, &frames, &spans);
+    if let Some(l) = &inputs.lines {
+        for s in &mut sources {
+            let f = &frames[s.frame as usize];
+            s.figures = l
+                .rows
+                .iter()
+                .filter(|r| r.stat.file == f.file && r.stat.function == f.name)
+                .map(|r| (r.stat.line, r.stat.hits, r.stat.own_ns, r.stat.with_callees_ns, r.stat.estimated))
+                .collect();
+        }
+    }
+    let lines = inputs.lines.as_ref().map(|l| LinesData {
+        rows: &l.rows[..l.rows.len().min(LINES)],
+        more: l.more + l.rows.len().saturating_sub(LINES),
+        notes: &l.notes,
+    });
     let data = Data {
         title: &inputs.title,
         generator: format!("ocular-analyze {}", env!("CARGO_PKG_VERSION")),
@@ -140,6 +173,7 @@ pub fn write(inputs: &Inputs<'_>, out: &mut dyn Write) -> anyhow::Result<()> {
         frames,
         trees,
         sources,
+        lines,
     };
     // In a <script> element only "</" can end it early; JSON allows "<\/" for it.
     let json = serde_json::to_string(&data)?.replace("</", "<\\/");
@@ -260,7 +294,12 @@ fn sources(stats: &Value, frames: &[Frame], spans: &HashMap<u32, (String, u32, u
         if first > last {
             continue;
         }
-        out.push(Source { frame: id as u32, first_line: first as u32, lines: text[first - 1..last].to_vec() });
+        out.push(Source {
+            frame: id as u32,
+            first_line: first as u32,
+            lines: text[first - 1..last].to_vec(),
+            figures: Vec::new(),
+        });
     }
     out
 }
