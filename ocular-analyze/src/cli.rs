@@ -396,6 +396,7 @@ fn run(cli: Cli) -> anyhow::Result<()> {
                 stats: serde_json::to_value(&stats)?,
                 hot: serde_json::to_value(hot_report(&run, &analyses, loops))?,
                 lines: lines_of_run(&run, &analyses, opts)?,
+                specialize: serde_json::to_value(specialize_report(&run, &analyses, &file, loops))?,
             };
             write_output(&file, &out_path, |w| crate::report::write(&inputs, w))?;
             let bytes = std::fs::metadata(&out_path).map_or(0, |m| m.len());
@@ -405,12 +406,7 @@ fn run(cli: Cli) -> anyhow::Result<()> {
             let opts = ReadOptions::with_salvage(salvage);
             let run = open_run(&file, opts)?;
             let analyses = analyze_run(&run, opts)?;
-            let name = file.display().to_string();
-            let report = if run.single() {
-                crate::specialize::report(&analyses[0], &name, top)
-            } else {
-                crate::specialize::report_run(&analyses.iter().collect::<Vec<_>>(), &name, top)
-            };
+            let report = specialize_report(&run, &analyses, &file, top);
             print_report(json, &report, |out| write!(out, "{report}"))?;
         }
         Command::Dump { file, salvage } => {
@@ -474,6 +470,21 @@ fn stats_report(
             .collect();
         crate::stats::report_run(&parts, run.unrecorded.len(), per_process, per_thread, sort, top)
     })
+}
+
+/// `specialize`'s report of a run's analyses (`file` names it).
+fn specialize_report(
+    run: &crate::procs::Run,
+    analyses: &[crate::analysis::Analysis],
+    file: &std::path::Path,
+    top: usize,
+) -> crate::specialize::SpecializeReport {
+    let name = file.display().to_string();
+    if run.single() {
+        crate::specialize::report(&analyses[0], &name, top)
+    } else {
+        crate::specialize::report_run(&analyses.iter().collect::<Vec<_>>(), &name, top)
+    }
 }
 
 /// The lines of the processes of `run` recorded in a mode that records them, every line, merged; `None`

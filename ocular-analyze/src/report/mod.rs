@@ -48,6 +48,8 @@ pub struct Inputs<'a> {
     /// `stats --lines` of the run, every line (`None` when no process was recorded in a mode that records
     /// lines).
     pub lines: Option<crate::lines::Report>,
+    /// `specialize --json`.
+    pub specialize: Value,
 }
 
 /// The hottest lines the page's table lists.
@@ -103,6 +105,7 @@ struct Data<'a> {
     trees: Vec<Tree>,
     sources: Vec<Source>,
     lines: Option<LinesData<'a>>,
+    specialize: &'a Value,
 }
 
 /// Writes the page to `out`.
@@ -174,6 +177,7 @@ pub fn write(inputs: &Inputs<'_>, out: &mut dyn Write) -> anyhow::Result<()> {
         trees,
         sources,
         lines,
+        specialize: &inputs.specialize,
     };
     // In a <script> element only "</" can end it early; JSON allows "<\/" for it.
     let json = serde_json::to_string(&data)?.replace("</", "<\\/");
