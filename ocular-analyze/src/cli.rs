@@ -19,6 +19,7 @@ use std::path::PathBuf;
 ///   ocular-analyze flamegraph ocular.ocl -o flame.svg
 ///   ocular-analyze specialize ocular.ocl
 ///   ocular-analyze dump ocular.ocl | less
+///   ocular-analyze diff before.ocl after.ocl
 ///
 /// And while a program records:
 ///
@@ -188,6 +189,40 @@ enum Command {
         /// Rows per table.
         #[arg(long, default_value_t = 15)]
         top: usize,
+    },
+    /// What changed between two recordings of one program: functions, hot loops, specialization.
+    ///
+    /// Per function (matched by file and qualified name): calls and time per call before and after, sorted
+    /// by the change of exclusive time; functions new and vanished; hot loops' time per iteration (matched
+    /// by function and first line); the instructions whose specialization at stop changed
+    /// (BINARY_OP_ADD_INT before, BINARY_OP after).
+    ///
+    /// Recordings of different Python versions are refused (--force compares them anyway); different
+    /// modes, thresholds or machines are compared with a warning. Estimates (windows) are marked ~.
+    /// --json prints one object: before, after, warnings, notes, functions, new_functions,
+    /// vanished_functions, loops, new_loops, vanished_loops, specializations, left_out (rows --top left out).
+    ///
+    /// Examples:
+    ///   ocular-analyze diff before.ocl after.ocl
+    ///   ocular-analyze diff before.ocl after.ocl --json | jq '.functions[0].factor'
+    #[command(verbatim_doc_comment)]
+    Diff {
+        /// The earlier recording.
+        before: PathBuf,
+        /// The later recording.
+        after: PathBuf,
+        /// Rows per list.
+        #[arg(long, default_value_t = 20)]
+        top: usize,
+        /// Compare recordings of different Python versions.
+        #[arg(long)]
+        force: bool,
+        /// Print JSON instead of text.
+        #[arg(long)]
+        json: bool,
+        /// Skip damaged chunks instead of stopping at the first one.
+        #[arg(long)]
+        salvage: bool,
     },
     /// Write one self-contained HTML page of a trace: its facts, a flame graph / icicle per thread and
     /// merged (zoom, search), the functions (sortable), the hot loops with their specialized opcodes, and
@@ -374,6 +409,19 @@ fn run(cli: Cli) -> anyhow::Result<()> {
                 );
                 crate::top::interactive(&target, interval, seconds, per_thread, top)?;
             }
+        }
+        Command::Diff { before, after, top, force, json, salvage } => {
+            let opts = ReadOptions::with_salvage(salvage);
+            let mut sides = Vec::new();
+            for file in [&before, &after] {
+                let run = open_run(file, opts)?;
+                let analyses = analyze_run(&run, opts)?;
+                sides.push(crate::diff::Side::new(file, &run, &analyses, opts)?);
+            }
+            let after_side = sides.pop().expect("two sides");
+            let report = crate::diff::diff(sides.pop().expect("two sides"), after_side, top, force)?;
+            warn(&report.warnings);
+            print_report(json, &report, |out| write!(out, "{report}"))?;
         }
         Command::Report { file, output, functions, loops, salvage } => {
             let opts = ReadOptions::with_salvage(salvage);

@@ -8,6 +8,7 @@
 
 pub mod analysis;
 pub mod cli;
+pub mod diff;
 pub mod dump;
 pub mod export;
 pub mod hot;

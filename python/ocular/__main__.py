@@ -2,7 +2,7 @@
 
     python -m ocular run [-o run.ocl] [--mode M] [--threshold N] [--include P]... [--exclude P]... script.py [args]
     python -m ocular run [options] -m module [args]
-    python -m ocular info|hot|stats|export|flamegraph|report|specialize|dump|top ... (the commands of ocular-analyze)
+    python -m ocular info|hot|stats|export|flamegraph|report|specialize|diff|dump|top ... (the commands of ocular-analyze)
 """
 
 from __future__ import annotations
@@ -19,7 +19,7 @@ from ._recorder import Recording
 from .errors import OcularError
 
 # The analyzer's commands, run by the analyzer compiled into the extension (the same clap parser).
-ANALYZE_COMMANDS = ("info", "hot", "stats", "export", "flamegraph", "dump", "top", "report", "specialize")
+ANALYZE_COMMANDS = ("info", "hot", "stats", "export", "flamegraph", "dump", "top", "report", "specialize", "diff")
 
 
 def _run(opts: dict) -> int:

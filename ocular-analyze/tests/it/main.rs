@@ -2,6 +2,7 @@
 
 mod cli;
 mod counters;
+mod diff;
 mod export;
 mod golden;
 mod lines;
