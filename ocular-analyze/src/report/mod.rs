@@ -184,7 +184,10 @@ pub fn write(inputs: &Inputs<'_>, out: &mut dyn Write) -> anyhow::Result<()> {
     let page = TEMPLATE
         .replace("/*@TITLE@*/", &html_escape(&inputs.title))
         .replace("/*@FLAMEGRAPH_CSS@*/", FLAMEGRAPH_CSS)
-        .replace("/*@LICENSES@*/", &format!("{LICENSE_D3}\n\nd3-flame-graph 5.0.0:\n{LICENSE_FLAMEGRAPH}").replace("--", "- -"))
+        .replace(
+            "/*@LICENSES@*/",
+            &format!("{LICENSE_D3}\n\nd3-flame-graph 5.0.0:\n{LICENSE_FLAMEGRAPH}").replace("--", "- -"),
+        )
         .replace("/*@D3@*/", &D3.replace("</script", "<\\/script"))
         .replace("/*@FLAMEGRAPH@*/", &FLAMEGRAPH.replace("</script", "<\\/script"))
         .replace("/*@DATA@*/", &json);
@@ -209,8 +212,8 @@ fn trees_of(a: &Analysis, pid: u32, frame: &mut dyn FnMut(u32) -> u32) -> Vec<Tr
     let mut tree_of: HashMap<u32, usize> = HashMap::new(); // thread root node -> tree
     let mut kept: HashMap<u32, i64> = HashMap::new(); // node -> index in its tree
     let mut folded_into: HashMap<u32, i64> = HashMap::new(); // parent node -> its "(smaller frames)" index
-    // Each frame's thread root, and per thread the width under which frames are folded: MIN_SHARE of its
-    // time, raised where needed so that at most MAX_NODES frames are kept.
+                                                             // Each frame's thread root, and per thread the width under which frames are folded: MIN_SHARE of its
+                                                             // time, raised where needed so that at most MAX_NODES frames are kept.
     let mut root_of = vec![0u32; len];
     let mut threshold: HashMap<u32, f64> = HashMap::new();
     let mut widths: HashMap<u32, Vec<f64>> = HashMap::new();
@@ -290,9 +293,9 @@ fn sources(stats: &Value, frames: &[Frame], spans: &HashMap<u32, (String, u32, u
         if out.iter().any(|s: &Source| s.frame == id as u32) {
             continue;
         }
-        let text = files.entry(path.clone()).or_insert_with(|| {
-            std::fs::read_to_string(path).ok().map(|t| t.lines().map(str::to_string).collect())
-        });
+        let text = files
+            .entry(path.clone())
+            .or_insert_with(|| std::fs::read_to_string(path).ok().map(|t| t.lines().map(str::to_string).collect()));
         let Some(text) = text else { continue };
         let (first, last) = (*first.max(&1) as usize, (*last as usize).min(text.len()));
         if first > last {
