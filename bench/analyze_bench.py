@@ -58,7 +58,9 @@ def run(args, d):
     print("|---|---:|---:|")
     for cmd in (["info"], ["stats"], ["hot"], ["export", "--perfetto", "-o", os.path.join(d, "big.json")],
                 ["export", "--perfetto", "-o", os.path.join(d, "big.pftrace")],
-                ["export", "--parquet", "-o", os.path.join(d, "big.parquet")]):
+                ["export", "--parquet", "-o", os.path.join(d, "big.parquet")],
+                ["stats", "--lines"], ["flamegraph", "-o", os.path.join(d, "big.svg")],
+                ["report", "-o", os.path.join(d, "big.html")]):
         best = float("inf")
         for _ in range(3):
             t = time.perf_counter()
@@ -69,7 +71,12 @@ def run(args, d):
             label += " --perfetto" + (" (pftrace)" if cmd[-1].endswith("pftrace") else " (json)")
         elif cmd[1:2] == ["--parquet"]:
             label += " --parquet (rows = events)"
-        print(f"| `{label}` | {best:.3f} | {rec.events / best / 1e6:.1f} |")
+        elif cmd[1:2] == ["--lines"]:
+            label += " --lines"
+        size = ""
+        if cmd[0] in ("flamegraph", "report"):
+            size = f" ({os.path.getsize(cmd[-1]) / 1e3:.0f} KB written)"
+        print(f"| `{label}`{size} | {best:.3f} | {rec.events / best / 1e6:.1f} |")
 
 
 if __name__ == "__main__":
