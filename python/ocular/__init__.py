@@ -62,6 +62,14 @@ def __getattr__(name: str) -> object:
     raise AttributeError(f"module 'ocular' has no attribute {name!r}")
 
 
+def load_ipython_extension(ip: object) -> None:
+    """``%load_ext ocular`` in IPython or Jupyter: the ``%%ocular`` cell magic and ``%ocular`` line magic,
+    which record the code and return its :class:`Trace` (see ``ocular._ipython``)."""
+    from ._ipython import load_ipython_extension as load
+
+    load(ip)
+
+
 _legacy: Recording | None = None
 _legacy_perfetto = False
 

@@ -51,6 +51,13 @@ class Trace:
         return (f"<ocular.Trace {self.path!r}: Python {i['python_version']}, {i['mode']} mode, "
                 f"{i['events']:,} events, {len(i['threads'])} threads>")
 
+    def _repr_html_(self) -> str:
+        """The essentials, inline in Jupyter: the run's facts, which figures are estimates, the top
+        functions by exclusive time, the hottest loops."""
+        from ._ipython import trace_html
+
+        return trace_html(self)
+
     def info(self) -> dict[str, Any]:
         """Format version, Python version, mode, duration, threads, events by kind, size, lost events."""
         return self._info
