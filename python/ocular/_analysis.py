@@ -49,7 +49,7 @@ class Trace:
     def __repr__(self) -> str:
         i = self._info
         return (f"<ocular.Trace {self.path!r}: Python {i['python_version']}, {i['mode']} mode, "
-                f"{i['events']:,} events, {len(i['threads'])} threads>")
+                f"{i['events']:,} events, {len(i['threads'])} thread{'' if len(i['threads']) == 1 else 's'}>")
 
     def _repr_html_(self) -> str:
         """The essentials, inline in Jupyter: the run's facts, which figures are estimates, the top
