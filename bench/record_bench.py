@@ -62,9 +62,9 @@ def object_mix(n=30_000):
 WORKLOADS = {"tight loop": tight_loop, "recursive calls": fib, "object mix": object_mix}
 
 
-def mask(mode):
+def mask(mode, c_calls=False):
     m = 0
-    for n in event_names(mode):
+    for n in event_names(mode, c_calls):
         m |= getattr(sys.monitoring.events, n)
     return m
 
@@ -82,24 +82,24 @@ def timed(fn):
         gc.enable()
 
 
-def with_callback(fn, mode, cb):
+def with_callback(fn, mode, cb, c_calls=False):
     mon = sys.monitoring
     mon.use_tool_id(TOOL, "bench")
-    for n in event_names(mode):
+    for n in event_names(mode, c_calls):
         mon.register_callback(TOOL, getattr(mon.events, n), cb)
-    mon.set_events(TOOL, mask(mode))
+    mon.set_events(TOOL, mask(mode, c_calls))
     try:
         return timed(fn)
     finally:
         mon.set_events(TOOL, 0)
-        for n in event_names(mode):
+        for n in event_names(mode, c_calls):
             mon.register_callback(TOOL, getattr(mon.events, n), None)
         mon.free_tool_id(TOOL)
 
 
-def with_ocular(fn, mode, threshold, path, ring_file=True, ring=None, live=False):
+def with_ocular(fn, mode, threshold, path, ring_file=True, ring=None, live=False, c_calls=False):
     rec = ocular.record(path, mode=mode, deinstrument_threshold=threshold, ring_file=ring_file, ring=ring,
-                        live=live)
+                        live=live, c_calls=c_calls)
     rec.start()
     try:
         t = timed(fn)
@@ -121,14 +121,87 @@ def python_noop(*args):
     return None
 
 
+def builtin_calls(n=40_000):
+    xs = []
+    k = 0
+    for i in range(n):
+        if isinstance(i, int):
+            k += len(xs)
+        xs.append(i)
+    return k
+
+
+C_WORKLOADS = {"built-in calls (isinstance, len, list.append)": builtin_calls, "recursive calls": fib,
+               "object mix": object_mix}
+
+
+def c_calls_table(repeats, path, floor):
+    """`c_calls`: the same callbacks fired as the floor's (CALL of every callable, C_RETURN, C_RAISE and the
+    mode's), gapless. ns per recorded event (Python callables' CALL events are not recorded: their cost is
+    in the figure of the events that are), and the program's slowdown next to the same mode without
+    c_calls."""
+    print()
+    print("C calls (`c_calls=True`, gapless): the floor and Ocular fire on the same events (CALL of every call, "
+          "C_RETURN, C_RAISE, and the mode's); Ocular records CALL for C callables only")
+    print()
+    print("| workload | mode | events/run, c_calls (without) | untraced ms | floor ns/ev | Ocular ns/ev "
+          "| **Ocular / floor**, median of paired repeats (quartiles) | best-of CPU Ocular / floor "
+          "| slowdown with c_calls | without | with / without, median of paired repeats |")
+    print("|---|---|---:|---:|---:|---:|---:|---:|---:|---:|---:|")
+    for wname, fn in C_WORKLOADS.items():
+        fn()
+        for mode in ("calls", "adaptive", "precise"):
+            configs = {
+                "floor": lambda: with_callback(fn, mode, floor, c_calls=True),
+                "ocular": lambda: with_ocular(fn, mode, 0, path, c_calls=True),
+                "plain": lambda: with_ocular(fn, mode, 0, path),
+            }
+            runs = {k: [] for k in ("untraced", *configs)}
+            ratios, vs = [], []
+            events = plain_events = 0
+            for _ in range(repeats):
+                order = list(configs)
+                random.shuffle(order)
+                got = {"untraced": timed(fn)}
+                for k in order:
+                    r = configs[k]()
+                    if k == "ocular":
+                        r, events, _ = r
+                    elif k == "plain":
+                        r, plain_events, _ = r
+                    got[k] = r
+                got["untraced"] = min(got["untraced"], timed(fn))
+                for k, v in got.items():
+                    runs[k].append(v)
+                base = got["untraced"][0]
+                ratios.append((got["ocular"][0] - base) / max(1, got["floor"][0] - base))
+                vs.append(got["ocular"][0] / got["plain"][0])
+            wall = {k: min(w for w, _ in v) for k, v in runs.items()}
+            cpu = {k: min(c for _, c in v) for k, v in runs.items()}
+            ratios.sort()
+            vs.sort()
+            q = lambda xs, k: xs[(k * len(xs)) // 4]  # noqa: E731
+            print(f"| {wname} | {mode} | {events:,} ({plain_events:,}) | {wall['untraced'] / 1e6:.1f} | "
+                  f"{(wall['floor'] - wall['untraced']) / events:.1f} | {(wall['ocular'] - wall['untraced']) / events:.1f} | "
+                  f"**{q(ratios, 2):.2f}x** ({q(ratios, 1):.2f}-{q(ratios, 3):.2f}) | "
+                  f"{(cpu['ocular'] - cpu['untraced']) / max(1, cpu['floor'] - cpu['untraced']):.2f}x | "
+                  f"{wall['ocular'] / wall['untraced']:.2f}x | {wall['plain'] / wall['untraced']:.2f}x | "
+                  f"{q(vs, 2):.2f}x |", flush=True)
+
+
 def main():
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--repeats", type=int, default=31)
     ap.add_argument("--modes", default="calls,adaptive,precise")
+    ap.add_argument("--c-calls-only", action="store_true", help="only the table of c_calls")
     args = ap.parse_args()
     floor, noop = _ocular.bench_callbacks["floor"], _ocular.bench_callbacks["noop"]
     tmp = tempfile.TemporaryDirectory(prefix="ocular-record-bench-")  # removed at exit
     path = os.path.join(tmp.name, "bench.ocl")
+    if args.c_calls_only:
+        print(f"# Python {platform.python_version()}, {platform.machine()}, {os.cpu_count()} CPUs, {args.repeats} repeats")
+        c_calls_table(args.repeats, path, floor)
+        return
     modes = args.modes.split(",")
     print(f"# Python {platform.python_version()}, {platform.machine()}, {os.cpu_count()} CPUs, "
           f"{args.repeats} repeats, configurations shuffled within each; ns/ev = best-of (time - untraced) / events; "
@@ -243,6 +316,7 @@ def main():
         ratios.append(o / u)
     ratios.sort()
     print(f"| recursive calls, fib(25), 243k calls | - | - | {ratios[len(ratios) // 2]:.3f}x (median of paired runs) |")
+    c_calls_table(args.repeats, path, floor)
 
 
 if __name__ == "__main__":

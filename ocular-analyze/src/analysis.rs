@@ -243,6 +243,9 @@ type LoopRun = (u32, u32, u64, f64, u64);
 
 struct Frame {
     code: u32,
+    /// A C call's frame (code id from [`c_code_id`]): its caller's code id and call offset, which its
+    /// `C_RETURN` or `C_RAISE` carries too (FORMAT.md 5.4). `None` for a Python frame.
+    c_site: Option<(u32, u32)>,
     /// Position of the code object's [`CodeIndex`] in the pass's table (`u32::MAX`: unknown code).
     index: u32,
     /// This activation's node in the call tree (its stack).
@@ -870,9 +873,17 @@ pub fn analyze(path: &Path, opts: ReadOptions) -> ocular_format::Result<Analysis
             Body::Thread(t) => {
                 a.threads.insert(t.thread_id, t.name);
             }
+            // C callables (FORMAT.md 6.11) become code objects of their own, in a range of ids apart.
+            Body::CFunctions(fs) => {
+                for f in fs {
+                    let co = c_code_object(&f);
+                    a.code.insert(co.id, co);
+                }
+            }
             Body::Calibration(c) => {
                 cost = c.table(header.event_cost_ticks.max(0.0));
                 zero_marker_costs(&mut cost);
+                c_call_costs(&mut cost, &c);
                 a.calibration = Some(c);
             }
             // The recording's end, where frames still open in a recording with windows end.
@@ -958,6 +969,48 @@ pub fn analyze(path: &Path, opts: ReadOptions) -> ocular_format::Result<Analysis
 /// the thread's previous event.
 fn due(ts: &ThreadState, t: u64, lead_us: u32, log: &WindowLog) -> u64 {
     t - log.len_ticks(lead_us).min(t.saturating_sub(ts.clock_at.unwrap_or(0)))
+}
+
+/// The code id a C callable's frames have (FORMAT.md 6.11: C callable ids are a space of their own, put
+/// above the code ids here); `None` for 0 (no callable) or an id beyond the range.
+pub fn c_code_id(c_id: u32) -> Option<u32> {
+    (c_id != 0).then(|| ocular_format::CFunction::CODE_ID_BASE.checked_add(c_id)).flatten().filter(|&c| c < C_CODE_END)
+}
+
+/// Code ids from `u32::MAX - 2^20` up name the call tree's thread roots, not C callables.
+const C_CODE_END: u32 = u32::MAX - (1 << 20);
+
+/// Whether a code id is a C callable's ([`c_code_id`]).
+pub fn is_c_code(code: u32) -> bool {
+    (ocular_format::CFunction::CODE_ID_BASE..C_CODE_END).contains(&code)
+}
+
+/// The code object that stands for a C callable in every report: its module and qualified name
+/// (`builtins.isinstance`, `builtins.list.append`, `re.Pattern.match`), in file `~` at line 0, as
+/// cProfile shows built-ins.
+pub fn c_code_object(f: &ocular_format::CFunction) -> CodeObject {
+    let qualname = if f.module.is_empty() { f.qualname.clone() } else { format!("{}.{}", f.module, f.qualname) };
+    CodeObject {
+        id: c_code_id(f.id).unwrap_or(0),
+        name: f.qualname.rsplit('.').next().unwrap_or(&f.qualname).to_string(),
+        qualname,
+        filename: "~".into(),
+        first_line: 0,
+        flags: 0,
+        bytecode: Vec::new(),
+        linetable: Vec::new(),
+        positions: Vec::new(),
+    }
+}
+
+/// The recorder's cost of `CALL`, `C_RETURN` and `C_RAISE` events: calibrated since 2.7 when it measured
+/// them, otherwise that of a `PY_START` (the same work; FORMAT.md 5.4).
+fn c_call_costs(cost: &mut [f64; 256], c: &ocular_format::Calibration) {
+    for k in [EventKind::CALL, EventKind::C_RETURN, EventKind::C_RAISE] {
+        if !c.costs.iter().any(|&(kind, _)| kind == k as u8) {
+            cost[k as usize] = cost[EventKind::PY_START as usize];
+        }
+    }
 }
 
 /// Window markers and stacks are written by the recorder, not callbacks: they cost the program nothing.
@@ -1115,6 +1168,40 @@ fn step(
                 }
             }
         }
+        EventKind::CALL => {
+            // A call of a C function (FORMAT.md 5.4): a frame under its Python caller, counted as a call.
+            let Some(code) = c_code_id(e.arg.get()) else { return };
+            let s = per.entry(code).or_default();
+            if ts.phase == Phase::Complete {
+                s.parts.calls[0] += 1;
+            } else if t < ts.calls_until {
+                s.parts.calls[1] += 1;
+                ts.window_funcs.entry(code).or_default()[2] += 1.0;
+            }
+            call_from_loop(ts, t, tables);
+            push(ts, code, t, off, tables, tree);
+            ts.stack.last_mut().expect("pushed").c_site = Some((id, off));
+        }
+        EventKind::C_RETURN | EventKind::C_RAISE => {
+            // The innermost open C call from this call site, looked for down to its caller's frame: one that
+            // matches none (the recording started inside the call) is ignored, and Python frames left above
+            // it (events lost) close with it.
+            let mut found = None;
+            for (i, f) in ts.stack.iter().enumerate().rev() {
+                if f.c_site == Some((id, off)) {
+                    found = Some(i);
+                    break;
+                }
+                if f.c_site.is_none() && f.code == id {
+                    break;
+                }
+            }
+            if let Some(pos) = found {
+                while ts.stack.len() > pos {
+                    pop(ts, t, tree, per, tables);
+                }
+            }
+        }
         EventKind::PY_RETURN | EventKind::PY_YIELD | EventKind::PY_UNWIND => {
             // An exit without its entry (recording started inside the function) is ignored; an exit of a
             // frame below the top closes the frames above it (events lost or filtered in between).
@@ -1138,7 +1225,9 @@ fn step(
         | EventKind::BRANCH_RIGHT
         | EventKind::INSTRUCTION => {
             if ts.stack.last().map_or(true, |f| f.code != id) {
-                if ts.phase != Phase::Gap {
+                // A C call still open above its caller (its return not recorded: a window ended) has
+                // returned, as calls between windows have.
+                if ts.phase != Phase::Gap && !ts.stack.last().is_some_and(|f| f.c_site.is_some()) {
                     return;
                 }
                 // Between windows calls are not recorded: the frames above the one this event is in have
@@ -1227,6 +1316,7 @@ fn push(ts: &mut ThreadState, id: u32, t: u64, off: u32, tables: &Tables, tree: 
     let parent = ts.stack.last().map_or(ts.root, |f| f.node);
     ts.stack.push(Frame {
         code: id,
+        c_site: None,
         index: tables.code_index(id),
         node: tree.child(parent, id),
         entered_e: ts.e,

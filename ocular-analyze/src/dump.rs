@@ -104,6 +104,15 @@ pub fn dump(path: &Path, opts: ReadOptions, out: &mut dyn Write) -> anyhow::Resu
                 writeln!(out, "  calibration ticks per event: {}", costs.join(" "))?
             }
             Body::Ring(r) => writeln!(out, "  ring path={:?}", r.path)?,
+            Body::CFunctions(fs) => {
+                for f in fs {
+                    writeln!(
+                        out,
+                        "  cfunc id={} qualname={:?} module={:?} kind={}",
+                        f.id, f.qualname, f.module, f.kind
+                    )?;
+                }
+            }
             Body::Process(p) => writeln!(
                 out,
                 "  process run_id={:#x} parent_pid={} started={} executable={:?} argv={:?}",

@@ -162,7 +162,12 @@ pub fn summarize(path: impl AsRef<Path>, opts: ReadOptions) -> ocular_format::Re
                     }
                 }
             }
-            Body::Trailer(_) | Body::Skipped(_) | Body::Calibration(_) | Body::Ring(_) | Body::Dropped(_) => {}
+            Body::Trailer(_)
+            | Body::Skipped(_)
+            | Body::Calibration(_)
+            | Body::Ring(_)
+            | Body::Dropped(_)
+            | Body::CFunctions(_) => {}
         }
     }
     let report = r.report().clone();

@@ -1,15 +1,16 @@
-//! Writes the frozen format fixture of the current format version (`testdata/v2.6/synthetic.ocl`): every
+//! Writes the frozen format fixture of the current format version (`testdata/v2.7/synthetic.ocl`): every
 //! chunk kind, two threads, a lost record, a snapshot, a window with its stack (since 2.2), the ring file's
 //! path (since 2.3), a flight recorder's dropped range (since 2.4), counter samples (since 2.5), the run of
-//! processes it belongs to (since 2.6) and a trailer.
+//! processes it belongs to (since 2.6), calls of two C functions, one of which raised (since 2.7), and a
+//! trailer.
 //! Frozen files are never rewritten: this refuses to overwrite one.
 //!
-//!     cargo run -p ocular-format --example make_fixture -- testdata/v2.6/synthetic.ocl
+//!     cargo run -p ocular-format --example make_fixture -- testdata/v2.7/synthetic.ocl
 
 use ocular_format::*;
 
 fn main() -> Result<()> {
-    let path = std::env::args().nth(1).unwrap_or_else(|| "testdata/v2.6/synthetic.ocl".into());
+    let path = std::env::args().nth(1).unwrap_or_else(|| "testdata/v2.7/synthetic.ocl".into());
     if std::path::Path::new(&path).exists() {
         eprintln!("{path} exists: frozen fixtures are never rewritten; make a new version's directory instead");
         std::process::exit(1);
@@ -85,6 +86,22 @@ fn main() -> Result<()> {
             window,
             RawEvent::new(30_000, 1, 8, 0, EventKind::STACK as u8),
             RawEvent::new(30_090, 1, 10, 0, EventKind::PY_RETURN as u8),
+        ],
+    )?;
+    // Since 2.7 (FORMAT.md 5.4, 6.11): main calls `len` (returns) and `int` (raises), after the window.
+    w.c_functions(&[
+        CFunction { id: 1, qualname: "len".into(), module: "builtins".into(), kind: CFunction::BUILTIN },
+        CFunction { id: 2, qualname: "int".into(), module: "builtins".into(), kind: CFunction::TYPE },
+    ])?;
+    w.events(
+        1001,
+        &[
+            RawEvent::new(40_000, 1, 0, 0, EventKind::PY_START as u8),
+            RawEvent::new(40_100, 1, 4, 1, EventKind::CALL as u8),
+            RawEvent::new(40_180, 1, 4, 0, EventKind::C_RETURN as u8),
+            RawEvent::new(40_300, 1, 6, 2, EventKind::CALL as u8),
+            RawEvent::new(40_700, 1, 6, 0, EventKind::C_RAISE as u8),
+            RawEvent::new(40_800, 1, 10, 0, EventKind::PY_RETURN as u8),
         ],
     )?;
     w.thread(&ThreadInfo { thread_id: 1002, name: "worker-1".into(), is_main: false })?;

@@ -8,7 +8,7 @@ pub const MAGIC: [u8; 8] = *b"\x89OCL\r\n\x1a\n";
 /// Format major version this crate writes and the newest it reads.
 pub const MAJOR: u16 = 2;
 /// Format minor version this crate writes.
-pub const MINOR: u16 = 6;
+pub const MINOR: u16 = 7;
 /// The chunk sync marker.
 pub const SYNC: [u8; 4] = *b"OCCH";
 
@@ -151,6 +151,8 @@ pub mod kind {
     pub const COUNTERS: u16 = 0x000A;
     /// The run of several processes a file belongs to (since 2.6).
     pub const PROCESS: u16 = 0x000B;
+    /// C callables called (since 2.7).
+    pub const CFUNC: u16 = 0x000C;
     /// Clean close.
     pub const TRAILER: u16 = 0x00FF;
 
@@ -168,6 +170,7 @@ pub mod kind {
             DROPPED => "DROPPED",
             COUNTERS => "COUNTERS",
             PROCESS => "PROCESS",
+            CFUNC => "CFUNC",
             TRAILER => "TRAILER",
             _ => "UNKNOWN",
         }

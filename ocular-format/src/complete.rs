@@ -46,6 +46,7 @@ pub fn complete(path: &Path) -> Result<Option<Completed>> {
                 Body::Dropped(d) => w.dropped(&d)?,
                 Body::Counters(c) => w.counters(&c)?,
                 Body::Process(p) => w.process(&p)?,
+                Body::CFunctions(f) => w.c_functions(&f)?,
                 // The trace is whole now: no ring to complete it from.
                 Body::Ring(_) | Body::Trailer(_) | Body::Skipped(_) => {}
             }

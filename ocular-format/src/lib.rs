@@ -43,13 +43,13 @@ pub use chunk::{MAGIC, MAJOR, MINOR};
 pub use error::{Error, Result};
 pub use event::{kind_name, EventKind, RawEvent};
 pub use meta::{
-    Calibration, Clock, CodeObject, CodeSnapshot, CounterInfo, CounterSample, CounterSamples, Dropped, Header, Lost,
-    Mode, OpcodeTable, Options, Position, ProcessInfo, RingInfo, ThreadInfo, Trailer,
+    CFunction, Calibration, Clock, CodeObject, CodeSnapshot, CounterInfo, CounterSample, CounterSamples, Dropped,
+    Header, Lost, Mode, OpcodeTable, Options, Position, ProcessInfo, RingInfo, ThreadInfo, Trailer,
 };
 pub use reader::{
     Body, Chunk, ChunkInfo, Damage, Mismatch, ReadOptions, Reader, Report, Source, ThreadLoss, MAX_LOSS_RANGES,
 };
-pub use writer::{frame_code, Writer, WriterOptions};
+pub use writer::{frame_c_function, frame_code, Writer, WriterOptions};
 
 /// Reads a whole in-memory file, in salvage mode and then strictly, discarding results. The fuzz target
 /// and the damage tests call this: it must return (not panic, not allocate without bound) on any input.

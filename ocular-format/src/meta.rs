@@ -290,6 +290,34 @@ pub struct CounterSample {
     pub period: u64,
 }
 
+/// A C callable a recording saw called (FORMAT.md 6.11, since 2.7): the target of `CALL` events.
+#[derive(Clone, Debug, Default, PartialEq, Eq, Serialize, Deserialize)]
+pub struct CFunction {
+    /// C callable id, as `CALL` events carry it in `arg`; from 1, a space apart from code ids.
+    pub id: u32,
+    /// As Python names it: `isinstance`, `list.append`, `Pattern.match`, `dict`, `partial.__call__`.
+    pub qualname: String,
+    /// The module that defines it (`builtins`, `_json`, `re`); empty if unknown.
+    pub module: String,
+    /// What was called: [`CFunction::BUILTIN`], [`CFunction::DESCRIPTOR`], [`CFunction::TYPE`] or
+    /// [`CFunction::OBJECT`].
+    pub kind: u8,
+}
+
+impl CFunction {
+    /// A built-in function, or a built-in method bound to its object.
+    pub const BUILTIN: u8 = 0;
+    /// A method descriptor, called with its object as the first argument.
+    pub const DESCRIPTOR: u8 = 1;
+    /// A type, called to make an instance.
+    pub const TYPE: u8 = 2;
+    /// Any other callable object (named after its type's `__call__`).
+    pub const OBJECT: u8 = 3;
+    /// Where a reader that puts C callables and code objects in one id space puts C callable 0: code ids
+    /// are below it (FORMAT.md 6.11).
+    pub const CODE_ID_BASE: u32 = 0x8000_0000;
+}
+
 /// Specialized bytecode of a code object at stop (FORMAT.md 6.4).
 #[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
 pub struct CodeSnapshot {

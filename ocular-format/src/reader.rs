@@ -4,8 +4,8 @@ use crate::chunk::{codec, hex, kind, ChunkHeader, Preamble, CHUNK_HEADER_LEN, MA
 use crate::error::{Error, Result};
 use crate::event::RawEvent;
 use crate::meta::{
-    Calibration, CodeObject, CodeRecord, CodeSnapshot, CounterSamples, Dropped, Header, Lost, Position, ProcessInfo,
-    RingInfo, ThreadInfo, Trailer,
+    CFunction, Calibration, CodeObject, CodeRecord, CodeSnapshot, CounterSamples, Dropped, Header, Lost, Position,
+    ProcessInfo, RingInfo, ThreadInfo, Trailer,
 };
 use serde::de::DeserializeOwned;
 use std::collections::HashMap;
@@ -82,6 +82,8 @@ pub enum Body<'a> {
     Counters(CounterSamples),
     /// The run of several processes the file belongs to (FORMAT.md 6.10, since 2.6).
     Process(ProcessInfo),
+    /// C callables called (FORMAT.md 6.11, since 2.7).
+    CFunctions(Vec<CFunction>),
     /// A chunk this reader does not understand (unknown kind or codec); skipped, and counted in the report.
     Skipped(String),
 }
@@ -524,12 +526,14 @@ impl Reader<Source> {
 struct Seen {
     firsts: std::collections::HashSet<(u64, u64)>,
     code: std::collections::HashSet<u32>,
+    cfuncs: std::collections::HashSet<u32>,
     threads: std::collections::HashSet<u64>,
 }
 
 /// A chunk recovered from a ring file, waiting to be handed out.
 enum Pending {
     Code(Vec<CodeObject>),
+    CFunctions(Vec<CFunction>),
     Thread(ThreadInfo),
     Events(u64, Vec<RawEvent>),
     /// A whole chunk of a flight recorder's chunk region.
@@ -618,6 +622,11 @@ impl<R: Read + Seek> Reader<R> {
                 info.count = objs.len() as u32;
                 Body::Code(objs)
             }
+            Pending::CFunctions(f) => {
+                info.kind = kind::CFUNC;
+                info.count = f.len() as u32;
+                Body::CFunctions(f)
+            }
             Pending::Thread(t) => {
                 info.kind = kind::THREAD;
                 info.thread_id = t.thread_id;
@@ -672,8 +681,16 @@ impl<R: Read + Seek> Reader<R> {
             ..Default::default()
         };
         let mut code = Vec::new();
+        let mut cfuncs = Vec::new();
         for (k, payload) in ring.meta() {
             match k {
+                kind::CFUNC => {
+                    let Ok((frame, _)) = postcard::take_from_bytes::<&[u8]>(payload) else { continue };
+                    let Ok((f, _)) = postcard::take_from_bytes::<CFunction>(frame) else { continue };
+                    if self.seen.cfuncs.insert(f.id) {
+                        cfuncs.push(f);
+                    }
+                }
                 kind::CODE => {
                     let Ok(c) = decode_code_record(payload) else { continue };
                     if self.seen.code.insert(c.id) {
@@ -690,7 +707,11 @@ impl<R: Read + Seek> Reader<R> {
                 _ => {}
             }
         }
-        rec.records += code.len() as u64;
+        rec.records += (code.len() + cfuncs.len()) as u64;
+        if !cfuncs.is_empty() {
+            // Before the events that call them, as code objects (FORMAT.md 3.2).
+            out.push_front(Pending::CFunctions(cfuncs));
+        }
         if !code.is_empty() {
             // Code before the events that use it (FORMAT.md 3.2).
             out.push_front(Pending::Code(code));
@@ -938,6 +959,7 @@ impl<R: Read + Seek> Reader<R> {
                 | kind::DROPPED
                 | kind::COUNTERS
                 | kind::PROCESS
+                | kind::CFUNC
         );
         let known_codec = matches!(info.codec & 0x0f, codec::NONE | codec::ZSTD)
             && match info.codec >> 4 {
@@ -976,6 +998,10 @@ impl<R: Read + Seek> Reader<R> {
                     Body::Code(objs) => {
                         self.seen.code.extend(objs.iter().map(|c| c.id));
                         Body::Code(objs)
+                    }
+                    Body::CFunctions(f) => {
+                        self.seen.cfuncs.extend(f.iter().map(|c| c.id));
+                        Body::CFunctions(f)
                     }
                     Body::Thread(t) => {
                         self.seen.threads.insert(t.thread_id);
@@ -1062,6 +1088,9 @@ impl<R: Read + Seek> Reader<R> {
             }
             kind::COUNTERS => Body::Counters(self.decode_one(offset)?),
             kind::PROCESS => Body::Process(self.decode_one(offset)?),
+            // 2026-11-25, format 2.7: CFUNC added, with CALL, C_RETURN and C_RAISE events (FORMAT.md 5.4).
+            // Files before it have neither.
+            kind::CFUNC => Body::CFunctions(self.decode_framed(info)?),
             kind::TRAILER => {
                 let t: Trailer = self.decode_one(offset)?;
                 self.done = true;

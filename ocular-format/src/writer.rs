@@ -10,8 +10,8 @@ const RAW_FALLBACK_EVENTS: usize = 1 << 21;
 use crate::error::{Error, Result};
 use crate::event::RawEvent;
 use crate::meta::{
-    Calibration, CodeObject, CodeRecord, CodeSnapshot, CounterSamples, Dropped, Header, Lost, ProcessInfo, RingInfo,
-    ThreadInfo, Trailer,
+    CFunction, Calibration, CodeObject, CodeRecord, CodeSnapshot, CounterSamples, Dropped, Header, Lost, ProcessInfo,
+    RingInfo, ThreadInfo, Trailer,
 };
 use serde::Serialize;
 use std::borrow::Cow;
@@ -355,6 +355,20 @@ impl<W: Write> Writer<W> {
         self.record(Place::meta(kind::RING, 0, 1), info, "ring")
     }
 
+    /// Writes C callables as one CFUNC chunk (FORMAT.md 6.11, since 2.7), compressed.
+    pub fn c_functions(&mut self, functions: &[CFunction]) -> Result<()> {
+        self.flush_code()?;
+        let mut one = Vec::new();
+        for part in functions.chunks(crate::chunk::MAX_CHUNK_RECORDS as usize) {
+            self.raw.clear();
+            for f in part {
+                push_framed(f, &mut one, &mut self.raw, "C function")?;
+            }
+            self.emit(Place::meta(kind::CFUNC, 0, part.len() as u32), Zstd::Snapshots)?;
+        }
+        Ok(())
+    }
+
     /// Says which run of several processes the file belongs to (FORMAT.md 6.10, since 2.6).
     pub fn process(&mut self, info: &ProcessInfo) -> Result<()> {
         self.record(Place::meta(kind::PROCESS, 0, 1), info, "process")
@@ -528,6 +542,12 @@ pub fn frame_code(c: &CodeObject, one: &mut Vec<u8>, out: &mut Vec<u8>) -> Resul
         lines: serde_bytes::Bytes::new(&lines),
     };
     push_framed(&record, one, out, "code object")
+}
+
+/// Appends C callable `f` to `out` as a framed `CFunction` record (FORMAT.md 6.11), as a ring file's
+/// metadata holds it.
+pub fn frame_c_function(f: &CFunction, out: &mut Vec<u8>) -> Result<()> {
+    push_framed(f, &mut Vec::new(), out, "C function")
 }
 
 fn push_framed<T: Serialize>(item: &T, one: &mut Vec<u8>, out: &mut Vec<u8>, what: &'static str) -> Result<()> {

@@ -475,6 +475,8 @@ enum Msg {
         len: usize,
     },
     Code(Vec<CodeObject>),
+    /// C callables, first called (FORMAT.md 6.11).
+    CFunctions(Vec<ocular_format::CFunction>),
     Thread(ThreadInfo),
     Lost(Lost),
     Snapshots(Vec<CodeSnapshot>),
@@ -578,6 +580,9 @@ impl WriterJob {
             // before the next chunk that could refer to them.
             Msg::Code(c) => {
                 self.write(|w| w.add_code_objects(&c));
+            }
+            Msg::CFunctions(f) => {
+                self.write(|w| w.c_functions(&f));
             }
             Msg::Thread(t) => {
                 self.write(|w| w.thread(&t));
@@ -831,6 +836,8 @@ pub struct Session {
     /// of the cost of a new code object when each went alone), and code objects left for the stop are
     /// compressed while the program waits for its recording to end.
     code: Mutex<Vec<CodeObject>>,
+    /// C callables named since the last message, sent as code objects are (FORMAT.md 6.11).
+    cfuncs: Mutex<Vec<ocular_format::CFunction>>,
     pool: Arc<Pool>,
     /// The ring file beside the trace (RING.md), if one could be made.
     ring: Option<Arc<RingWriter>>,
@@ -982,6 +989,7 @@ impl Session {
         Ok(Session {
             tx,
             code: Mutex::new(Vec::new()),
+            cfuncs: Mutex::new(Vec::new()),
             pool,
             ring,
             ring_error,
@@ -1057,11 +1065,33 @@ impl Session {
         }
     }
 
-    /// Sends `msg` after the queued code objects.
+    /// Queues a C callable called for the first time, as [`Session::code`] queues code objects: it reaches
+    /// the writer before any events that call it.
+    pub fn c_function(&self, f: ocular_format::CFunction) {
+        if let Some(ring) = &self.ring {
+            let mut framed = Vec::new();
+            if ocular_format::frame_c_function(&f, &mut framed).is_ok() {
+                ring.append_meta(ocular_format::chunk::kind::CFUNC, &framed);
+            }
+        }
+        let mut queued = self.cfuncs.lock().unwrap_or_else(|e| e.into_inner());
+        queued.push(f);
+        if queued.len() >= CODE_BATCH {
+            let batch = std::mem::take(&mut *queued);
+            drop(queued);
+            let _ = self.tx.send(Msg::CFunctions(batch));
+        }
+    }
+
+    /// Sends `msg` after the queued code objects and C callables.
     fn send(&self, msg: Msg) -> Result<(), std::sync::mpsc::SendError<Msg>> {
         let code = std::mem::take(&mut *self.code.lock().unwrap_or_else(|e| e.into_inner()));
         if !code.is_empty() {
             let _ = self.tx.send(Msg::Code(code));
+        }
+        let cfuncs = std::mem::take(&mut *self.cfuncs.lock().unwrap_or_else(|e| e.into_inner()));
+        if !cfuncs.is_empty() {
+            let _ = self.tx.send(Msg::CFunctions(cfuncs));
         }
         self.tx.send(msg)
     }

@@ -77,7 +77,7 @@ def _run(opts: dict) -> int:
                         buffer_events=opts["buffer_events"], max_buffers=opts["max_buffers"],
                         on_full=opts["on_full"], ring_file=opts["ring_file"], ring=opts["ring"],
                         dump_on=opts["dump_on"], live=opts["live"], counters=opts["counters"], perf=opts["perf"],
-                        follow=opts["follow"])
+                        follow=opts["follow"], c_calls=opts["c_calls"])
     except ValueError as e:
         print(f"python -m ocular run: {e}", file=sys.stderr)
         return 2

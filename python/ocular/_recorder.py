@@ -24,6 +24,8 @@ VERSION = "0.1.0"
 
 # Function boundaries: what every mode records, so the call tree is always complete.
 _CALL_EVENTS = ("PY_START", "PY_RESUME", "PY_RETURN", "PY_YIELD", "PY_UNWIND", "PY_THROW")
+# Calls of C functions (FORMAT.md 5.4), with c_calls: function boundaries too.
+_C_EVENTS = ("CALL", "C_RETURN", "C_RAISE")
 
 if TYPE_CHECKING:
     F = TypeVar("F", bound=Callable[..., Any])
@@ -41,9 +43,12 @@ def _native():
     return _ocular
 
 
-def event_names(mode: str) -> list[str]:
-    """The sys.monitoring events a mode enables (only events Ocular has a callback for)."""
+def event_names(mode: str, c_calls: bool = False) -> list[str]:
+    """The sys.monitoring events a mode enables (only events Ocular has a callback for), with calls of C
+    functions if asked."""
     names = list(_CALL_EVENTS)
+    if c_calls:
+        names += _C_EVENTS
     if mode == "adaptive":
         if hasattr(sys.monitoring.events, "BRANCH_LEFT"):  # 3.14+
             names += ["JUMP", "BRANCH_LEFT", "BRANCH_RIGHT"]
@@ -180,24 +185,34 @@ def _callbacks(threshold: int, mode: str) -> dict:
 
 
 # Event kind numbers of the file format (FORMAT.md 5.1).
-_KIND = {"PY_START": 0, "PY_RESUME": 1, "PY_RETURN": 2, "PY_YIELD": 3, "INSTRUCTION": 6, "JUMP": 7, "BRANCH": 8,
-         "PY_UNWIND": 12, "PY_THROW": 13, "BRANCH_LEFT": 17, "BRANCH_RIGHT": 18}
+_KIND = {"PY_START": 0, "PY_RESUME": 1, "PY_RETURN": 2, "PY_YIELD": 3, "CALL": 4, "INSTRUCTION": 6, "JUMP": 7,
+         "BRANCH": 8, "PY_UNWIND": 12, "PY_THROW": 13, "C_RETURN": 15, "C_RAISE": 16, "BRANCH_LEFT": 17,
+         "BRANCH_RIGHT": 18}
 
 
-def calibration(mode: str, tool: int, threshold: int, buffer_events: int) -> tuple[float, list[tuple[int, float]]]:
+def calibration(mode: str, tool: int, threshold: int, buffer_events: int,
+                c_calls: bool = False) -> tuple[float, list[tuple[int, float]]]:
     """The recorder's cost per event kind, in ticks: (cost of the mode's jump/branch/instruction events, or
     of call events in calls mode; [(kind, ticks)] for every kind the mode records). Call events and location
-    events are measured separately: a call event disturbs the interpreter more than a jump does."""
-    call = _calibrate("calls", tool, threshold, buffer_events)
+    events are measured separately: a call event disturbs the interpreter more than a jump does. With
+    c_calls, a Python call also costs its CALL event, which is not recorded: the call events' cost is
+    measured with it on, so it is subtracted with theirs; the C events' cost is measured on a call of a
+    built-in."""
+    call = _calibrate("calls", tool, threshold, buffer_events, c_calls)
     location = call if mode == "calls" else _calibrate(mode, tool, threshold, buffer_events)
-    costs = [(_KIND[n], call if n in _CALL_EVENTS else location) for n in event_names(mode) if n in _KIND]
+    # With the recording's own callbacks: the windowed set in adaptive and precise mode with a threshold.
+    c_call = _calibrate("c_calls", tool, threshold, buffer_events, rec_mode=mode) if c_calls else call
+    costs = [(_KIND[n], call if n in _CALL_EVENTS else c_call if n in _C_EVENTS else location)
+             for n in event_names(mode, c_calls) if n in _KIND]
     return location, costs
 
 
-def _calibrate(mode: str, tool: int, threshold: int, buffer_events: int) -> float:
+def _calibrate(mode: str, tool: int, threshold: int, buffer_events: int, c_calls: bool = False,
+               rec_mode: str = "calls") -> float:
     """The recorder's own cost per event, in ticks, for the events `mode` adds (calls: PY_START and
-    PY_RETURN of a called function): a short loop timed without and with Ocular's real callbacks on it
-    (recording into nothing), minimum of several runs each."""
+    PY_RETURN of a called function, and its unrecorded CALL with `c_calls`; "c_calls": CALL and C_RETURN of
+    a built-in called): a short loop timed without and with Ocular's real callbacks on it (recording into
+    nothing), minimum of several runs each."""
     nat = _native()
     mon = sys.monitoring
 
@@ -211,6 +226,15 @@ def _calibrate(mode: str, tool: int, threshold: int, buffer_events: int) -> floa
                 f()
 
         code, names = target.__code__, ["PY_START", "PY_RETURN"]
+        if c_calls:
+            codes_names = [(code, names), (run.__code__, ["CALL"])]
+    elif mode == "c_calls":
+
+        def run(n: int, f: Callable[[], Any] = int) -> None:
+            for _ in range(n):
+                f()
+
+        code, names = run.__code__, ["CALL", "C_RETURN", "C_RAISE"]  # CPython sets the last two together
     else:
 
         def run(n: int, f: Callable[[], None] = target) -> None:
@@ -220,6 +244,8 @@ def _calibrate(mode: str, tool: int, threshold: int, buffer_events: int) -> floa
         code = run.__code__
         names = ["INSTRUCTION"] if mode == "precise" else [n for n in event_names("adaptive") if n not in _CALL_EVENTS]
 
+    if mode != "calls" or not c_calls:
+        codes_names = [(code, names)]
     n = max(100, min(600, buffer_events // 4))
     ticks = nat.ticks
 
@@ -230,28 +256,32 @@ def _calibrate(mode: str, tool: int, threshold: int, buffer_events: int) -> floa
 
     for _ in range(3):
         once()  # warm up: let the interpreter specialize the loop
-    callbacks = _callbacks(threshold, mode)
+    callbacks = _callbacks(threshold, rec_mode if mode == "c_calls" else mode)
     # The same callbacks as the recording, with a threshold that is never reached.
     never = 0 if threshold == 0 else 2**32 - 1
     # Small buffers: the calibration records a few thousand events into nothing.
-    nat.start(None, {}, mode, never, [], [], min(buffer_events, 8192), 2, 0.0,
+    nat.start(None, {}, "calls" if mode == "c_calls" else mode, never, [], [], min(buffer_events, 8192), 2, 0.0,
               _interp.boot_thread_name, _interp.boot_thread_name.__code__, threading.get_native_id(), "", [])
     # Untraced and traced runs alternate, and the median of the pairs' differences is the cost: a slow
     # moment of the machine then shifts one pair, not a whole phase of the measurement.
     diffs = []
     try:
-        for name in names:
-            mon.register_callback(tool, getattr(mon.events, name), callbacks[name])
+        for _, ns in codes_names:
+            for name in ns:
+                mon.register_callback(tool, getattr(mon.events, name), callbacks[name])
         for _ in range(PAIRS):
             base = once()
-            mon.set_local_events(tool, code, _mask(names))
+            for c, ns in codes_names:
+                mon.set_local_events(tool, c, _mask(ns))
             traced = once()
-            mon.set_local_events(tool, code, 0)
+            for c, _ in codes_names:
+                mon.set_local_events(tool, c, 0)
             diffs.append(traced - base)
     finally:
         out = nat.stop({})
-        for name in names:
-            mon.register_callback(tool, getattr(mon.events, name), None)
+        for _, ns in codes_names:
+            for name in ns:
+                mon.register_callback(tool, getattr(mon.events, name), None)
     per_run = out["events"] / PAIRS
     if per_run <= 0:
         return 0.0
@@ -292,6 +322,7 @@ class Recording:
         window_period: float | None = None,
         window_length: float = 0.0005,
         follow: bool = False,
+        c_calls: bool = False,
     ) -> None:
         _interp.check_supported()
         if mode not in MODES:
@@ -352,7 +383,8 @@ class Recording:
         self.call_event_cost_ns = 0.0
         self.error: str | None = None
         self.notes: list[str] = []
-        self._events: list[str] = event_names(mode)
+        self.c_calls = bool(c_calls)
+        self._events: list[str] = event_names(mode, self.c_calls)
         self._running = False
         self._old_sigterm: Any = None
         # Following child processes (_follow.py): the run this recording belongs to, and its own part in it.
@@ -401,7 +433,8 @@ class Recording:
             # The tick rate is measured across the calibration (about 2 ms; clock points good to tens of ns)
             # instead of a sleep of its own, which would add 10 ms to every run.
             before = nat.clock_point()
-            cost, per_kind = calibration(self.mode, tool, self.deinstrument_threshold, self.buffer_events)
+            cost, per_kind = calibration(self.mode, tool, self.deinstrument_threshold, self.buffer_events,
+                                         self.c_calls)
             after = nat.clock_point()
             span_ns = after[1] - before[1]
             hz = (after[0] - before[0]) * 1e9 / span_ns if span_ns >= 1_000_000 else nat.ticks_per_second(2)
@@ -811,6 +844,12 @@ def record(
 
     perf: CPython's perf trampoline is active while recording (``sys.activate_stack_trampoline("perf")``), so
     that a ``perf record`` of the process shows Python function names next to the C ones.
+
+    c_calls: record calls of C functions too (``sys.monitoring``'s CALL, C_RETURN and C_RAISE): built-in
+    functions and methods (``len``, ``isinstance``, ``list.append``, ``re.Pattern.match``), types called
+    (``dict()``) and any other callable that is not a Python function, each its own function in ``stats``
+    and the flame graph (``builtins.len``, file ``~``), its time taken out of its caller's. Every call a
+    Python frame makes then costs a callback, Python calls included (BENCHMARKS.md, "C calls").
 
     live: another process follows the recording (``ocular.attach(pid)``, ``python -m ocular top PID``):
     16 spare buffers instead of 3 (24 MiB), so a reader that polls every few milliseconds misses nothing.

@@ -1,5 +1,6 @@
 //! Integration tests of the analyzer: golden dumps of frozen files, the CLI's output and its errors.
 
+mod c_calls;
 mod cli;
 mod counters;
 mod diff;

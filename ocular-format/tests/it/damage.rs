@@ -300,3 +300,31 @@ fn chunks_claiming_more_events_than_their_bytes_can_hold_are_refused_before_deco
         "{err}"
     );
 }
+
+#[test]
+fn a_damaged_cfunc_chunk_is_an_error_naming_it_and_never_a_panic() {
+    // The 2.7 fixture: its CFUNC chunk (FORMAT.md 6.11) cut and flipped everywhere, then made undecodable
+    // under a valid CRC.
+    let path = concat!(env!("CARGO_MANIFEST_DIR"), "/../testdata/v2.7/synthetic.ocl");
+    let bytes = std::fs::read(path).unwrap();
+    for cut in 0..bytes.len() {
+        read_all_for_fuzzing(&bytes[..cut]);
+    }
+    for at in 0..bytes.len() {
+        let mut data = bytes.clone();
+        data[at] ^= 0x5a;
+        read_all_for_fuzzing(&data);
+    }
+    let bounds = chunk_bounds(&bytes);
+    let &(s, e) = bounds.iter().find(|(s, _)| bytes[s + 4..s + 6] == [0x0c, 0x00]).expect("a CFUNC chunk");
+    let mut data = bytes.clone();
+    data[s + 56..e].fill(0xff); // a varint that never ends, or not a zstd frame
+    let seq = u64::from_le_bytes(bytes[s + 24..s + 32].try_into().unwrap());
+    reseal(&mut data[s..e], seq);
+    let err = read_all(&data, false).unwrap_err().to_string();
+    assert!(err.contains(&format!("corrupt chunk at offset {s}:")), "{err}");
+    let all = read_all(&data, true).unwrap();
+    assert_eq!(all.report.damage[0].offset, s as u64);
+    assert_eq!(all.event_count(), read_all(&bytes, false).unwrap().event_count());
+    assert!(all.cfuncs.is_empty());
+}

@@ -25,7 +25,15 @@ fn check_synthetic(bytes: &[u8], version: (u16, u16)) {
     let per_thread: Vec<(u64, usize)> = all.events.iter().map(|(t, e)| (*t, e.len())).collect();
     // Since 2.2 the fixture also has a window, its stack and a return in it (FORMAT.md 5.3).
     let windows = version >= (2, 2);
-    if windows {
+    if version >= (2, 7) {
+        // Since 2.7 also calls of C functions (FORMAT.md 5.4).
+        assert_eq!(per_thread, [(1001, 43), (1002, 27), (1001, 13), (1001, 3), (1001, 6)]);
+        let c = &all.events[4].1;
+        assert_eq!(format!("{:?}", c[1]), "CALL ticks=40100 code=1 offset=4 arg=1");
+        assert_eq!(format!("{:?}", c[4]), "C_RAISE ticks=40700 code=1 offset=6 arg=0");
+        let names: Vec<_> = all.cfuncs.iter().map(|f| (f.id, f.qualname.as_str(), f.module.as_str(), f.kind)).collect();
+        assert_eq!(names, [(1, "len", "builtins", 0), (2, "int", "builtins", 2)]);
+    } else if windows {
         assert_eq!(per_thread, [(1001, 43), (1002, 27), (1001, 13), (1001, 3)]);
         let w = &all.events[3].1;
         assert_eq!(format!("{:?}", w[0]), "WINDOW ticks=30000 code=3 offset=1 arg=100");
@@ -47,7 +55,10 @@ fn check_synthetic(bytes: &[u8], version: (u16, u16)) {
     // Since 2.3 a RING chunk follows the header (FORMAT.md 6.7): one chunk more.
     // Since 2.4 a DROPPED chunk (FORMAT.md 6.8), since 2.5 a COUNTERS chunk (6.9), since 2.6 a PROCESS
     // chunk (6.10): one more each.
-    let want = if version >= (2, 6) {
+    let want = if version >= (2, 7) {
+        // And a CFUNC chunk and the EVENTS chunk of the C calls.
+        (92, 3, 16)
+    } else if version >= (2, 6) {
         (86, 3, 14)
     } else if version >= (2, 5) {
         (86, 3, 13)
@@ -90,6 +101,13 @@ fn v2_2_synthetic_reads_forever() {
     let bytes = fixture("v2.2/synthetic.ocl");
     assert_eq!(bytes.len(), 1976);
     check_synthetic(&bytes, (2, 2));
+}
+
+#[test]
+fn v2_7_synthetic_reads_forever() {
+    let bytes = fixture("v2.7/synthetic.ocl");
+    assert_eq!(bytes.len(), 2569);
+    check_synthetic(&bytes, (2, 7));
 }
 
 #[test]

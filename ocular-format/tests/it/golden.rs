@@ -155,6 +155,8 @@ fn golden_bytes() {
     })
     .unwrap();
     w.code_objects(std::slice::from_ref(&c)).unwrap();
+    w.c_functions(&[CFunction { id: 1, qualname: "len".into(), module: "builtins".into(), kind: CFunction::BUILTIN }])
+        .unwrap();
     w.thread(&thread).unwrap();
     w.dropped(&Dropped { thread_id: 77, events: 500, first_ticks: 10, last_ticks: 990 }).unwrap();
     w.counters(&CounterSamples {
@@ -174,7 +176,7 @@ fn golden_bytes() {
     w.snapshots(&[CodeSnapshot { id: 1, bytecode: vec![151, 0, 194, 2, 140, 4, 83, 0] }]).unwrap();
     let got = w.finish(trailer()).unwrap();
 
-    let mut want = vec![0x89, b'O', b'C', b'L', 0x0d, 0x0a, 0x1a, 0x0a, 2, 0, 6, 0, 0, 0, 0, 0];
+    let mut want = vec![0x89, b'O', b'C', b'L', 0x0d, 0x0a, 0x1a, 0x0a, 2, 0, 7, 0, 0, 0, 0, 0];
     want.extend(chunk(0x0001, 0x00, 0, 0, (0, 0), 1, &header_payload(&h)));
     // FORMAT.md 6.7: the ring file's path, a postcard string.
     let mut ring = Pc::default();
@@ -189,30 +191,40 @@ fn golden_bytes() {
     let mut framed = Pc::default();
     framed.bytes(&code_record(&c));
     want.extend(chunk(0x0003, 0x00, 0, 3, (0, 0), 1, &framed.0));
+    // FORMAT.md 6.11 and 8: one framed CFunction (id, qualname, module, kind), as the spec spells it out.
+    let mut cf = Pc::default();
+    cf.varint(1).string("len").string("builtins").u8(0);
+    let mut framed = Pc::default();
+    framed.bytes(&cf.0);
+    assert_eq!(
+        framed.0,
+        [0x0f, 0x01, 0x03, 0x6c, 0x65, 0x6e, 0x08, 0x62, 0x75, 0x69, 0x6c, 0x74, 0x69, 0x6e, 0x73, 0x00]
+    );
+    want.extend(chunk(0x000c, 0x00, 0, 4, (0, 0), 1, &framed.0));
     let mut tp = Pc::default();
     tp.varint(77).string("MainThread").u8(1);
-    want.extend(chunk(0x0004, 0x00, 77, 4, (0, 0), 1, &tp.0));
+    want.extend(chunk(0x0004, 0x00, 77, 5, (0, 0), 1, &tp.0));
     // FORMAT.md 6.8: thread, events, first and last ticks as varints; the range in the chunk header too.
     let mut dr = Pc::default();
     dr.varint(77).varint(500).varint(10).varint(990);
-    want.extend(chunk(0x0009, 0x00, 77, 5, (10, 990), 1, &dr.0));
+    want.extend(chunk(0x0009, 0x00, 77, 6, (10, 990), 1, &dr.0));
     // FORMAT.md 6.9: the counters (name, unit, period, error), the samples (thread, counter as one byte,
     // monotonic ns, period), no lost samples; `count` is the number of samples.
     let mut cs = Pc::default();
     cs.varint(1).string("page-faults").string("faults").varint(1).string("");
     cs.varint(1).varint(77).u8(0).varint(123_456).varint(1);
     cs.varint(0);
-    want.extend(chunk(0x000a, 0x00, 0, 6, (0, 0), 1, &cs.0));
-    want.extend(chunk(0x0002, 0x10, 77, 7, (1000, 1460), 4, &EXAMPLE_PAYLOAD));
+    want.extend(chunk(0x000a, 0x00, 0, 7, (0, 0), 1, &cs.0));
+    want.extend(chunk(0x0002, 0x10, 77, 8, (1000, 1460), 4, &EXAMPLE_PAYLOAD));
     // FORMAT.md 6.4: the snapshot XOR the base bytecode [151, 0, 93, 2, 140, 4, 83, 0]: 194 ^ 93 = 0x9f.
     let mut snap = Pc::default();
     snap.bytes(Pc::default().varint(1).bytes(&[0, 0, 0x9f, 0, 0, 0, 0, 0]).0.as_slice());
-    want.extend(chunk(0x0006, 0x00, 0, 8, (0, 0), 1, &snap.0));
+    want.extend(chunk(0x0006, 0x00, 0, 9, (0, 0), 1, &snap.0));
     let t = trailer();
     let mut tr = Pc::default();
     tr.zigzag(t.end_unix_ns).varint(t.end_monotonic_ns).varint(t.end_ticks);
-    tr.varint(4).varint(0).varint(9); // events, lost, chunks before the trailer
-    want.extend(chunk(0x00ff, 0x00, 0, 9, (0, 0), 1, &tr.0));
+    tr.varint(4).varint(0).varint(10); // events, lost, chunks before the trailer
+    want.extend(chunk(0x00ff, 0x00, 0, 10, (0, 0), 1, &tr.0));
 
     if got != want {
         let at = got.iter().zip(&want).position(|(a, b)| a != b).unwrap_or(got.len().min(want.len()));

@@ -517,3 +517,49 @@ fn a_cursor_refuses_a_ring_file_that_cannot_be_followed() {
     let e = find_ring(std::process::id()).unwrap_err().to_string();
     assert!(e.contains("is not recording with Ocular"), "{e}");
 }
+
+#[test]
+fn a_killed_recording_gets_its_c_functions_from_its_ring_file() {
+    // GIVEN a trace whose CFUNC chunk names C callable 1, killed before it wrote callable 2, which its ring
+    // file's metadata holds with callable 1 (RING.md 3.4, FORMAT.md 6.11)
+    let dir = tempfile::tempdir().unwrap();
+    let ocl = dir.path().join("run.ocl");
+    let ring_path = path_for(&ocl);
+    let mut header = testing::header();
+    header.pid = dead_pid();
+    let ring = RingWriter::create(&ring_path, header.pid, header.start_ticks, header.ticks_per_second, LAYOUT).unwrap();
+    let mut w =
+        Writer::new(std::fs::File::create(&ocl).unwrap(), "run.ocl", &header, WriterOptions::default()).unwrap();
+    w.ring(&RingInfo { path: ring_path.display().to_string() }).unwrap();
+    w.code_objects(&[code(1, "f")]).unwrap();
+    let f =
+        |id: u32, q: &str| CFunction { id, qualname: q.into(), module: "builtins".into(), kind: CFunction::BUILTIN };
+    w.c_functions(&[f(1, "len")]).unwrap();
+    let call = |t: u64, id: u32| RawEvent::new(t, 1, 4, id, EventKind::CALL as u8);
+    w.events(5, &[call(2000, 1)]).unwrap();
+    drop(w);
+    for c in [f(1, "len"), f(2, "isinstance")] {
+        let mut framed = Vec::new();
+        ocular_format::frame_c_function(&c, &mut framed).unwrap();
+        assert!(ring.append_meta(0x000C, &framed));
+    }
+    fill(&ring, 0, &[call(3000, 2)]);
+    ring.filling(0, 5, 3000, 0);
+    drop(ring);
+    // WHEN it is read, THEN callable 2 comes from the ring, once, before the events that call it
+    let mut r = Reader::open(&ocl).unwrap();
+    let mut seen = Vec::new();
+    while let Some(c) = r.next_chunk().unwrap() {
+        match c.body {
+            Body::CFunctions(fs) => seen.extend(fs.into_iter().map(|f| format!("{} {}", f.id, f.qualname))),
+            Body::Events(e) => seen.extend(e.iter().map(|e| format!("CALL {}", e.arg.get()))),
+            _ => {}
+        }
+    }
+    assert_eq!(seen, ["1 len", "CALL 1", "2 isinstance", "CALL 2"]);
+    // AND completing the trace keeps both
+    ocular_format::complete::complete(&ocl).unwrap().expect("completed");
+    let all = crate::util::read_all(&std::fs::read(&ocl).unwrap(), false).unwrap();
+    assert_eq!(all.cfuncs.iter().map(|f| f.qualname.as_str()).collect::<Vec<_>>(), ["len", "isinstance"]);
+    assert!(all.report.clean());
+}

@@ -68,6 +68,7 @@ pub fn sample_file(compress: bool) -> (Vec<u8>, Vec<(u64, Vec<RawEvent>)>) {
 pub struct Everything {
     pub events: Vec<(u64, Vec<RawEvent>)>,
     pub code: Vec<CodeObject>,
+    pub cfuncs: Vec<CFunction>,
     pub threads: Vec<ThreadInfo>,
     pub lost: Vec<Lost>,
     pub snapshots: Vec<CodeSnapshot>,
@@ -96,6 +97,7 @@ pub fn read_all(bytes: &[u8], salvage: bool) -> Result<Everything> {
             Body::Trailer(t) => all.trailer = Some(t),
             Body::Calibration(c) => all.calibration = Some(c),
             Body::Skipped(why) => all.skipped.push(why),
+            Body::CFunctions(f) => all.cfuncs.extend(f),
             Body::Ring(_) | Body::Dropped(_) | Body::Counters(_) | Body::Process(_) => {}
         }
     }

@@ -147,26 +147,9 @@ unsafe fn cold<const KIND: u8, const DEST: bool, const LOCATION: bool, const CAN
 ) -> *mut ffi::PyObject {
     // SAFETY: see `event`.
     unsafe {
-        let ts = TS.with(|c| c.get());
-        let ts = if ts.is_null() || (*ts).generation != state().generation { attach(ts) } else { ts };
+        let ts = current_thread::<KIND>();
         if ts.is_null() {
             return none(); // not recording
-        }
-        if (*ts).needs_stack {
-            (*ts).needs_stack = false;
-            const START: u8 = EventKind::PY_START as u8;
-            const RESUME: u8 = EventKind::PY_RESUME as u8;
-            const THROW: u8 = EventKind::PY_THROW as u8;
-            super::windows::attach_stack(ts, matches!(KIND, START | RESUME | THROW));
-            if (*ts).generation != state().generation {
-                return none();
-            }
-        }
-        let tp = thread_pointer();
-        if tp != 0 {
-            EXIT.with(|g| g.0.set(tp));
-            LAST_TS.store(ts, Ordering::Relaxed);
-            LAST_TP.store(tp, Ordering::Relaxed);
         }
         let code = *args;
         let cs = lookup(code);
@@ -179,6 +162,40 @@ unsafe fn cold<const KIND: u8, const DEST: bool, const LOCATION: bool, const CAN
             return record::<KIND, DEST, LOCATION, CAN_DISABLE, THRESH>(ts, cs, t, args);
         }
         special::<KIND, DEST, LOCATION, CAN_DISABLE, THRESH>(ts, cs, t, args)
+    }
+}
+
+/// The calling thread's state for the current recording (attached, its stack written if a window needs
+/// it, and remembered as the last thread), or null when not recording.
+///
+/// # Safety
+/// As [`event`].
+#[inline(always)]
+unsafe fn current_thread<const KIND: u8>() -> *mut ThreadState {
+    // SAFETY: GIL held (caller); thread states are never freed.
+    unsafe {
+        let ts = TS.with(|c| c.get());
+        let ts = if ts.is_null() || (*ts).generation != state().generation { attach(ts) } else { ts };
+        if ts.is_null() {
+            return ts;
+        }
+        if (*ts).needs_stack {
+            (*ts).needs_stack = false;
+            const START: u8 = EventKind::PY_START as u8;
+            const RESUME: u8 = EventKind::PY_RESUME as u8;
+            const THROW: u8 = EventKind::PY_THROW as u8;
+            super::windows::attach_stack(ts, matches!(KIND, START | RESUME | THROW));
+            if (*ts).generation != state().generation {
+                return ptr::null_mut();
+            }
+        }
+        let tp = thread_pointer();
+        if tp != 0 {
+            EXIT.with(|g| g.0.set(tp));
+            LAST_TS.store(ts, Ordering::Relaxed);
+            LAST_TP.store(tp, Ordering::Relaxed);
+        }
+        ts
     }
 }
 
@@ -430,12 +447,251 @@ macro_rules! event_table {
             on_branch_left "BRANCH_LEFT": BRANCH_LEFT, dest=true, location=true, disable=true;
             on_branch_right "BRANCH_RIGHT": BRANCH_RIGHT, dest=true, location=true, disable=true;
             on_instruction "INSTRUCTION": INSTRUCTION, dest=false, location=true, disable=true;
+            // FORMAT.md 5.4: CPython refuses DISABLE from these two (the call's CALL event decides).
+            on_c_return "C_RETURN": C_RETURN, dest=false, location=false, disable=false;
+            on_c_raise "C_RAISE": C_RAISE, dest=false, location=false, disable=false;
         }
     };
 }
 
-event_table!(callbacks, true);
-event_table!(callbacks_gapless, false);
+event_table!(event_callbacks, true);
+event_table!(event_callbacks_gapless, false);
+
+/// `{event name: callback}` for every event Ocular records, with a threshold (windows).
+pub(super) fn callbacks(py: Python<'_>) -> PyResult<Bound<'_, PyDict>> {
+    let d = event_callbacks(py)?;
+    d.set_item("CALL", function(py, &DEF_CALL)?)?;
+    Ok(d)
+}
+
+/// `{event name: callback}` for every event Ocular records, gapless.
+pub(super) fn callbacks_gapless(py: Python<'_>) -> PyResult<Bound<'_, PyDict>> {
+    let d = event_callbacks_gapless(py)?;
+    d.set_item("CALL", function(py, &DEF_CALL_GAPLESS)?)?;
+    Ok(d)
+}
+
+// Calls of C functions (FORMAT.md 5.4): CALL fires before every call a Python frame makes, of Python
+// functions too. Those return at once (their PY_START says the call); a C callable is recorded with its
+// id, from a per-thread cache keyed by `c_key`, the name resolved once per recording (`cfunc::register`).
+
+/// `PyMethodObject` (`Include/cpython/classobject.h`): a bound method.
+#[repr(C)]
+struct MethodObject {
+    ob_base: ffi::PyObject,
+    im_func: *mut ffi::PyObject,
+}
+
+extern "C" {
+    static mut PyMethod_Type: ffi::PyTypeObject;
+}
+
+/// `PyMethodDescrObject` (`Include/descrobject.h`): `PyDescr_COMMON`, then the method's definition.
+#[repr(C)]
+struct MethodDescr {
+    ob_base: ffi::PyObject,
+    d_type: *mut ffi::PyTypeObject,
+    d_name: *mut ffi::PyObject,
+    d_qualname: *mut ffi::PyObject,
+    d_method: *mut ffi::PyMethodDef,
+}
+
+/// `c_key`'s second word for the callables that are not built-in functions or method descriptors (whose
+/// second word is 0 or a type's address, never one of these).
+pub(super) const KEY_TYPE: usize = 2;
+pub(super) const KEY_OBJECT: usize = 3;
+
+/// A C callable's identity for the recording (FORMAT.md 6.11): for a built-in function or method, its
+/// `PyMethodDef` and the type of what it is bound to (`obj.append` is a new object at each access, its method
+/// definition is not); for a method descriptor, the same of the method it describes (so `xs.append(1)`,
+/// a descriptor call, and `f = xs.append; f(1)`, a bound method's, are one callable); for a type, the
+/// type; for anything else, its type.
+///
+/// # Safety
+/// `callable` is a live object whose type is `tp`; GIL held.
+#[inline(always)]
+pub(super) unsafe fn c_key(callable: *mut ffi::PyObject, tp: *mut ffi::PyTypeObject) -> (usize, usize) {
+    // SAFETY: the type checks say which layout `callable` has.
+    unsafe {
+        if tp == &raw mut ffi::PyCFunction_Type || tp == &raw mut ffi::PyCMethod_Type {
+            builtin_key(callable)
+        } else if tp == &raw mut ffi::PyMethodDescr_Type {
+            let d = callable as *mut MethodDescr;
+            ((*d).d_method as usize, (*d).d_type as usize)
+        } else if ffi::PyType_Check(callable) != 0 {
+            (callable as usize, KEY_TYPE)
+        } else if ffi::PyObject_TypeCheck(callable, &raw mut ffi::PyCFunction_Type) != 0 {
+            builtin_key(callable)
+        } else {
+            (tp as usize, KEY_OBJECT)
+        }
+    }
+}
+
+/// # Safety
+/// `callable` is a `builtin_function_or_method` (or a subtype); GIL held.
+#[inline(always)]
+unsafe fn builtin_key(callable: *mut ffi::PyObject) -> (usize, usize) {
+    // SAFETY: the layout of PyCFunctionObject, which subtypes extend.
+    unsafe {
+        let f = callable as *mut ffi::PyCFunctionObject;
+        let s = (*f).m_self;
+        // The type of what it is bound to: a module's for a module's function, the metaclass for a class
+        // method (whose method definition tells its class apart). Not its class itself: one load less.
+        let owner = if s.is_null() { 0 } else { ffi::Py_TYPE(s) as usize };
+        ((*f).m_ml as usize, owner)
+    }
+}
+
+#[inline(always)]
+fn p_slot(callable: *mut ffi::PyObject) -> usize {
+    ((callable as usize) >> 4) % super::C_CACHE
+}
+
+#[inline(always)]
+fn c_slot(key: (usize, usize)) -> usize {
+    ((key.0 ^ key.1.rotate_left(17)) >> 4) % super::C_CACHE
+}
+
+/// Whether CPython runs the call as a Python frame (PY_START follows; no C_RETURN): a function, or a method
+/// bound to one (`ceval`'s CALL unpacks it).
+///
+/// # Safety
+/// `callable` is a live object whose type is `tp`.
+#[inline(always)]
+unsafe fn is_python(callable: *mut ffi::PyObject, tp: *mut ffi::PyTypeObject) -> bool {
+    // SAFETY: a PyMethod_Type object has MethodObject's layout.
+    unsafe {
+        tp == &raw mut ffi::PyFunction_Type
+            || (tp == &raw mut PyMethod_Type
+                && ffi::Py_TYPE((*(callable as *mut MethodObject)).im_func) == &raw mut ffi::PyFunction_Type)
+    }
+}
+
+/// The CALL event: `args` are (code, offset, callable, arg0).
+///
+/// # Safety
+/// Called by the interpreter with the GIL held and a CALL event's arguments.
+#[inline(always)]
+unsafe fn call<const THRESH: bool>(args: *mut *mut ffi::PyObject) -> *mut ffi::PyObject {
+    // SAFETY: GIL held; as `event`.
+    unsafe {
+        let callable = *args.add(2);
+        let tp = ffi::Py_TYPE(callable);
+        if is_python(callable, tp) {
+            // Never switched off while calls are recorded: the same call site may call C functions later,
+            // and C_RETURN and C_RAISE only fire where CALL is on. Between windows it is, as every
+            // function boundary (the next window re-arms it).
+            if THRESH && clock::ticks() >= WINDOW_END.load(Ordering::Relaxed) && state().recorder.is_some() {
+                return disable();
+            }
+            return none();
+        }
+        let t = clock::ticks();
+        if thread_pointer() != LAST_TP.load(Ordering::Relaxed) {
+            return call_cold::<THRESH>(t, args);
+        }
+        let ts = LAST_TS.load(Ordering::Relaxed);
+        let code = *args as usize;
+        let entry = (&(*ts).cache)[slot(code)];
+        if entry.0 != code {
+            return call_cold::<THRESH>(t, args);
+        }
+        if THRESH && t >= WINDOW_END.load(Ordering::Relaxed) {
+            return disable();
+        }
+        // The same object as before (a module's function, a method descriptor, a type), kept alive by the
+        // recording: its id at once. Else its key (a bound method is a new object at every access).
+        let p = (&(*ts).pcache)[p_slot(callable)];
+        let id = if p.0 == callable as usize {
+            p.1
+        } else {
+            let key = c_key(callable, tp);
+            let c = (&(*ts).ccache)[c_slot(key)];
+            if c.0 != key.0 || c.1 != key.1 {
+                return call_cold::<THRESH>(t, args);
+            }
+            c.2
+        };
+        let off = small_int(fast_ints(), *args.add(1));
+        (*ts).buf.push(RawEvent::new(t, (*entry.1).id, off, id, EventKind::CALL as u8), &*(*ts).sink);
+        none()
+    }
+}
+
+/// A CALL of a C callable that missed a cache: a new thread, code object or callable.
+///
+/// # Safety
+/// As [`call`].
+#[cold]
+#[inline(never)]
+unsafe fn call_cold<const THRESH: bool>(t: u64, args: *mut *mut ffi::PyObject) -> *mut ffi::PyObject {
+    // SAFETY: as `cold`; `cfunc::register` may run Python, so the generation is checked after it.
+    unsafe {
+        let ts = current_thread::<{ EventKind::CALL as u8 }>();
+        if ts.is_null() {
+            return none();
+        }
+        let code = *args;
+        let cs = lookup(code);
+        if cs.is_null() || (*ts).generation != state().generation {
+            return none();
+        }
+        if (*cs).flags & RECORD == 0 {
+            return disable(); // excluded code: off for good
+        }
+        if (*cs).flags == RECORD {
+            (&mut (*ts).cache)[slot(code as usize)] = (code as usize, cs);
+        }
+        if THRESH && t >= WINDOW_END.load(Ordering::Relaxed) {
+            return disable();
+        }
+        let callable = *args.add(2);
+        let key = c_key(callable, ffi::Py_TYPE(callable));
+        let id = super::cfunc::register(key, callable);
+        if id == 0 || (*ts).generation != state().generation {
+            return none();
+        }
+        (&mut (*ts).ccache)[c_slot(key)] = (key.0, key.1, id);
+        if super::cfunc::keep_alive(callable) && (*ts).generation == state().generation {
+            (&mut (*ts).pcache)[p_slot(callable)] = (callable as usize, id);
+        }
+        let off = small_int(fast_ints(), *args.add(1));
+        (*ts).buf.push(RawEvent::new(t, (*cs).id, off, id, EventKind::CALL as u8), &*(*ts).sink);
+        none()
+    }
+}
+
+unsafe extern "C" fn on_call(
+    _slf: *mut ffi::PyObject,
+    args: *mut *mut ffi::PyObject,
+    _nargs: ffi::Py_ssize_t,
+) -> *mut ffi::PyObject {
+    // SAFETY: registered with sys.monitoring for CALL, whose arguments match.
+    unsafe { call::<true>(args) }
+}
+
+unsafe extern "C" fn on_call_gapless(
+    _slf: *mut ffi::PyObject,
+    args: *mut *mut ffi::PyObject,
+    _nargs: ffi::Py_ssize_t,
+) -> *mut ffi::PyObject {
+    // SAFETY: registered with sys.monitoring for CALL, whose arguments match.
+    unsafe { call::<false>(args) }
+}
+
+static DEF_CALL: Def = Def(ffi::PyMethodDef {
+    ml_name: c"ocular_CALL".as_ptr(),
+    ml_meth: ffi::PyMethodDefPointer { PyCFunctionFast: on_call },
+    ml_flags: ffi::METH_FASTCALL,
+    ml_doc: ptr::null(),
+});
+static DEF_CALL_GAPLESS: Def = Def(ffi::PyMethodDef {
+    ml_name: c"ocular_CALL".as_ptr(),
+    ml_meth: ffi::PyMethodDefPointer { PyCFunctionFast: on_call_gapless },
+    ml_flags: ffi::METH_FASTCALL,
+    ml_doc: ptr::null(),
+});
 
 // Benchmark reference callbacks, registered in the same run as Ocular's so ratios are side by side.
 

@@ -110,6 +110,10 @@ struct RunArgs {
     /// shows Python function names (perf record -g -- python -m ocular run --perf script.py)
     #[arg(long)]
     perf: bool,
+    /// Record calls of C functions too (built-ins such as len, isinstance, list.append, types called,
+    /// C extensions): each its own function in stats and the flame graph, its time out of its caller's
+    #[arg(long)]
+    c_calls: bool,
     /// Record only code whose file or qualified name contains P (repeatable)
     #[arg(long, value_name = "P")]
     include: Vec<String>,
@@ -167,6 +171,7 @@ pub(super) fn parse_run<'py>(py: Python<'py>, argv: Vec<OsString>) -> PyResult<B
     d.set_item("live", run.live)?;
     d.set_item("counters", run.counters)?;
     d.set_item("perf", run.perf)?;
+    d.set_item("c_calls", run.c_calls)?;
     d.set_item("include", run.include)?;
     d.set_item("exclude", run.exclude)?;
     d.set_item("quiet", run.quiet)?;

@@ -9,6 +9,7 @@
 
 mod analyze;
 mod callbacks;
+mod cfunc;
 mod cli;
 mod live;
 mod read;
@@ -148,6 +149,10 @@ struct Recorder {
     base: (i64, Vec<Py<PyAny>>),
     /// Performance counters, if asked for (FORMAT.md 6.9).
     counters: Option<CounterState>,
+    /// C callables called (FORMAT.md 6.11), by key (`callbacks::c_key`): their ids, from 1.
+    cfuncs: FxHashMap<(usize, usize), u32>,
+    /// The C callable objects `cfuncs` keeps alive for the threads' `pcache`.
+    kept: rustc_hash::FxHashSet<usize>,
 }
 
 /// A recording's counters and the thread that drains their samples into the file.
@@ -190,6 +195,8 @@ impl CounterState {
 /// Direct-mapped cache of code object -> state, per thread: consecutive events alternate between a
 /// handful of code objects (caller and callees), which a single "last code" entry would miss.
 pub(super) const CODE_CACHE: usize = 64;
+/// Entries of a thread's cache of C callables: a program calls a few dozen distinct ones in its hot parts.
+pub(super) const C_CACHE: usize = 128;
 
 struct ThreadState {
     buf: ThreadBuffer,
@@ -204,6 +211,14 @@ struct ThreadState {
     py_id: i64,
     /// Attached inside a window: its stack follows the window's marker before its first event.
     needs_stack: bool,
+    /// Last: the fields above are read by every event, this by `CALL` only.
+    /// Direct-mapped cache of C callable key -> id (`callbacks::c_key`), for `CALL` events (FORMAT.md 5.4).
+    /// Only holds ids of the current recording: cleared where `cache` is.
+    ccache: [(usize, usize, u32); C_CACHE],
+    /// Direct-mapped cache of C callable object -> id, for callables the recording keeps alive (module
+    /// functions, method descriptors, types: `cfunc::stable`), so that the address names one object: a
+    /// call of one of those skips `c_key`. Cleared where `cache` is.
+    pcache: [(usize, u32); C_CACHE],
 }
 
 #[pyfunction]
@@ -391,6 +406,8 @@ fn start(
         window_len: (0, 0),
         base: base_stack(py, &internal),
         counters,
+        cfuncs: FxHashMap::default(),
+        kept: Default::default(),
     };
     // SAFETY: GIL held; no Python call while the reference is alive.
     let st = unsafe { state() };
@@ -462,6 +479,8 @@ fn stop<'py>(py: Python<'py>, names: &Bound<'py, PyDict>) -> PyResult<Bound<'py,
         ts.buf.flush(sink);
         // The callbacks' fast path trusts the cache: nothing of this recording may stay in it.
         ts.cache = [(0, std::ptr::null_mut()); CODE_CACHE];
+        ts.ccache = [(0, 0, 0); C_CACHE];
+        ts.pcache = [(0, 0); C_CACHE];
         pushed += ts.buf.pushed;
         if !ts.named {
             if let Output::File(s) = &rec.out {
@@ -580,6 +599,8 @@ fn abandon_after_fork() {
         if ts.generation == generation {
             ts.buf.abandon();
             ts.cache = [(0, std::ptr::null_mut()); CODE_CACHE];
+            ts.ccache = [(0, 0, 0); C_CACHE];
+            ts.pcache = [(0, 0); C_CACHE];
         }
     }
     if let Some(rec) = st.recorder.take() {
@@ -706,6 +727,8 @@ unsafe fn attach(ts: *mut ThreadState) -> *mut ThreadState {
             buf: ThreadBuffer::new(tid),
             generation: 0,
             cache: [(0, std::ptr::null_mut()); CODE_CACHE],
+            ccache: [(0, 0, 0); C_CACHE],
+            pcache: [(0, 0); C_CACHE],
             named: false,
             sink: std::ptr::null::<Discard>() as *const dyn Sink,
             threshold: 0,
@@ -723,6 +746,8 @@ unsafe fn attach(ts: *mut ThreadState) -> *mut ThreadState {
     t.buf = ThreadBuffer::new(tid);
     t.generation = st.generation;
     t.cache = [(0, std::ptr::null_mut()); CODE_CACHE];
+    t.ccache = [(0, 0, 0); C_CACHE];
+    t.pcache = [(0, 0); C_CACHE];
     t.named = false;
     t.sink = rec.out.sink() as *const dyn Sink;
     t.threshold = rec.threshold;

@@ -44,6 +44,7 @@ pub(super) fn read<'py>(py: Python<'py>, path: std::path::PathBuf, salvage: bool
     let snaps = PyDict::new(py);
     let positions = PyDict::new(py);
     let bytecode = PyDict::new(py);
+    let cfuncs = PyDict::new(py);
     while let Some(c) = r.next_chunk().map_err(err)? {
         match c.body {
             Body::Events(ev) => {
@@ -109,9 +110,15 @@ pub(super) fn read<'py>(py: Python<'py>, path: std::path::PathBuf, salvage: bool
                 d.set_item("argv", p.argv)?;
                 out.set_item("process", d)?;
             }
+            Body::CFunctions(fs) => {
+                for f in fs {
+                    cfuncs.set_item(f.id, (f.qualname, f.module, f.kind))?;
+                }
+            }
             Body::Skipped(_) | Body::Ring(_) => {}
         }
     }
+    out.set_item("cfuncs", cfuncs)?;
     out.set_item("dropped", dropped)?;
     out.set_item("counters", counters)?;
     out.set_item("samples", samples)?;
