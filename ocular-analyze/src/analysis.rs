@@ -314,6 +314,8 @@ struct ThreadState {
     /// (exclusive, inclusive, calls) per code id. See [`ThreadState::flush_window`].
     window_nodes: Vec<(u32, f64)>,
     window_funcs: HashMap<u32, [f64; 3]>,
+    /// The call tree nodes of the calls made in the current later window, one entry per call.
+    window_call_nodes: Vec<u32>,
     /// The recorder's cost of this thread's events in the current later window, and its length in ticks
     /// (0: no window pending).
     window_cost: f64,
@@ -355,6 +357,9 @@ impl ThreadState {
         for (node, x) in self.window_nodes.drain(..) {
             tree.parts[node as usize][1] += x * factor;
         }
+        for node in self.window_call_nodes.drain(..) {
+            tree.calls[node as usize][1] += factor;
+        }
         for (code, [exclusive, inclusive, calls]) in self.window_funcs.drain() {
             let p = &mut per.entry(code).or_default().parts;
             p.exclusive[1] += exclusive * factor;
@@ -394,6 +399,14 @@ pub struct CallTree {
     parts: Vec<[f64; 2]>,
     /// Per node: exclusive ticks, the window part scaled (set when the pass ends).
     exclusive: Vec<f64>,
+    /// Per node: calls made with this stack (PY_START and C calls), [complete part, later windows' calls
+    /// each times its window's factor], as [`FunctionStats`] counts them.
+    calls: Vec<[f64; 2]>,
+    /// Per node: each counter's events in the node's function itself, the windows' scaled (set when the
+    /// pass ends; absent for nodes without samples).
+    counters: HashMap<u32, Vec<u64>>,
+    /// [`Windows::scale`], for the windows' calls.
+    scale: f64,
 }
 
 impl Default for CallTree {
@@ -404,6 +417,9 @@ impl Default for CallTree {
             threads: Vec::new(),
             parts: vec![[0.0; 2]],
             exclusive: vec![0.0],
+            calls: vec![[0.0; 2]],
+            counters: HashMap::default(),
+            scale: 0.0,
         }
     }
 }
@@ -425,6 +441,7 @@ impl CallTree {
             self.nodes.push((parent, code));
             self.parts.push([0.0; 2]);
             self.exclusive.push(0.0);
+            self.calls.push([0.0; 2]);
         }
         id
     }
@@ -445,6 +462,19 @@ impl CallTree {
         for (x, p) in self.exclusive.iter_mut().zip(&self.parts) {
             *x = p[0] + p[1] * scale;
         }
+        self.scale = scale;
+    }
+
+    /// Calls made with node `node`'s stack (of its leaf function), the windows' scaled as
+    /// [`FunctionStats::calls`] are (unrounded: a function's nodes sum to its calls).
+    pub fn calls(&self, node: u32) -> f64 {
+        self.calls.get(node as usize).map_or(0.0, |c| c[0] + c[1] * self.scale)
+    }
+
+    /// Each counter's events in node `node`'s function itself with its stack (`None`: no samples), the
+    /// windows' scaled as [`Analysis::counter_totals`] are.
+    pub fn counters(&self, node: u32) -> Option<&[u64]> {
+        self.counters.get(&node).map(Vec::as_slice)
     }
 
     /// Every node but the root, in the order made (a parent before its children): `(node, parent, what it
@@ -745,6 +775,8 @@ struct Tally {
     exact: HashMap<(u64, u32), Vec<u64>>,
     /// Per (thread, code id): samples of the later windows, to be scaled.
     windows: HashMap<(u64, u32), Vec<u64>>,
+    /// The same per call tree node: [complete part, later windows].
+    nodes: [HashMap<u32, Vec<u64>>; 2],
     unattributed: Vec<u64>,
     between: Vec<u64>,
 }
@@ -779,6 +811,8 @@ impl Tally {
             } else {
                 let m = if ts.phase == Phase::Complete { &mut self.exact } else { &mut self.windows };
                 m.entry((tid, f.code)).or_insert_with(|| vec![0; n])[k as usize] += period;
+                let m = &mut self.nodes[usize::from(ts.phase != Phase::Complete)];
+                m.entry(f.node).or_insert_with(|| vec![0; n])[k as usize] += period;
             }
             if gap && ts.last_code != f.code {
                 continue;
@@ -793,15 +827,23 @@ impl Tally {
 
     /// The totals per (thread, code id): exact plus the windows' scaled by `scale`.
     fn totals(self, scale: f64) -> HashMap<(u64, u32), Vec<u64>> {
-        let mut out = self.exact;
-        for (key, w) in self.windows {
-            let v = out.entry(key).or_insert_with(|| vec![0; w.len()]);
-            for (a, b) in v.iter_mut().zip(w) {
-                *a += (b as f64 * scale).round() as u64;
-            }
-        }
-        out
+        scaled(self.exact, self.windows, scale)
     }
+}
+
+/// `exact` plus `windows` scaled by `scale`, per key.
+fn scaled<K: std::hash::Hash + Eq>(
+    mut out: HashMap<K, Vec<u64>>,
+    windows: HashMap<K, Vec<u64>>,
+    scale: f64,
+) -> HashMap<K, Vec<u64>> {
+    for (key, w) in windows {
+        let v = out.entry(key).or_insert_with(|| vec![0; w.len()]);
+        for (a, b) in v.iter_mut().zip(w) {
+            *a += (b as f64 * scale).round() as u64;
+        }
+    }
+    out
 }
 
 impl Analysis {
@@ -930,6 +972,8 @@ pub fn analyze(path: &Path, opts: ReadOptions) -> ocular_format::Result<Analysis
     a.windows = windows;
     a.counter_unattributed = std::mem::take(&mut tally.unattributed);
     a.counter_between_windows = std::mem::take(&mut tally.between);
+    let [exact, windows] = std::mem::take(&mut tally.nodes);
+    a.tree.counters = scaled(exact, windows, scale);
     a.counter_totals = tally.totals(scale);
     a.tree.finish(scale);
     for per in a.per_thread.values_mut() {
@@ -1162,6 +1206,9 @@ fn step(
             }
             call_from_loop(ts, t, tables);
             push(ts, id, t, off, tables, tree);
+            if kind == EventKind::PY_START {
+                count_call(ts, t, tree);
+            }
             if kind == EventKind::PY_RESUME {
                 if let Some(loops) = ts.suspended.remove(&id) {
                     ts.stack.last_mut().expect("pushed").loops = loops;
@@ -1181,6 +1228,7 @@ fn step(
             call_from_loop(ts, t, tables);
             push(ts, code, t, off, tables, tree);
             ts.stack.last_mut().expect("pushed").c_site = Some((id, off));
+            count_call(ts, t, tree);
         }
         EventKind::C_RETURN | EventKind::C_RAISE => {
             // The innermost open C call from this call site, looked for down to its caller's frame: one that
@@ -1326,6 +1374,17 @@ fn push(ts: &mut ThreadState, id: u32, t: u64, off: u32, tables: &Tables, tree: 
         loops: Vec::new(),
         pending_tail: None,
     });
+}
+
+/// Counts a call at the node of the frame just pushed at tick `t`, where its function's calls are counted
+/// (see the `PY_START` arm of [`step`]).
+fn count_call(ts: &mut ThreadState, t: u64, tree: &mut CallTree) {
+    let node = ts.stack.last().expect("pushed").node;
+    if ts.phase == Phase::Complete {
+        tree.calls[node as usize][0] += 1.0;
+    } else if t < ts.calls_until {
+        ts.window_call_nodes.push(node);
+    }
 }
 
 /// A call from the top frame while its last event was inside one of its loops: the time from that event

@@ -114,11 +114,16 @@ enum Command {
     /// the recorder dropped; empty when none were), for polars or pandas:
     /// pl.read_parquet("run.parquet/events.parquet"). (Needs a build with `--features parquet`.)
     ///
+    /// --pprof writes a gzipped pprof profile (profile.proto) for go tool pprof, Pyroscope, Parca and
+    /// Grafana: one sample per call stack with self values (calls, wall nanoseconds, performance
+    /// counters), labels pid, thread_id and thread; functions with their file and first line.
+    ///
     /// Examples:
     ///   ocular-analyze export --perfetto run.ocl -o run.json
     ///   ocular-analyze export --perfetto run.ocl -o run.pftrace
     ///   ocular-analyze export --parquet run.ocl -o run.parquet
-    #[command(group(clap::ArgGroup::new("to").required(true).args(["perfetto", "parquet"])))]
+    ///   ocular-analyze export --pprof run.ocl -o run.pb.gz
+    #[command(group(clap::ArgGroup::new("to").required(true).args(["perfetto", "parquet", "pprof"])))]
     Export {
         /// The .ocl file.
         file: PathBuf,
@@ -128,7 +133,11 @@ enum Command {
         /// Parquet tables (a directory).
         #[arg(long)]
         parquet: bool,
-        /// Output file, or directory for --parquet (default: the input with .json, .pftrace or .parquet).
+        /// pprof profile, gzipped (.pb.gz or .pprof).
+        #[arg(long)]
+        pprof: bool,
+        /// Output file, or directory for --parquet (default: the input with .json, .pftrace, .parquet or
+        /// .pb.gz).
         #[arg(short, long)]
         output: Option<PathBuf>,
         /// json (Chrome Trace Event format) or pftrace (native Perfetto protobuf); an output ending in
@@ -337,6 +346,28 @@ fn run(cli: Cli) -> anyhow::Result<()> {
         Command::Export { file, parquet: true, output, salvage, .. } => {
             let dir = output.unwrap_or_else(|| file.with_extension("parquet"));
             export_parquet(&file, ReadOptions::with_salvage(salvage), &dir)?;
+        }
+        Command::Export { file, pprof: true, output, salvage, .. } => {
+            let out_path = output.unwrap_or_else(|| file.with_extension("pb.gz"));
+            let name = out_path.file_name().map_or(String::new(), |n| n.to_string_lossy().into_owned());
+            anyhow::ensure!(
+                name.ends_with(".pb.gz") || name.ends_with(".pprof"),
+                "{}: a pprof profile's name ends in .pb.gz or .pprof (it is a gzipped protobuf)",
+                out_path.display()
+            );
+            crate::output::refuse_input(&file, &out_path)?;
+            let opts = ReadOptions::with_salvage(salvage);
+            let run = open_run(&file, opts)?;
+            let analyses = analyze_run(&run, opts)?;
+            let s = write_output(&file, &out_path, |w| crate::export::pprof::export_run(&run, &analyses, opts, w))
+                .with_context(|| format!("cannot export {}", file.display()))?;
+            eprintln!(
+                "wrote {}: {} samples (distinct stacks), {} functions; sample types {}",
+                out_path.display(),
+                s.samples,
+                s.functions,
+                s.sample_types.join(", ")
+            );
         }
         Command::Export { file, output, format, salvage, .. } => {
             let fmt = match (format.as_str(), output.as_ref().and_then(|o| o.extension()).and_then(|e| e.to_str())) {

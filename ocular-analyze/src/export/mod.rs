@@ -5,4 +5,5 @@ pub mod flame;
 #[cfg(feature = "parquet")]
 pub mod parquet;
 pub mod pftrace;
+pub mod pprof;
 pub mod timeline;
