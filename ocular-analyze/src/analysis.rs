@@ -481,7 +481,8 @@ impl CallTree {
     /// stands for, exclusive ticks)`. A thread's node has no time of its own.
     pub fn nodes(&self) -> impl Iterator<Item = (u32, u32, Node, f64)> + '_ {
         self.nodes.iter().zip(&self.exclusive).enumerate().skip(1).map(|(i, (&(parent, code), &x))| {
-            let node = if parent == 0 { Node::Thread(self.threads[(u32::MAX - code) as usize]) } else { Node::Code(code) };
+            let node =
+                if parent == 0 { Node::Thread(self.threads[(u32::MAX - code) as usize]) } else { Node::Code(code) };
             (i as u32, parent, node, x)
         })
     }

@@ -538,7 +538,13 @@ fn stats_report(
 ) -> anyhow::Result<crate::stats::Report> {
     let spans = run.processes.iter().map(|p| crate::stats::span(&p.path, opts)).collect::<Result<Vec<_>, _>>()?;
     Ok(if run.single() {
-        crate::stats::report(&analyses[0], spans.into_iter().next().expect("a run has a process"), per_thread, sort, top)
+        crate::stats::report(
+            &analyses[0],
+            spans.into_iter().next().expect("a run has a process"),
+            per_thread,
+            sort,
+            top,
+        )
     } else {
         let parts: Vec<crate::stats::Part<'_>> = run
             .processes
@@ -576,7 +582,9 @@ fn lines_of_run(
     let mut parts = Vec::new();
     for (p, a) in run.processes.iter().zip(analyses) {
         if a.header.as_ref().is_some_and(|h| h.options.mode != ocular_format::Mode::Calls) {
-            parts.push(crate::lines::analyze(&p.path, opts).with_context(|| format!("cannot read {}", p.path.display()))?);
+            parts.push(
+                crate::lines::analyze(&p.path, opts).with_context(|| format!("cannot read {}", p.path.display()))?,
+            );
         }
     }
     Ok((!parts.is_empty()).then(|| crate::lines::report(&parts, usize::MAX)))
