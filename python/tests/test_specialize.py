@@ -1,7 +1,7 @@
 """`specialize`: programs whose specialization is known by construction, recorded in a fresh interpreter,
 and the report checked against that truth: a loop adding ints specializes (BINARY_OP_ADD_INT) and is not
-listed; a loop adding int to float on every iteration stays generic and is listed with the mixed-types
-cause; a class with __getattr__ keeps LOAD_ATTR generic."""
+listed; a loop adding an int and a Decimal on every iteration stays generic and is listed with the
+mixed-types cause; a class with __getattr__ keeps LOAD_ATTR generic."""
 
 import json
 import os
@@ -14,11 +14,13 @@ import pytest
 ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 ANALYZE = os.environ.get("OCULAR_ANALYZE", os.path.join(ROOT, "target", "debug", "ocular-analyze"))
 
-# `prev + x` is int + float or float + int on every iteration (xs alternates 1 and 1.5), which no
-# BINARY_OP form of 3.12 or 3.13 takes: generic whenever the specializer looks. (`s = s + x` alone would
-# flip between BINARY_OP_ADD_FLOAT and generic as the guard misses, and the snapshot shows either.)
+# `prev + x` is int + Decimal or Decimal + int on every iteration (xs alternates them), which no BINARY_OP
+# form of 3.12-3.15 takes: generic whenever the specializer looks. (Not int + float: 3.14's
+# BINARY_OP_EXTEND takes that. And not `s = s + x` alone: it would flip between a specialized form and
+# generic as the guard misses, and the snapshot shows either.)
 PROGRAM = textwrap.dedent("""
     import sys
+    from decimal import Decimal
     import ocular
 
     def int_loop(n):
@@ -31,7 +33,7 @@ PROGRAM = textwrap.dedent("""
         s = 0.0
         prev = xs[-1]
         for x in xs:
-            s += prev + x
+            s += float(prev + x)
             prev = x
         return s
 
@@ -46,7 +48,7 @@ PROGRAM = textwrap.dedent("""
             t += d.foo
         return t
 
-    xs = [1, 1.5] * 20000
+    xs = [1, Decimal(1)] * 20000
     with ocular.record(sys.argv[1], mode="adaptive", deinstrument_threshold=int(sys.argv[2])):
         int_loop(40000)
         mixed_loop(xs)
@@ -87,13 +89,13 @@ def test_generic_instructions_are_the_ones_built_to_be(tmp_path, threshold):
     assert ints["specialized"] >= 1
 
     # the mixed loop's `prev + x` is listed, generic at stop, with the mixed-types cause, and its `s += ...`
-    # (float += float) is not
+    # (float += float) and its float() call are not
     mixed = _loop(report, "mixed_loop")
     (g,) = mixed["generic"]
     assert (g["base"], g["operator"], g["at_stop"], g["status"]) == ("BINARY_OP", "+", "BINARY_OP", "generic at stop")
-    assert "mixed int and float" in g["cause"]
+    assert "Decimal" in g["cause"]
     assert "BINARY_OP_ADD_FLOAT" in g["forms"] and "BINARY_OP_ADD_INT" in g["forms"]
-    assert g["line"] == PROGRAM.splitlines().index("        s += prev + x") + 1
+    assert g["line"] == PROGRAM.splitlines().index("        s += float(prev + x)") + 1
     assert g["executions"] >= 2
     assert 0 < g["weight_ns"] <= mixed["total_ns"]
     assert 0 < g["share"] <= 1
