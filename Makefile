@@ -11,7 +11,7 @@ PYTHONS := $(shell scripts/find-pythons.sh)
 NEW_PYTHONS ?= 3.14 3.15
 
 .DEFAULT_GOAL := help
-.PHONY: help demo report-check test test-rust test-python check-python pythons stress lint bench bench-format bench-record bench-truth bench-analyze bench-peers bench-startup bench-after-stop bench-flight bench-live bench-counters bench-follow fuzz clean
+.PHONY: help demo report-check test test-rust test-python check-python pythons wheels test-wheel stress lint bench bench-format bench-record bench-truth bench-analyze bench-peers bench-startup bench-after-stop bench-flight bench-live bench-counters bench-follow fuzz clean
 
 help: ## list the targets
 	@grep -E '^[a-zA-Z_-]+:.*## ' $(MAKEFILE_LIST) | awk 'BEGIN {FS = ":.*## "}; {printf "  make %-16s %s\n", $$1, $$2}'
@@ -79,6 +79,14 @@ stress: check-python ## ways to lose a trace (threads, signals, exit, exec, fork
 
 pythons: ## make (once) the Debian unstable root with CPython 3.14 and 3.15 that make test uses
 	scripts/pythons.sh root
+
+# Wheels for pip: manylinux_2_17 (x86-64 Linux, glibc 2.17+), linked by zig from PyPI's ziglang (scripts/wheels.sh
+# says why); the builds share $(or $(CARGO_TARGET_DIR),target)/wheels. make wheels NEW_PYTHONS= leaves 3.14 and 3.15 out.
+wheels: check-python ## manylinux wheels into dist/, one per Python (NEW_PYTHONS built in the Debian root); auditwheel's verdict on each
+	scripts/wheels.sh $(PYTHONS) $(NEW_PYTHONS)
+
+test-wheel: check-python ## the first Python's wheel installed in a fresh venv without Rust: record and analyze with the ocular and ocular-analyze commands
+	scripts/test-wheel.sh $(firstword $(PYTHONS))
 
 lint: ## rustfmt, clippy with warnings as errors, docs without warnings
 	$(CARGO) fmt --all -- --check

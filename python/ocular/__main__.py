@@ -1,8 +1,12 @@
-"""``python -m ocular``: record a script or module, and analyze the trace.
+"""``python -m ocular`` (or the ``ocular`` command): record a script or module, and analyze the trace.
 
     python -m ocular run [-o run.ocl] [--mode M] [--threshold N] [--include P]... [--exclude P]... script.py [args]
     python -m ocular run [options] -m module [args]
     python -m ocular info|hot|stats|export|flamegraph|report|specialize|diff|dump|top ... (the commands of ocular-analyze)
+
+``pip install`` makes two commands of it (pyproject.toml's ``[project.scripts]``): ``ocular`` (all of the
+above: :func:`console_main`) and ``ocular-analyze`` (the analyzer's commands alone, as its Rust binary has
+them: :func:`analyze_main`).
 """
 
 from __future__ import annotations
@@ -22,34 +26,34 @@ from .errors import OcularError
 ANALYZE_COMMANDS = ("info", "hot", "stats", "export", "flamegraph", "dump", "top", "report", "specialize", "diff")
 
 
-def _run(opts: dict) -> int:
+def _run(opts: dict, prog: str) -> int:
     """Runs the program `opts` describes (from the extension's parser, see ``_native().parse_run``).
     Whatever keeps the program from starting is found before recording starts: it gets one line on
-    stderr, a non-zero exit code, and no trace is written."""
+    stderr (after `prog`, the name the command was run by), a non-zero exit code, and no trace is written."""
     module = opts["module"]
     if module is None and not opts["argv"]:
-        print("python -m ocular run: give a script to run, or -m MODULE", file=sys.stderr)
+        print(f"{prog} run: give a script to run, or -m MODULE", file=sys.stderr)
         return 2
     if module is None:
         script = opts["argv"][0]
         if not os.path.exists(script):
-            print(f"python -m ocular run: {script}: no such file", file=sys.stderr)
+            print(f"{prog} run: {script}: no such file", file=sys.stderr)
             return 2
         program = script
     else:
         sys.path[0] = os.getcwd()
         error, program = _find_module(module)
         if error:
-            print(f"python -m ocular run: {error}", file=sys.stderr)
+            print(f"{prog} run: {error}", file=sys.stderr)
             return 1
     if program is not None and _same_file(opts["output"], program):
-        print(f"python -m ocular run: the trace {os.fsdecode(opts['output'])} would overwrite the program "
+        print(f"{prog} run: the trace {os.fsdecode(opts['output'])} would overwrite the program "
               f"{program}: choose another output with -o", file=sys.stderr)
         return 2
     if module is None:
         missing = _missing_main(script)
         if missing:
-            print(f"python -m ocular run: {missing}", file=sys.stderr)
+            print(f"{prog} run: {missing}", file=sys.stderr)
             return 1
         sys.path[0] = os.path.dirname(os.path.abspath(script))
     sys.argv = list(opts["argv"])
@@ -79,16 +83,16 @@ def _run(opts: dict) -> int:
                         dump_on=opts["dump_on"], live=opts["live"], counters=opts["counters"], perf=opts["perf"],
                         follow=opts["follow"], c_calls=opts["c_calls"])
     except ValueError as e:
-        print(f"python -m ocular run: {e}", file=sys.stderr)
+        print(f"{prog} run: {e}", file=sys.stderr)
         return 2
     try:
         rec.start()
     except ValueError as e:
-        print(f"python -m ocular run: {e}", file=sys.stderr)
+        print(f"{prog} run: {e}", file=sys.stderr)
         return 2
     except OSError as e:
         # The message names the file: a missing directory, no permission, another recording writing it.
-        print(f"python -m ocular run: cannot write the trace: {e}", file=sys.stderr)
+        print(f"{prog} run: cannot write the trace: {e}", file=sys.stderr)
         return 2
     # A child the program forks (os.fork) and that returns here must not report its parent's file.
     parent = os.getpid()
@@ -209,24 +213,28 @@ def _exit_code(c: object) -> int:
     return 1
 
 
-def _analyze(argv: list[str]) -> int:
-    """Runs an analyzer command. The extension has no polars inside, so ``export --parquet`` is done here
-    from the Arrow tables with polars' own Parquet writer."""
-    if argv[0] == "export" and "--parquet" in argv and not any(a in ("-h", "--help") for a in argv):
-        return _export_parquet(argv[1:])
-    from ._recorder import _native
+def _analyze(argv: list[str], prog: str) -> int:
+    """Runs an analyzer command; `prog` names it in help and messages. The extension has no polars inside,
+    so ``export --parquet`` is done here from the Arrow tables with polars' own Parquet writer."""
+    try:
+        if argv[:1] == ["export"] and "--parquet" in argv and not any(a in ("-h", "--help") for a in argv):
+            return _export_parquet(argv[1:], prog)
+        from ._recorder import _native
 
-    sys.stdout.flush()
-    sys.stderr.flush()
-    return _native().cli(argv)
+        sys.stdout.flush()
+        sys.stderr.flush()
+        return _native().cli(argv, prog)
+    except (OcularError, OSError) as e:
+        print(f"{prog}: error: {e}", file=sys.stderr)
+        return 2
 
 
-def _export_parquet(args: list[str]) -> int:
+def _export_parquet(args: list[str], prog: str) -> int:
     import argparse
 
     from ._analysis import load
 
-    p = argparse.ArgumentParser(prog="python -m ocular export --parquet")
+    p = argparse.ArgumentParser(prog=f"{prog} export --parquet")
     p.add_argument("--parquet", action="store_true", required=True)
     p.add_argument("-o", "--output")
     p.add_argument("--salvage", action="store_true")
@@ -277,14 +285,12 @@ def _export_parquet(args: list[str]) -> int:
     return 0
 
 
-def main(argv: list[str] | None = None) -> int:
+def main(argv: list[str] | None = None, prog: str = "python -m ocular") -> int:
+    """Runs ``python -m ocular`` with `argv` (default: the process's arguments) and returns its exit code;
+    `prog` is the name help and messages give the command."""
     argv = sys.argv[1:] if argv is None else argv
     if argv and argv[0] in ANALYZE_COMMANDS:
-        try:
-            return _analyze(argv)
-        except (OcularError, OSError) as e:
-            print(f"python -m ocular: error: {e}", file=sys.stderr)
-            return 2
+        return _analyze(argv, prog)
     from ._interp import check_supported
     from ._recorder import _native
 
@@ -292,13 +298,26 @@ def main(argv: list[str] | None = None) -> int:
         check_supported()  # before the extension is imported: a clear error on an unsupported Python
         sys.stdout.flush()  # clap writes to the file descriptors directly
         sys.stderr.flush()
-        opts = _native().parse_run(argv)
+        opts = _native().parse_run(argv, prog)
         if isinstance(opts, int):  # help was printed, or a usage error
             return opts
-        return _run(opts)
+        return _run(opts, prog)
     except OcularError as e:
-        print(f"python -m ocular: error: {e}", file=sys.stderr)
+        print(f"{prog}: error: {e}", file=sys.stderr)
         return 2
+
+
+def console_main() -> None:
+    """The ``ocular`` command: ``python -m ocular`` under its own name (every command, the recorder's
+    ``run`` and the analyzer's)."""
+    sys.exit(main(prog="ocular"))
+
+
+def analyze_main() -> None:
+    """The ``ocular-analyze`` command: the analyzer compiled into the extension, with the commands,
+    options, output and exit codes of the Rust binary of that name (``export --parquet`` through polars,
+    as ``python -m ocular export --parquet``). Without arguments it prints its help."""
+    sys.exit(_analyze(sys.argv[1:], "ocular-analyze"))
 
 
 if __name__ == "__main__":

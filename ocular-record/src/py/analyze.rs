@@ -175,13 +175,15 @@ pub(super) fn export_chrome(py: Python<'_>, path: PathBuf, out: PathBuf) -> PyRe
     })
 }
 
-/// `cli(argv) -> int`: runs `ocular-analyze` with `argv` (without the program name); returns its exit code.
+/// `cli(argv, prog="ocular-analyze") -> int`: runs `ocular-analyze` with `argv` (without the program
+/// name; `prog` is the name its usage lines give it); returns its exit code.
 #[pyfunction]
+#[pyo3(signature = (argv, prog="ocular-analyze"))]
 /// Arguments are OS strings, as Python holds them: a path that is not UTF-8 reaches the analyzer whole.
-pub(super) fn cli(py: Python<'_>, argv: Vec<std::ffi::OsString>) -> i32 {
+pub(super) fn cli(py: Python<'_>, argv: Vec<std::ffi::OsString>, prog: &str) -> i32 {
     py.detach(|| {
         ocular_analyze::progress::enable();
-        ocular_analyze::cli::run_from(std::iter::once("ocular-analyze".into()).chain(argv))
+        ocular_analyze::cli::run_from(std::iter::once(prog.into()).chain(argv))
     })
 }
 

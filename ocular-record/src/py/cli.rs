@@ -1,8 +1,9 @@
 //! `python -m ocular`'s own command line (`run`), parsed with clap in the extension. argparse, with the
 //! `re`, `gettext`, `locale` and `shutil` it imports, cost about 10 ms at every `python -m ocular run`,
 //! a third of Ocular's start-up; the analyzer's commands (`info`, `hot`, ...) go to the analyzer's parser.
+//! The same parser serves the `ocular` command that `pip install` makes: its help names it as it was run.
 
-use clap::{Args, CommandFactory, Parser, Subcommand};
+use clap::{Args, CommandFactory, FromArgMatches, Parser, Subcommand};
 use pyo3::prelude::*;
 use pyo3::types::PyDict;
 use std::ffi::OsString;
@@ -46,6 +47,36 @@ enum Command {
     Dump,
     /// A live view of a running recording: python -m ocular top PID (python -m ocular top --help)
     Top,
+    /// Write one self-contained HTML page of a trace (python -m ocular report --help)
+    Report,
+    /// What changed between two recordings of one program (python -m ocular diff --help)
+    Diff,
+    /// The instructions CPython left generic in the hottest code (python -m ocular specialize --help)
+    Specialize,
+}
+
+/// The parser under the name the command was run by (`python -m ocular`, or `ocular`): its usage lines,
+/// and the examples and references in its help, name that command, so that they can be copied as they are.
+fn command(prog: &str) -> clap::Command {
+    let say = |s: &clap::builder::StyledStr| s.to_string().replace("python -m ocular", prog);
+    let rename = |mut c: clap::Command| {
+        if let Some(about) = c.get_about().map(say) {
+            c = c.about(about);
+        }
+        if let Some(after) = c.get_after_help().map(say) {
+            c = c.after_help(after);
+        }
+        c.mut_args(|mut a| {
+            if let Some(help) = a.get_help().map(say) {
+                a = a.help(help);
+            }
+            if let Some(help) = a.get_long_help().map(say) {
+                a = a.long_help(help);
+            }
+            a
+        })
+    };
+    rename(Cli::command().bin_name(prog)).mut_subcommands(rename)
 }
 
 /// The options of `run`.
@@ -136,18 +167,21 @@ struct RunArgs {
     target: Vec<OsString>,
 }
 
-/// `parse_run(argv) -> dict | int`: `python -m ocular`'s arguments (without the program name) as the
+/// `parse_run(argv, prog="python -m ocular") -> dict | int`: `python -m ocular`'s arguments (without the
+/// program name; `prog` is the name help gives it) as the
 /// options of a `run` (`output`, `mode`, `threshold`, the window and buffer options, `include`,
 /// `exclude`, `quiet`, `module` (None or the module's name), `argv` (what the program sees as sys.argv)),
 /// or the exit code after clap printed help, or a usage error. Arguments are OS strings, as Python holds them (undecodable bytes included).
 #[pyfunction]
-pub(super) fn parse_run<'py>(py: Python<'py>, argv: Vec<OsString>) -> PyResult<Bound<'py, PyAny>> {
-    let argv = std::iter::once(OsString::from("python -m ocular")).chain(crate::argv::split_attached_module(argv));
-    let run = match Cli::try_parse_from(argv) {
+#[pyo3(signature = (argv, prog="python -m ocular"))]
+pub(super) fn parse_run<'py>(py: Python<'py>, argv: Vec<OsString>, prog: &str) -> PyResult<Bound<'py, PyAny>> {
+    let argv = std::iter::once(OsString::from(prog)).chain(crate::argv::split_attached_module(argv));
+    let parsed = command(prog).try_get_matches_from(argv).and_then(|m| Cli::from_arg_matches(&m));
+    let run = match parsed {
         Ok(Cli { command: Command::Run(run) }) => *run,
         Ok(_) => {
             // An analyzer command would have gone to the analyzer; reached only without its arguments.
-            let _ = Cli::command().print_help();
+            let _ = command(prog).print_help();
             return Ok(2i32.into_pyobject(py)?.into_any());
         }
         Err(e) => {

@@ -1,0 +1,135 @@
+"""The commands ``pip install`` makes (pyproject.toml's ``[project.scripts]``): ``ocular``, every command of
+``python -m ocular`` under its own name, and ``ocular-analyze``, the analyzer compiled into the extension
+with the Rust binary's commands. ``maturin develop`` installs them into the venv as pip does; the wheel
+itself is tested in a venv without Rust by ``make test-wheel`` (scripts/test-wheel.sh)."""
+
+import json
+import os
+import re
+import subprocess
+import sys
+import sysconfig
+
+import pytest
+
+COMMANDS = ("run", "info", "hot", "stats", "export", "flamegraph", "report", "diff", "specialize", "dump", "top")
+ANALYZER_COMMANDS = COMMANDS[1:]
+
+PROGRAM = """\
+def work(i):
+    return i * i
+
+
+def main():
+    total = 0
+    for i in range(37):
+        total += work(i)
+    print("total", total)
+
+
+main()
+"""
+
+
+def command(name, *args, cwd=None):
+    """Runs the console script `name` of this venv (bin/, where pip and maturin develop put it)."""
+    path = os.path.join(sysconfig.get_path("scripts"), name)
+    assert os.path.exists(path), f"{path}: the package was installed without its console scripts"
+    return subprocess.run([path, *args], capture_output=True, text=True, cwd=cwd)
+
+
+@pytest.fixture
+def trace(tmp_path):
+    """prog.py recorded in calls mode by the ``ocular`` command: t.ocl in tmp_path."""
+    (tmp_path / "prog.py").write_text(PROGRAM)
+    r = command("ocular", "run", "-q", "--mode", "calls", "-o", "t.ocl", "prog.py", cwd=tmp_path)
+    assert r.returncode == 0, r.stderr
+    assert r.stdout == "total 16206\n"
+    return tmp_path / "t.ocl"
+
+
+def text_rows(out):
+    """(calls, function, file:line) of each row of ``stats``'s table."""
+    rows = []
+    for line in out.splitlines():
+        m = re.match(r"^\s*(\d+)\s+[\d.]+\s+[\d.]+%\s+[\d.]+\s+[\d.]+\s+(\S+)\s+(\S+:\d+)$", line)
+        if m:
+            rows.append((int(m[1]), m[2], m[3]))
+    return rows
+
+
+def test_ocular_help_names_itself_and_every_command():
+    r = command("ocular", "--help")
+    assert r.returncode == 0, r.stderr
+    assert "Usage: ocular <COMMAND>" in r.stdout
+    for c in COMMANDS:
+        assert re.search(rf"^  {c} ", r.stdout, re.M), f"{c} missing from:\n{r.stdout}"
+    # The examples are the command as it was run, ready to copy.
+    assert "  ocular run -o run.ocl --mode calls -m http.server 8000" in r.stdout
+    assert "python -m ocular" not in r.stdout
+
+
+def test_ocular_without_arguments_prints_its_help():
+    r = command("ocular")
+    assert r.returncode == 2
+    assert "Usage: ocular <COMMAND>" in r.stderr
+
+
+def test_ocular_run_help_and_an_analyzer_commands_help_name_ocular():
+    r = command("ocular", "run", "--help")
+    assert r.returncode == 0
+    assert "Usage: ocular run [OPTIONS] [SCRIPT [ARGS]]..." in r.stdout
+    assert "(ocular top PID, ocular.attach(PID))" in r.stdout
+    r = command("ocular", "stats", "--help")
+    assert r.returncode == 0
+    assert "Usage: ocular stats [OPTIONS] <FILE>" in r.stdout
+
+
+def test_ocular_analyze_without_arguments_prints_the_analyzers_help():
+    # As the Rust binary: the help on stderr, exit code 2.
+    r = command("ocular-analyze")
+    assert r.returncode == 2
+    assert r.stdout == ""
+    assert "Usage: ocular-analyze <COMMAND>" in r.stderr
+    for c in ANALYZER_COMMANDS:
+        assert re.search(rf"^  {c} ", r.stderr, re.M), f"{c} missing from:\n{r.stderr}"
+    r = command("ocular-analyze", "--help")
+    assert r.returncode == 0
+    assert "Usage: ocular-analyze <COMMAND>" in r.stdout
+
+
+def test_stats_of_both_commands_give_the_same_rows(trace):
+    """GIVEN a trace recorded with ``ocular run`` WHEN ``ocular stats`` and ``ocular-analyze stats --json``
+    read it THEN they give the same functions in the same order, with prog.py's exact call counts."""
+    text = command("ocular", "stats", "t.ocl", cwd=trace.parent)
+    assert text.returncode == 0, text.stderr
+    js = command("ocular-analyze", "stats", "t.ocl", "--json", cwd=trace.parent)
+    assert js.returncode == 0, js.stderr
+    rows = json.loads(js.stdout)
+    assert text_rows(text.stdout) == [(r["calls"], r["function"], f"{r['file']}:{r['line']}") for r in rows]
+    calls = {r["function"]: r["calls"] for r in rows}
+    assert calls["work"] == 37 and calls["main"] == 1, calls
+
+
+def test_ocular_analyze_exports_parquet_through_polars(trace):
+    pl = pytest.importorskip("polars")
+    r = command("ocular-analyze", "export", "--parquet", "t.ocl", "-o", "t.parquet", cwd=trace.parent)
+    assert r.returncode == 0, r.stderr
+    calls = pl.read_parquet(trace.parent / "t.parquet" / "calls.parquet")
+    assert calls.filter(pl.col("function") == "work").height == 37
+
+
+def test_errors_name_the_command_that_was_run(tmp_path):
+    r = command("ocular", "run", "missing.py", cwd=tmp_path)
+    assert (r.returncode, r.stderr) == (2, "ocular run: missing.py: no such file\n")
+    r = command("ocular-analyze", "stats", "missing.ocl", cwd=tmp_path)
+    assert r.returncode == 2
+    assert r.stderr.startswith("ocular-analyze: error: ") and "missing.ocl" in r.stderr
+    r = command("ocular-analyze", "export", "--parquet", "missing.ocl", cwd=tmp_path)
+    assert (r.returncode, r.stderr) == (2, "ocular-analyze: error: no such trace: missing.ocl\n")
+
+
+def test_python_m_ocular_keeps_its_name(tmp_path):
+    r = subprocess.run([sys.executable, "-m", "ocular", "run", "missing.py"], capture_output=True, text=True,
+                       cwd=tmp_path)
+    assert (r.returncode, r.stderr) == (2, "python -m ocular run: missing.py: no such file\n")
