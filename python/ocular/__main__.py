@@ -241,7 +241,8 @@ def _export_parquet(args: list[str], prog: str) -> int:
     p.add_argument("file")
     ns = p.parse_args(args)
     out = ns.output or os.path.splitext(ns.file)[0] + ".parquet"
-    names = ("events", "calls", "code", "lost")
+    # The tables the Rust binary's export writes, from the same engine.
+    names = ("events", "calls", "code", "lost", "counter_samples", "lines")
     paths = {name: os.path.join(out, f"{name}.parquet") for name in names}
     for o in (out, *paths.values()):
         if _same_file(ns.file, o):
@@ -280,8 +281,7 @@ def _export_parquet(args: list[str], prog: str) -> int:
                 os.rmdir(out)
             except OSError:
                 pass
-    print(f"wrote {out}: events.parquet ({rows['events']} rows), calls.parquet ({rows['calls']} rows), "
-          f"code.parquet ({rows['code']} rows), lost.parquet ({rows['lost']} rows)", file=sys.stderr)
+    print(f"wrote {out}: " + ", ".join(f"{name}.parquet ({rows[name]} rows)" for name in names), file=sys.stderr)
     return 0
 
 
