@@ -3,7 +3,8 @@
 
     python3 scripts/render_report.py out/demo.html out/demo-report.png
 
-Two checks, both on what the browser made of the page, offline (file://, no network):
+Three checks, all on what the browser made of the page, offline (file://, no network):
+- no script of the page threw (Chromium's console, logged to stderr);
 - the DOM after the page's scripts ran holds the flame graph's frames (SVG rects with a width), one of
   them named after the hottest function of the report's own `stats` table;
 - the screenshot has the flame graph's warm colours over a real share of the chart's area (the PNG is
@@ -38,15 +39,21 @@ FLAGS = [
 
 
 def chromium(page: Path, *args: str) -> str:
+    """Chromium's stdout; exits if the page's scripts threw (the console's errors, logged to stderr)."""
     with tempfile.TemporaryDirectory() as profile:
         out = subprocess.run(
-            ["chromium", *FLAGS, f"--user-data-dir={profile}", *args, page.resolve().as_uri()],
+            ["chromium", *FLAGS, "--enable-logging=stderr", "--v=0", f"--user-data-dir={profile}", *args,
+             page.resolve().as_uri()],
             capture_output=True,
             text=True,
             timeout=120,
         )
     if out.returncode != 0:
         sys.exit(f"chromium failed ({out.returncode}): {out.stderr[-2000:]}")
+    thrown = [line for line in out.stderr.splitlines() if ":CONSOLE" in line and "Uncaught" in line]
+    thrown += [line for line in out.stderr.splitlines() if ":CONSOLE" in line and "could not be drawn" in line]
+    if thrown:
+        sys.exit(f"{page}: the page's scripts failed:\n" + "\n".join(thrown))
     return out.stdout
 
 
