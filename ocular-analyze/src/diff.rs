@@ -465,6 +465,15 @@ pub fn diff(mut before: Side, after: Side, top: usize, force: bool) -> anyhow::R
             if moved.len() > 1 { ", ..." } else { "" }
         ));
     }
+    if before.recording.estimated || after.recording.estimated {
+        // Two estimates differ by their windows' luck as well as by the change: two default-mode runs of one
+        // program read 44,448 and 129,182 calls of one function.
+        notes.push(
+            "figures marked ~ are default-mode estimates, which differ between two runs of the same program \
+             too: compare recordings made with --mode calls (exact calls and times) to measure a change"
+                .to_string(),
+        );
+    }
     for (which, s) in [("before", &before), ("after", &after)] {
         if let Some(n) = &s.note {
             notes.extend(n.split("\nnote: ").map(|n| format!("{which} ({}): {n}", short(&s.recording.file))));

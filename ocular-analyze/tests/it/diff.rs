@@ -328,6 +328,7 @@ fn estimates_are_marked_as_stats_marks_them() {
     assert!(f.trim_start().starts_with("~"), "{f}");
     assert!(f.contains("~1.00x"), "{f}");
     assert!(s.contains("note: before (before.ocl): calls recorded completely for the first"), "{s}");
+    assert!(s.contains("compare recordings made with --mode calls (exact calls and times) to measure a change"), "{s}");
     let d = diff::diff(side(&b), side(&a), 20, false).unwrap();
     assert!(d.before.estimated && d.functions.iter().all(|r| r.estimated_before && r.estimated_after));
 }
