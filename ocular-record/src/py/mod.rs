@@ -467,6 +467,9 @@ fn stop<'py>(py: Python<'py>, names: &Bound<'py, PyDict>) -> PyResult<Bound<'py,
     // SAFETY: GIL held again; no Python call while the reference is alive.
     let st = unsafe { state() };
     let sink = rec.out.sink();
+    if let Output::File(s) = &rec.out {
+        s.pool().close();
+    }
     let mut pushed = 0u64;
     let mut threads = 0u64;
     for &ts in &st.threads {

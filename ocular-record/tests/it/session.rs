@@ -277,3 +277,23 @@ fn with_on_full_wait_a_thread_waits_for_the_writer_instead_of_dropping() {
     assert!(waiting.join().unwrap(), "it got the buffer the writer gave back");
     drop(spare);
 }
+
+#[test]
+fn a_closing_pool_makes_no_new_spares() {
+    // The writer tops the spares up as it recycles each written buffer, but not once the recording is
+    // stopping: the last buffers' spares (ring slots, ~0.5 ms each) would never be filled, and stop() waited.
+    let run = |close: bool| {
+        let pool = Pool::new(Config { buffer_events: 4, max_buffers: 16, ..Config::default() });
+        let b = pool.take().expect("a buffer");
+        pool.recycle(b);
+        assert_eq!(pool.allocated(), pool.spares(), "recycling tops the spares up");
+        let (b, _kept) = (pool.take().expect("a spare"), pool.take().expect("a spare"));
+        if close {
+            pool.close();
+        }
+        pool.recycle(b);
+        pool.allocated() - pool.spares()
+    };
+    assert_eq!(run(false), 1, "recording: one spare made to replace the one still taken");
+    assert_eq!(run(true), 0, "closing: the buffer goes back, nothing new is made");
+}
