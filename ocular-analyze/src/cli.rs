@@ -14,12 +14,15 @@ use std::path::PathBuf;
 ///
 ///   ocular-analyze info ocular.ocl
 ///   ocular-analyze hot ocular.ocl
+///   ocular-analyze report ocular.ocl -o ocular.html      # everything on one page
 ///   ocular-analyze stats ocular.ocl --sort inclusive
+///   ocular-analyze stats --lines ocular.ocl
 ///   ocular-analyze export --perfetto ocular.ocl -o ocular.json
+///   ocular-analyze export --pprof ocular.ocl -o ocular.pb.gz
 ///   ocular-analyze flamegraph ocular.ocl -o flame.svg
 ///   ocular-analyze specialize ocular.ocl
-///   ocular-analyze dump ocular.ocl | less
 ///   ocular-analyze diff before.ocl after.ocl
+///   ocular-analyze dump ocular.ocl | less
 ///
 /// And while a program records:
 ///
