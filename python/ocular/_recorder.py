@@ -190,11 +190,6 @@ _KIND = {"PY_START": 0, "PY_RESUME": 1, "PY_RETURN": 2, "PY_YIELD": 3, "CALL": 4
          "BRANCH_RIGHT": 18}
 
 
-# Per (mode, with a threshold, c_calls): the calibration's (cost, costs per kind, tick rate), measured by
-# the process's first recording of that kind (see Recording.start).
-_CALIBRATED: dict[tuple[str, bool, bool], tuple[float, list[tuple[int, float]], float]] = {}
-
-
 def calibration(mode: str, tool: int, threshold: int, buffer_events: int,
                 c_calls: bool = False) -> tuple[float, list[tuple[int, float]]]:
     """The recorder's cost per event kind, in ticks: (cost of the mode's jump/branch/instruction events, or
@@ -436,19 +431,13 @@ class Recording:
             if self._run is not None:
                 self._run.begin()
             # The tick rate is measured across the calibration (about 2 ms; clock points good to tens of ns)
-            # instead of a sleep of its own, which would add 10 ms to every run. Both are measured once per
-            # process and callback set: a process that records again and again (a trace per test) pays
-            # them once.
-            key = (self.mode, self.deinstrument_threshold > 0, self.c_calls)
-            if key not in _CALIBRATED:
-                before = nat.clock_point()
-                cost, per_kind = calibration(self.mode, tool, self.deinstrument_threshold, self.buffer_events,
-                                             self.c_calls)
-                after = nat.clock_point()
-                span_ns = after[1] - before[1]
-                hz = (after[0] - before[0]) * 1e9 / span_ns if span_ns >= 1_000_000 else nat.ticks_per_second(2)
-                _CALIBRATED[key] = (cost, per_kind, hz)
-            cost, per_kind, hz = _CALIBRATED[key]
+            # instead of a sleep of its own, which would add 10 ms to every run.
+            before = nat.clock_point()
+            cost, per_kind = calibration(self.mode, tool, self.deinstrument_threshold, self.buffer_events,
+                                         self.c_calls)
+            after = nat.clock_point()
+            span_ns = after[1] - before[1]
+            hz = (after[0] - before[0]) * 1e9 / span_ns if span_ns >= 1_000_000 else nat.ticks_per_second(2)
             self.event_cost_ns = cost * 1e9 / hz
             self.call_event_cost_ns = per_kind[0][1] * 1e9 / hz
             header = {
