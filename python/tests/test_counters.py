@@ -237,7 +237,9 @@ def test_a_loop_that_writes_a_fresh_page_per_iteration_faults_once_per_iteration
         assert 0.97 <= faults["per_iteration"] <= 1.01, faults
     else:
         assert faults["per_iteration"] > 0, faults
-    assert {c["name"]: c for c in loops["adder"]["counters"]}["page-faults"]["total"] == 0
+    # The other loop writes no fresh page: none of the 12,288, at most a stray few (2 once under make test
+    # on 3.14: the interpreter's or the recorder's own, which land in whatever loop runs then).
+    assert {c["name"]: c for c in loops["adder"]["counters"]}["page-faults"]["total"] <= 4
     text = subprocess.run([ANALYZE, "hot", "--top", "5", str(out)], capture_output=True, text=True).stdout
     assert "   counters (sampled): page-faults 12" in text and "/iteration" in text
 
