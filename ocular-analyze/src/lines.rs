@@ -481,12 +481,16 @@ fn finish(out: &mut Lines, pass: Pass, code: &HashMap<u32, CodeObject>, header: 
                 spread_ticks += own;
                 spread.insert(id);
                 let (first, last) = (offsets[lo], offsets[hi]);
-                let loops = back_jumps.get(&id).into_iter().flatten().filter(|&&(j, _)| first <= j && j <= last);
-                for &(j, t) in loops {
+                // The innermost such loop: an outer loop's body holds other loops that ran their own runs.
+                let inner = back_jumps
+                    .get(&id)
+                    .into_iter()
+                    .flatten()
+                    .filter(|&&(j, _)| first <= j && j <= last)
+                    .min_by_key(|&&(j, t)| j.saturating_sub(t));
+                if let Some(&(j, t)) = inner {
                     body.extend(offsets.iter().copied().filter(|&o| t <= o && o <= j));
                 }
-                body.sort_unstable();
-                body.dedup();
             }
             let run = if body.is_empty() { &offsets[lo..=hi] } else { &body[..] };
             lines.clear();
