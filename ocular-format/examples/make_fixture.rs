@@ -1,16 +1,16 @@
-//! Writes the frozen format fixture of the current format version (`testdata/v2.7/synthetic.ocl`): every
+//! Writes the frozen format fixture of the current format version (`testdata/v2.8/synthetic.ocl`): every
 //! chunk kind, two threads, a lost record, a snapshot, a window with its stack (since 2.2), the ring file's
 //! path (since 2.3), a flight recorder's dropped range (since 2.4), counter samples (since 2.5), the run of
-//! processes it belongs to (since 2.6), calls of two C functions, one of which raised (since 2.7), and a
-//! trailer.
+//! processes it belongs to (since 2.6), calls of two C functions, one of which raised (since 2.7), a
+//! coroutine's frame id and what it awaited (since 2.8), and a trailer.
 //! Frozen files are never rewritten: this refuses to overwrite one.
 //!
-//!     cargo run -p ocular-format --example make_fixture -- testdata/v2.7/synthetic.ocl
+//!     cargo run -p ocular-format --example make_fixture -- testdata/v2.8/synthetic.ocl
 
 use ocular_format::*;
 
 fn main() -> Result<()> {
-    let path = std::env::args().nth(1).unwrap_or_else(|| "testdata/v2.7/synthetic.ocl".into());
+    let path = std::env::args().nth(1).unwrap_or_else(|| "testdata/v2.8/synthetic.ocl".into());
     if std::path::Path::new(&path).exists() {
         eprintln!("{path} exists: frozen fixtures are never rewritten; make a new version's directory instead");
         std::process::exit(1);
@@ -102,6 +102,24 @@ fn main() -> Result<()> {
             RawEvent::new(40_300, 1, 6, 2, EventKind::CALL as u8),
             RawEvent::new(40_700, 1, 6, 0, EventKind::C_RAISE as u8),
             RawEvent::new(40_800, 1, 10, 0, EventKind::PY_RETURN as u8),
+        ],
+    )?;
+    // Since 2.8 (FORMAT.md 5.5): the coroutine `handler` starts, awaits a Future, resumes and returns; its
+    // boundaries carry its frame id and are recorded always.
+    w.code_objects(&[CodeObject { flags: 0x83, ..code(3, "handler", 20) }])?;
+    let frame = |t: u64, off: u32, kind: EventKind, awaited: Awaited| {
+        let mut e = RawEvent::new(t, 3, off, 0, kind as u8);
+        e.set_frame_id(0x7f3a_0012_3456);
+        e.flags |= event::flags::ALWAYS | awaited.bits();
+        e
+    };
+    w.events(
+        1001,
+        &[
+            frame(50_000, 4, EventKind::PY_START, Awaited::Unknown),
+            frame(50_200, 8, EventKind::PY_YIELD, Awaited::Future),
+            frame(90_000, 10, EventKind::PY_RESUME, Awaited::Unknown),
+            frame(90_300, 10, EventKind::PY_RETURN, Awaited::Unknown),
         ],
     )?;
     w.thread(&ThreadInfo { thread_id: 1002, name: "worker-1".into(), is_main: false })?;

@@ -8,7 +8,7 @@ pub const MAGIC: [u8; 8] = *b"\x89OCL\r\n\x1a\n";
 /// Format major version this crate writes and the newest it reads.
 pub const MAJOR: u16 = 2;
 /// Format minor version this crate writes.
-pub const MINOR: u16 = 7;
+pub const MINOR: u16 = 8;
 /// The chunk sync marker.
 pub const SYNC: [u8; 4] = *b"OCCH";
 
@@ -120,6 +120,12 @@ impl ChunkHeader {
                         10 + 41 * count
                     ));
                 }
+                2 if raw > 11 + 45 * count => {
+                    return Err(format!(
+                        "columnar v2 EVENTS chunk of {count} events has raw length {raw}, more than the {} it can take",
+                        11 + 45 * count
+                    ));
+                }
                 _ => {}
             }
         }
@@ -185,6 +191,8 @@ pub mod codec {
     pub const ZSTD: u8 = 0x01;
     /// Columnar delta v1 transform (EVENTS only).
     pub const COLUMNAR: u8 = 0x10;
+    /// Columnar delta v2 transform (EVENTS only, since 2.8): v1 plus the events' `flags` and `reserved`.
+    pub const COLUMNAR_V2: u8 = 0x20;
 }
 
 pub(crate) fn hex(bytes: &[u8]) -> String {

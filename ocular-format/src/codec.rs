@@ -1,12 +1,12 @@
-//! Columnar v1 (FORMAT.md 5.2): the transform that makes event buffers compress to under a byte per event.
-//! It runs on the writer's background thread, never on the recording thread.
+//! Columnar v1 and v2 (FORMAT.md 5.2): the transform that makes event buffers compress to under a byte per
+//! event. It runs on the writer's background thread, never on the recording thread.
 //!
-//! Each event is a *location* (kind, code, offset, arg) and a time. A buffer visits few distinct
+//! Each event is a *location* (kind, code, offset, arg; v2 adds flags and reserved) and a time. A buffer visits few distinct
 //! locations, over and over, and a location's block costs about the same each time it runs. So:
 //!
 //! ```text
 //!   dictionary: the distinct locations in first-seen order, as columns
-//!               kind | zz(Δcode) | zz(Δoffset) | zz(Δarg)
+//!               kind | zz(Δcode) | zz(Δoffset) | zz(Δarg) [| flags + reserved << 8, v2 only]
 //!   events:     location index | zz(Δticks − previous Δticks at the same location)
 //!   each column:  [w] plane0 plane1 … plane(w-1)     w ∈ {0,1,2,4,8}
 //!   plane k = byte k (little-endian) of every value, so high planes are long runs of zeros
@@ -68,17 +68,26 @@ fn delta_column(dict: &[RawEvent], scratch: &mut Vec<u64>, out: &mut Vec<u8>, fi
     put_column(out, scratch);
 }
 
+/// A location: kind, code, offset, arg, and `flags | reserved << 8`.
+type Key = (u8, u32, u32, u32, u32);
+
+/// The `flags` and `reserved` fields of an event as one value (the v2 dictionary's extra column).
+#[inline(always)]
+fn extra(e: &RawEvent) -> u32 {
+    e.flags as u32 | (e.reserved.get() as u32) << 8
+}
+
 /// Slots of the encoder's direct-mapped location cache.
 const RECENT: usize = 1024;
 
 /// Reusable state of the encoder, so the writer does not allocate per chunk.
 #[derive(Debug, Default)]
 pub struct Encoder {
-    index: FxHashMap<(u8, u32, u32, u32), u32>,
+    index: FxHashMap<Key, u32>,
     /// Direct-mapped cache in front of `index`: most events hit a location seen a few events ago, and a
     /// slot compare is several times cheaper than a hash-map probe. Entries are `(key, location + 1)`, 0
     /// meaning empty.
-    recent: Vec<((u8, u32, u32, u32), u32)>,
+    recent: Vec<(Key, u32)>,
     dict: Vec<RawEvent>,
     locs: Vec<u64>,
     ticks: Vec<u64>,
@@ -87,9 +96,9 @@ pub struct Encoder {
 }
 
 impl Encoder {
-    /// Encodes `events` (all of one thread, in order) into `out` (cleared first); `first_ts` is
-    /// `events[0].ticks`.
-    pub fn encode(&mut self, events: &[RawEvent], out: &mut Vec<u8>) {
+    /// Encodes `events` (all of one thread, in order) into `out` (cleared first). Returns the version
+    /// used: 1, or 2 when an event's `flags` or `reserved` is not zero (v1 does not store them).
+    pub fn encode(&mut self, events: &[RawEvent], out: &mut Vec<u8>) -> u8 {
         out.clear();
         self.index.clear();
         self.dict.clear();
@@ -98,17 +107,23 @@ impl Encoder {
         self.last.clear();
         let mut prev_ticks = events.first().map_or(0, |e| e.ticks.get());
         self.recent.clear();
-        self.recent.resize(RECENT, ((0, 0, 0, 0), 0));
+        self.recent.resize(RECENT, ((0, 0, 0, 0, 0), 0));
+        let mut extras = 0u32;
         for e in events {
-            let key = (e.kind, e.code.get(), e.offset.get(), e.arg.get());
-            let h = (key.2.wrapping_mul(0x9e37_79b1) ^ key.1.wrapping_mul(0x85eb_ca77) ^ key.3 ^ key.0 as u32) as usize;
+            let key = (e.kind, e.code.get(), e.offset.get(), e.arg.get(), extra(e));
+            extras |= key.4;
+            let h = (key.2.wrapping_mul(0x9e37_79b1) ^ key.1.wrapping_mul(0x85eb_ca77) ^ key.3 ^ key.4 ^ key.0 as u32)
+                as usize;
             let slot = &mut self.recent[(h ^ (h >> 10)) % RECENT];
             let loc = if slot.1 != 0 && slot.0 == key {
                 slot.1 - 1
             } else {
                 let next = self.dict.len() as u32;
                 let loc = *self.index.entry(key).or_insert_with(|| {
-                    self.dict.push(RawEvent::new(0, key.1, key.2, key.3, key.0));
+                    let mut d = RawEvent::new(0, key.1, key.2, key.3, key.0);
+                    d.flags = key.4 as u8;
+                    d.reserved.set((key.4 >> 8) as u16);
+                    self.dict.push(d);
                     self.last.push(0);
                     next
                 });
@@ -129,8 +144,18 @@ impl Encoder {
         delta_column(&self.dict, &mut self.scratch, out, |e| e.code.get());
         delta_column(&self.dict, &mut self.scratch, out, |e| e.offset.get());
         delta_column(&self.dict, &mut self.scratch, out, |e| e.arg.get());
+        if extras != 0 {
+            self.scratch.clear();
+            self.scratch.extend(self.dict.iter().map(|e| extra(e) as u64));
+            put_column(out, &self.scratch);
+        }
         put_column(out, &self.locs);
         put_column(out, &self.ticks);
+        if extras != 0 {
+            2
+        } else {
+            1
+        }
     }
 }
 
@@ -196,9 +221,17 @@ pub struct Decoder {
 }
 
 impl Decoder {
-    /// Decodes a raw payload of `n` events whose first timestamp is `first_ts` into `out` (cleared
-    /// first). Errors describe the first inconsistency; nothing panics on any input.
-    pub fn decode(&mut self, raw: &[u8], n: usize, first_ts: u64, out: &mut Vec<RawEvent>) -> Result<(), DecodeError> {
+    /// Decodes a raw payload of columnar `version` (1 or 2) of `n` events whose first timestamp is
+    /// `first_ts` into `out` (cleared first). Errors describe the first inconsistency; nothing panics on
+    /// any input.
+    pub fn decode(
+        &mut self,
+        raw: &[u8],
+        version: u8,
+        n: usize,
+        first_ts: u64,
+        out: &mut Vec<RawEvent>,
+    ) -> Result<(), DecodeError> {
         out.clear();
         let m = raw.get(..4).ok_or("missing dictionary size")?;
         let m = u32::from_le_bytes(m.try_into().expect("4 bytes")) as usize;
@@ -212,6 +245,12 @@ impl Decoder {
         }
         let fields =
             [cur.column(m, "dictionary code")?, cur.column(m, "dictionary offset")?, cur.column(m, "dictionary arg")?];
+        let extras = if version >= 2 { Some(cur.column(m, "dictionary flags")?) } else { None };
+        if let Some((w, _)) = extras {
+            if w > 4 {
+                return Err(format!("dictionary flags column: width {w}, expected at most 4"));
+            }
+        }
         let locs = cur.column(n, "location")?;
         let ticks = cur.column(n, "ticks")?;
         if cur.pos != raw.len() {
@@ -234,6 +273,16 @@ impl Decoder {
                     1 => d.offset.set(prev),
                     _ => d.arg.set(prev),
                 }
+            }
+        }
+        if let Some((w, planes)) = extras {
+            gather(w, planes, &mut self.a, m);
+            for (d, &x) in self.dict.iter_mut().zip(&self.a) {
+                if x >> 24 != 0 {
+                    return Err(format!("dictionary flags column: value {x:#x} wider than flags and reserved"));
+                }
+                d.flags = x as u8;
+                d.reserved.set((x >> 8) as u16);
             }
         }
 
@@ -290,20 +339,42 @@ mod tests {
         ];
         let mut raw = Vec::new();
         let mut out = Vec::new();
-        Encoder::default().encode(&events, &mut raw);
-        Decoder::default().decode(&raw, 4, events[0].ticks.get(), &mut out).unwrap();
+        assert_eq!(Encoder::default().encode(&events, &mut raw), 1);
+        Decoder::default().decode(&raw, 1, 4, events[0].ticks.get(), &mut out).unwrap();
         assert_eq!(out, events);
+    }
+
+    #[test]
+    fn flags_and_reserved_make_version_2_and_round_trip() {
+        let mut events = vec![RawEvent::new(5, 1, 2, 0, 0), RawEvent::new(9, 1, 2, 0x1234_5678, 3)];
+        events[1].flags = 0x0b;
+        events[1].reserved.set(0x7f01);
+        let (mut raw, mut out) = (Vec::new(), Vec::new());
+        assert_eq!(Encoder::default().encode(&events, &mut raw), 2);
+        Decoder::default().decode(&raw, 2, 2, 5, &mut out).unwrap();
+        assert_eq!(out, events);
+        // The extra column: width 4, values 0 and 0x7f010b in byte planes, after the arg column.
+        // m (4 bytes), then kind, code and offset columns of w=1 (3 bytes each), arg of w=4 (9 bytes).
+        let at = 4 + 3 + 3 + 3 + 9;
+        assert_eq!(&raw[at..at + 9], [4, 0, 0x0b, 0, 0x01, 0, 0x7f, 0, 0]);
+        let mut v1 = Vec::new();
+        assert_eq!(Encoder::default().encode(&events[..1], &mut v1), 1);
+        assert_eq!(
+            Decoder::default().decode(&raw, 1, 2, 5, &mut out).unwrap_err(),
+            "3 bytes after the last column",
+            "read as v1, the extra column is misread and the payload does not end where it should"
+        );
     }
 
     #[test]
     fn malformed_payloads_are_errors_naming_the_column() {
         let events = vec![RawEvent::new(10, 1, 2, 3, 7); 4];
         let (mut raw, mut out) = (Vec::new(), Vec::new());
-        Encoder::default().encode(&events, &mut raw);
+        assert_eq!(Encoder::default().encode(&events, &mut raw), 1);
         // m=1; dictionary kind/code/offset/arg w=1 ×1; location all 0: w=0; ticks all equal: w=0.
         assert_eq!(raw, [1, 0, 0, 0, 1, 7, 1, 2, 1, 4, 1, 6, 0, 0]);
         let mut d = Decoder::default();
-        let mut dec = |bytes: &[u8], n| d.decode(bytes, n, 10, &mut out).unwrap_err();
+        let mut dec = |bytes: &[u8], n| d.decode(bytes, 1, n, 10, &mut out).unwrap_err();
         assert_eq!(dec(&raw[..raw.len() - 1], 4), "ticks column: missing width byte");
         assert_eq!(dec(&[2, 0, 0, 0, 1, 0], 3), "dictionary kind column: needs 2 bytes, 1 left");
         assert_eq!(dec(&[1, 0, 0, 0, 3], 1), "dictionary kind column: invalid width 3");

@@ -20,9 +20,9 @@ pub struct RawEvent {
     pub arg: U32,
     /// Event kind, see [`EventKind`].
     pub kind: u8,
-    /// Reserved, 0.
+    /// For function boundaries, bits of [`flags`] (FORMAT.md 5.5, since 2.8); 0 otherwise.
     pub flags: u8,
-    /// Reserved, 0.
+    /// Bits 32-47 of the frame id when `flags` has [`flags::FRAME`]; 0 otherwise.
     pub reserved: U16,
 }
 
@@ -55,6 +55,26 @@ impl RawEvent {
         }
     }
 
+    /// The frame id of a function boundary of coroutine code (FORMAT.md 5.5), if it has one.
+    #[inline]
+    pub fn frame_id(&self) -> Option<u64> {
+        (self.flags & flags::FRAME != 0).then(|| self.arg.get() as u64 | (self.reserved.get() as u64) << 32)
+    }
+
+    /// Sets the frame id (FORMAT.md 5.5): bits 0-31 in `arg`, 32-47 in `reserved`, and [`flags::FRAME`].
+    #[inline(always)]
+    pub fn set_frame_id(&mut self, id: u64) {
+        self.arg = U32::new(id as u32);
+        self.reserved = U16::new((id >> 32) as u16);
+        self.flags |= flags::FRAME;
+    }
+
+    /// What a `PY_YIELD` with a frame id yielded (FORMAT.md 5.5).
+    #[inline]
+    pub fn awaited(&self) -> Awaited {
+        Awaited::from_bits(self.flags >> flags::AWAITED_SHIFT & 7)
+    }
+
     /// The kind as an [`EventKind`], if it is one this reader knows.
     #[inline]
     pub fn event_kind(&self) -> Option<EventKind> {
@@ -72,7 +92,11 @@ impl std::fmt::Debug for RawEvent {
             self.code.get(),
             self.offset.get(),
             self.arg.get()
-        )
+        )?;
+        if self.flags != 0 || self.reserved.get() != 0 {
+            write!(f, " flags={:#04x} reserved={:#06x}", self.flags, self.reserved.get())?;
+        }
+        Ok(())
     }
 }
 
@@ -130,6 +154,92 @@ event_kinds! {
     STACK = 66,
 }
 
+/// Bits of [`RawEvent::flags`] on function boundaries (FORMAT.md 5.5, since 2.8).
+pub mod flags {
+    /// `arg` and `reserved` hold the frame's id: coroutine code.
+    pub const FRAME: u8 = 0x01;
+    /// The code's boundaries are recorded outside windows too (5.3 does not apply to them).
+    pub const ALWAYS: u8 = 0x02;
+    /// Bits 2-4 of a `PY_YIELD` with `FRAME`: what was yielded, an [`super::Awaited`].
+    pub const AWAITED_SHIFT: u8 = 2;
+}
+
+/// What a coroutine frame yielded (FORMAT.md 5.5): in asyncio, what the await chain ends in.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash, PartialOrd, Ord)]
+pub enum Awaited {
+    /// Not classified (a writer that does not classify, or a value this reader does not know).
+    Unknown,
+    /// `None`: a bare yield, as `asyncio.sleep(0)` makes.
+    Nothing,
+    /// An asyncio `Future` (by type name, `Future` or `_asyncio.Future`, or a subclass of one).
+    Future,
+    /// An asyncio `Task` (`Task` or `_asyncio.Task`, or a subclass).
+    Task,
+    /// Any other object.
+    Other,
+}
+
+impl Awaited {
+    /// From bits 2-4 of `flags`, shifted down.
+    pub fn from_bits(b: u8) -> Self {
+        match b {
+            1 => Awaited::Nothing,
+            2 => Awaited::Future,
+            3 => Awaited::Task,
+            4 => Awaited::Other,
+            _ => Awaited::Unknown,
+        }
+    }
+
+    /// The bits to OR into `flags`.
+    pub fn bits(self) -> u8 {
+        let b = match self {
+            Awaited::Unknown => 0,
+            Awaited::Nothing => 1,
+            Awaited::Future => 2,
+            Awaited::Task => 3,
+            Awaited::Other => 4,
+        };
+        b << flags::AWAITED_SHIFT
+    }
+
+    /// How reports name it.
+    pub fn name(self) -> &'static str {
+        match self {
+            Awaited::Unknown => "?",
+            Awaited::Nothing => "yield",
+            Awaited::Future => "Future",
+            Awaited::Task => "Task",
+            Awaited::Other => "other",
+        }
+    }
+}
+
+/// asyncio's event loop functions whose boundaries are recorded always (FORMAT.md 5.5).
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum LoopFunction {
+    /// `BaseEventLoop._run_once`: one turn of the loop.
+    RunOnce,
+    /// `BaseEventLoop._call_soon`: a callback appended to the loop's ready queue.
+    CallSoon,
+    /// `Handle._run`: a callback taken from the ready queue (or a timer's, or an I/O one's) runs.
+    HandleRun,
+}
+
+/// Which of asyncio's event loop functions a code object is, by its file and qualified name.
+pub fn asyncio_loop_function(filename: &str, qualname: &str) -> Option<LoopFunction> {
+    let file = filename.rsplit(['/', '\\']).take(2).collect::<Vec<_>>();
+    if file.get(1) != Some(&"asyncio") {
+        return None;
+    }
+    match (file[0], qualname) {
+        ("base_events.py", "BaseEventLoop._run_once") => Some(LoopFunction::RunOnce),
+        ("base_events.py", "BaseEventLoop._call_soon") => Some(LoopFunction::CallSoon),
+        ("events.py", "Handle._run") => Some(LoopFunction::HandleRun),
+        _ => None,
+    }
+}
+
 /// The name of an event kind number: the `sys.monitoring` spelling, or `UNKNOWN(n)`.
 pub fn kind_name(kind: u8) -> std::borrow::Cow<'static, str> {
     match EventKind::from_u8(kind) {
@@ -148,6 +258,30 @@ mod tests {
         let e = RawEvent::new(0x0807060504030201, 0x0c0b0a09, 0x100f0e0d, 0x14131211, 0x15);
         let b = e.as_bytes();
         assert_eq!(b, &[1, 2, 3, 4, 5, 6, 7, 8, 9, 10, 11, 12, 13, 14, 15, 16, 0x11, 0x12, 0x13, 0x14, 0x15, 0, 0, 0]);
+    }
+
+    #[test]
+    fn frame_ids_take_48_bits_in_arg_and_reserved() {
+        let mut e = RawEvent::new(1, 2, 3, 0, EventKind::PY_YIELD as u8);
+        assert_eq!(e.frame_id(), None);
+        e.set_frame_id(0x7f12_3456_789a);
+        e.flags |= Awaited::Task.bits();
+        assert_eq!(&e.as_bytes()[16..24], &[0x9a, 0x78, 0x56, 0x34, 3, 0x0d, 0x12, 0x7f]);
+        assert_eq!(e.frame_id(), Some(0x7f12_3456_789a));
+        assert_eq!(e.awaited(), Awaited::Task);
+        for a in [Awaited::Unknown, Awaited::Nothing, Awaited::Future, Awaited::Task, Awaited::Other] {
+            assert_eq!(Awaited::from_bits(a.bits() >> flags::AWAITED_SHIFT), a);
+        }
+    }
+
+    #[test]
+    fn asyncio_loop_functions_by_file_and_name() {
+        let f = asyncio_loop_function;
+        assert_eq!(f("/usr/lib/python3.13/asyncio/base_events.py", "BaseEventLoop._run_once"), Some(LoopFunction::RunOnce));
+        assert_eq!(f("/x/asyncio/events.py", "Handle._run"), Some(LoopFunction::HandleRun));
+        assert_eq!(f("C:\\py\\asyncio\\base_events.py", "BaseEventLoop._call_soon"), Some(LoopFunction::CallSoon));
+        assert_eq!(f("/x/myasyncio/events.py", "Handle._run"), None);
+        assert_eq!(f("/x/asyncio/events.py", "TimerHandle._run"), None);
     }
 
     #[test]

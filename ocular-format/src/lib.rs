@@ -31,7 +31,7 @@ pub mod chunk;
 pub mod codec;
 pub mod complete;
 mod error;
-mod event;
+pub mod event;
 pub mod linetable;
 pub mod live;
 mod meta;
@@ -41,7 +41,7 @@ mod writer;
 
 pub use chunk::{MAGIC, MAJOR, MINOR};
 pub use error::{Error, Result};
-pub use event::{kind_name, EventKind, RawEvent};
+pub use event::{asyncio_loop_function, kind_name, Awaited, EventKind, LoopFunction, RawEvent};
 pub use meta::{
     CFunction, Calibration, Clock, CodeObject, CodeSnapshot, CounterInfo, CounterSample, CounterSamples, Dropped,
     Header, Lost, Mode, OpcodeTable, Options, Position, ProcessInfo, RingInfo, ThreadInfo, Trailer,

@@ -964,7 +964,7 @@ impl<R: Read + Seek> Reader<R> {
         let known_codec = matches!(info.codec & 0x0f, codec::NONE | codec::ZSTD)
             && match info.codec >> 4 {
                 0 => true,
-                1 => info.kind == kind::EVENTS,
+                1 | 2 => info.kind == kind::EVENTS,
                 _ => false,
             };
         if !known_kind || !known_codec {
@@ -1029,9 +1029,9 @@ impl<R: Read + Seek> Reader<R> {
         Ok(match info.kind {
             kind::EVENTS => {
                 let n = info.count as usize;
-                if info.codec >> 4 == 1 {
+                if matches!(info.codec >> 4, 1 | 2) {
                     self.decoder
-                        .decode(&self.raw, n, info.first_ts, &mut self.events)
+                        .decode(&self.raw, info.codec >> 4, n, info.first_ts, &mut self.events)
                         .map_err(|why| self.corrupt(offset, format!("EVENTS payload: {why}")))?;
                 } else {
                     let evs = <[RawEvent]>::ref_from_bytes(&self.raw).map_err(|_| {

@@ -147,7 +147,7 @@ impl<W: Write> Writer<W> {
     pub fn events(&mut self, thread_id: u64, events: &[RawEvent]) -> Result<()> {
         self.flush_code()?;
         for part in events.chunks(MAX_CHUNK_EVENTS as usize) {
-            self.encoder.encode(part, &mut self.raw);
+            let version = self.encoder.encode(part, &mut self.raw);
             let place = |part: &[RawEvent], transform| Place {
                 kind: kind::EVENTS,
                 transform,
@@ -158,7 +158,8 @@ impl<W: Write> Writer<W> {
             let compress = self.compress(Zstd::Events)?;
             let stored = if compress { self.stored.len() } else { self.raw.len() } as u64;
             if part.len() as u64 <= MAX_EVENTS_PER_STORED_BYTE * stored {
-                self.write_chunk(place(part, codec::COLUMNAR), compress)?;
+                let transform = if version == 2 { codec::COLUMNAR_V2 } else { codec::COLUMNAR };
+                self.write_chunk(place(part, transform), compress)?;
             } else {
                 // Events that repeat exactly (equal timestamps) compress past what a reader decodes per stored
                 // byte (FORMAT.md 3.1): stored as raw records, which always fit, in pieces under the

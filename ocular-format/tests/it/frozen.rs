@@ -25,7 +25,15 @@ fn check_synthetic(bytes: &[u8], version: (u16, u16)) {
     let per_thread: Vec<(u64, usize)> = all.events.iter().map(|(t, e)| (*t, e.len())).collect();
     // Since 2.2 the fixture also has a window, its stack and a return in it (FORMAT.md 5.3).
     let windows = version >= (2, 2);
-    if version >= (2, 7) {
+    if version >= (2, 8) {
+        // Since 2.8 also a coroutine's boundaries with its frame id (FORMAT.md 5.5), in a columnar v2 chunk.
+        assert_eq!(per_thread, [(1001, 43), (1002, 27), (1001, 13), (1001, 3), (1001, 6), (1001, 4)]);
+        let c = &all.events[5].1;
+        assert!(c.iter().all(|e| e.frame_id() == Some(0x7f3a_0012_3456)));
+        assert_eq!(c[1].flags, 0x0b, "FRAME | ALWAYS | Future << 2");
+        assert_eq!(c[1].awaited(), ocular_format::Awaited::Future);
+        assert_eq!(format!("{:?}", c[2]), "PY_RESUME ticks=90000 code=3 offset=10 arg=1193046 flags=0x03 reserved=0x7f3a");
+    } else if version >= (2, 7) {
         // Since 2.7 also calls of C functions (FORMAT.md 5.4).
         assert_eq!(per_thread, [(1001, 43), (1002, 27), (1001, 13), (1001, 3), (1001, 6)]);
         let c = &all.events[4].1;
@@ -45,7 +53,8 @@ fn check_synthetic(bytes: &[u8], version: (u16, u16)) {
     assert_eq!(format!("{:?}", first[0]), "PY_START ticks=10000 code=1 offset=0 arg=0");
     assert_eq!(format!("{:?}", first[2]), "JUMP ticks=10240 code=1 offset=8 arg=2");
     assert_eq!(format!("{:?}", first[42]), "PY_RETURN ticks=15060 code=1 offset=10 arg=0");
-    assert_eq!(all.code.iter().map(|c| c.qualname.as_str()).collect::<Vec<_>>(), ["main", "Worker.run"]);
+    let qualnames: Vec<_> = all.code.iter().map(|c| c.qualname.as_str()).collect();
+    assert_eq!(qualnames, if version >= (2, 8) { &["main", "Worker.run", "handler"][..] } else { &["main", "Worker.run"] });
     let p = all.code[1].positions[5];
     assert_eq!((p.line, p.end_line, p.column, p.end_column), (12, 12, 4, 12));
     assert_eq!(all.code[1].positions.len(), 6);
@@ -55,7 +64,10 @@ fn check_synthetic(bytes: &[u8], version: (u16, u16)) {
     // Since 2.3 a RING chunk follows the header (FORMAT.md 6.7): one chunk more.
     // Since 2.4 a DROPPED chunk (FORMAT.md 6.8), since 2.5 a COUNTERS chunk (6.9), since 2.6 a PROCESS
     // chunk (6.10): one more each.
-    let want = if version >= (2, 7) {
+    let want = if version >= (2, 8) {
+        // And a CODE chunk and the EVENTS chunk of the coroutine.
+        (96, 3, 18)
+    } else if version >= (2, 7) {
         // And a CFUNC chunk and the EVENTS chunk of the C calls.
         (92, 3, 16)
     } else if version >= (2, 6) {
@@ -101,6 +113,23 @@ fn v2_2_synthetic_reads_forever() {
     let bytes = fixture("v2.2/synthetic.ocl");
     assert_eq!(bytes.len(), 1976);
     check_synthetic(&bytes, (2, 2));
+}
+
+#[test]
+fn v2_8_synthetic_reads_forever() {
+    let bytes = fixture("v2.8/synthetic.ocl");
+    assert_eq!(bytes.len(), 2811);
+    check_synthetic(&bytes, (2, 8));
+    // The coroutine's chunk is the one columnar v2 chunk (codec 0x21): the others stay v1 (0x10 where zstd
+    // would not make them smaller).
+    let mut r = ocular_format::Reader::new(std::io::Cursor::new(&bytes), "fixture", Default::default()).unwrap();
+    let mut codecs = Vec::new();
+    while let Some(c) = r.next_chunk().unwrap() {
+        if matches!(c.body, ocular_format::Body::Events(_)) {
+            codecs.push(c.info.codec);
+        }
+    }
+    assert_eq!(codecs, [0x11, 0x11, 0x10, 0x10, 0x10, 0x21]);
 }
 
 #[test]
