@@ -1126,6 +1126,11 @@ fn step(
     ts.count += 1;
     let count = ts.count;
     let Some(kind) = e.event_kind() else { return };
+    if ts.phase == Phase::Gap && e.flags & ocular_format::event::flags::ALWAYS != 0 {
+        // A coroutine's or asyncio loop function's boundary between windows (FORMAT.md 5.5): recorded for
+        // the async view; the call tree leaves it out, as the other boundaries there are not recorded.
+        return;
+    }
     match kind {
         EventKind::WINDOW => {
             let seq = off;

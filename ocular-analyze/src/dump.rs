@@ -41,8 +41,17 @@ pub fn dump(path: &Path, opts: ReadOptions, out: &mut dyn Write) -> anyhow::Resu
                         e.code.get(),
                         e.offset.get()
                     )?;
-                    if e.arg.get() != 0 {
-                        write!(out, " arg={}", e.arg.get())?;
+                    match e.frame_id() {
+                        // FORMAT.md 5.5: a coroutine's frame id, not an argument.
+                        Some(id) => write!(out, " frame=0x{id:x}")?,
+                        None if e.arg.get() != 0 => write!(out, " arg={}", e.arg.get())?,
+                        None => {}
+                    }
+                    if e.flags & ocular_format::event::flags::ALWAYS != 0 {
+                        write!(out, " always")?;
+                    }
+                    if e.flags >> ocular_format::event::flags::AWAITED_SHIFT != 0 {
+                        write!(out, " yielded={}", e.awaited().name())?;
                     }
                     writeln!(out)?;
                 }

@@ -314,6 +314,11 @@ fn step(
     }
     th.cost += cost[e.kind as usize];
     let now = th.cost;
+    if th.gap && e.flags & ocular_format::event::flags::ALWAYS != 0 {
+        // A coroutine's or asyncio loop function's boundary between windows (FORMAT.md 5.5): the frames
+        // below it were not recorded, so it is left out as the other boundaries there are.
+        return;
+    }
     match kind {
         EventKind::WINDOW => {
             let len = e.arg.get();

@@ -216,6 +216,11 @@ unsafe fn record<
 ) -> *mut ffi::PyObject {
     // SAFETY: see the function's contract; offsets are Python ints.
     unsafe {
+        if is_boundary(KIND) && (*cs).boundary != 0 {
+            // Coroutine code and asyncio's loop functions (FORMAT.md 5.5); for other code this byte, on the
+            // cache line `id` is read from, is the whole cost.
+            return boundary::<KIND>(ts, cs, t, args);
+        }
         let fast = fast_ints();
         let off = small_int(fast, *args.add(1));
         let arg = if DEST { small_int(fast, *args.add(2)) } else { 0 };
@@ -271,6 +276,76 @@ unsafe fn record<
         } else {
             none()
         }
+    }
+}
+
+/// A function boundary kind (FORMAT.md 5.5): known when the callback is compiled.
+const fn is_boundary(kind: u8) -> bool {
+    use EventKind as K;
+    kind == K::PY_START as u8
+        || kind == K::PY_RESUME as u8
+        || kind == K::PY_RETURN as u8
+        || kind == K::PY_YIELD as u8
+        || kind == K::PY_UNWIND as u8
+        || kind == K::PY_THROW as u8
+}
+
+/// A boundary of code with `CodeState::boundary` bits (FORMAT.md 5.5): recorded whatever the windows say,
+/// never switched off, with the frame's id for coroutine code and, on a yield, what it yielded.
+///
+/// # Safety
+/// As [`record`].
+#[inline(never)]
+unsafe fn boundary<const KIND: u8>(
+    ts: *mut ThreadState,
+    cs: *mut CodeState,
+    t: u64,
+    args: *mut *mut ffi::PyObject,
+) -> *mut ffi::PyObject {
+    use ocular_format::event::flags::FRAME;
+    // SAFETY: see the function's contract; PY_YIELD's third argument is the yielded object.
+    unsafe {
+        let off = small_int(fast_ints(), *args.add(1));
+        let mut e = RawEvent::new(t, (*cs).id, off, 0, KIND);
+        e.flags = (*cs).boundary & !FRAME;
+        if (*cs).boundary & FRAME != 0 {
+            // The monitored frame is the current one: a callback runs in no frame of its own. The frame
+            // object is made once per coroutine and kept by it, so its address is the instance's for life.
+            let f = ffi::PyEval_GetFrame();
+            if !f.is_null() {
+                e.set_frame_id(f as u64 >> 4);
+                if KIND == EventKind::PY_YIELD as u8 {
+                    e.flags |= awaited(*args.add(2)).bits();
+                }
+            } else {
+                ffi::PyErr_Clear();
+            }
+        }
+        (*ts).buf.push(e, &*(*ts).sink);
+        none()
+    }
+}
+
+/// What a coroutine yielded (FORMAT.md 5.5), by its type's name or a base type's.
+///
+/// # Safety
+/// GIL held; `o` a live object.
+unsafe fn awaited(o: *mut ffi::PyObject) -> ocular_format::Awaited {
+    use ocular_format::Awaited;
+    // SAFETY: types and their base chains live while their instances do; tp_name is a C string.
+    unsafe {
+        if o == ffi::Py_None() {
+            return Awaited::Nothing;
+        }
+        let mut t = ffi::Py_TYPE(o);
+        while !t.is_null() {
+            match std::ffi::CStr::from_ptr((*t).tp_name).to_bytes() {
+                b"_asyncio.Future" | b"Future" => return Awaited::Future,
+                b"_asyncio.Task" | b"Task" => return Awaited::Task,
+                _ => t = (*t).tp_base,
+            }
+        }
+        Awaited::Other
     }
 }
 

@@ -109,6 +109,10 @@ struct CodeState {
     id: u32,
     /// Bit 0: record its events. Bit 1: `threading.Thread._bootstrap` (names and flushes threads).
     flags: u8,
+    /// Its function boundaries' extra flags (FORMAT.md 5.5): `event::FRAME` for coroutine code (the frame's
+    /// id is recorded), `event::ALWAYS` for code whose boundaries are recorded outside windows too; 0 for
+    /// most code, whose boundary events then cost one more compare of this byte.
+    boundary: u8,
     /// Hits per code unit (offset / 2), for the de-instrumentation threshold.
     hits: Box<[u32]>,
     /// Backward jumps per loop head (destination / 2), allocated at the code object's first one.
@@ -666,6 +670,7 @@ unsafe fn lookup(code: *mut ffi::PyObject) -> *mut CodeState {
             let mut flags = boot;
             let mut id = 0;
             let units = c.bytecode.len() / 2;
+            let boundary = boundary_flags(&c);
             if record {
                 flags |= RECORD;
                 id = rec.recorded.len() as u32 + 1;
@@ -675,14 +680,14 @@ unsafe fn lookup(code: *mut ffi::PyObject) -> *mut CodeState {
                     s.code(vec![c]);
                 }
             }
-            CodeState { id, flags, hits: vec![0; units].into_boxed_slice(), heads: Box::new([]) }
+            CodeState { id, flags, boundary, hits: vec![0; units].into_boxed_slice(), heads: Box::new([]) }
         }
         Err(e) => {
             // Never let an exception escape into the user's program: note it, skip this code object.
             if rec.errors.len() < 10 {
                 rec.errors.push(format!("cannot describe a code object: {e}"));
             }
-            CodeState { id: 0, flags: boot, hits: Box::new([]), heads: Box::new([]) }
+            CodeState { id: 0, flags: boot, boundary: 0, hits: Box::new([]), heads: Box::new([]) }
         }
     };
     rec.keep.push(obj.unbind());
@@ -690,6 +695,25 @@ unsafe fn lookup(code: *mut ffi::PyObject) -> *mut CodeState {
     let p: *mut CodeState = &mut *b;
     rec.codes.insert(code as usize, b);
     p
+}
+
+/// FORMAT.md 5.5: coroutine code (`async def`, `@types.coroutine` generators, async generators) has its
+/// frame recorded and its boundaries recorded always; so have the three functions of asyncio's event loop
+/// that say when a callback was scheduled and when it ran, from which the async view tells "awaiting" from
+/// "ready, waiting for the loop". Plain generators are not included: a generator made per call of a hot
+/// function (`sum(x for x in ...)`) would pay for a frame object.
+fn boundary_flags(c: &CodeObject) -> u8 {
+    use ocular_format::event::flags::{ALWAYS, FRAME};
+    const CO_COROUTINE: u32 = 0x80;
+    const CO_ITERABLE_COROUTINE: u32 = 0x100;
+    const CO_ASYNC_GENERATOR: u32 = 0x200;
+    if c.flags & (CO_COROUTINE | CO_ITERABLE_COROUTINE | CO_ASYNC_GENERATOR) != 0 {
+        return FRAME | ALWAYS;
+    }
+    if ocular_format::event::asyncio_loop_function(&c.filename, &c.qualname).is_some() {
+        return ALWAYS;
+    }
+    0
 }
 
 /// A code object as FORMAT.md 6.1 stores it (id set by the caller): its attributes read directly, the
