@@ -97,6 +97,13 @@ enum Command {
         /// estimated, source).
         #[arg(long, conflicts_with_all = ["per_thread", "per_process"])]
         lines: bool,
+        /// The async view: per coroutine function its time running (inclusive), awaiting (what it awaited
+        /// was not done) and ready (done, waiting for the event loop), and what it awaited; where tasks
+        /// waited, as await chains rooted at the task's coroutine; and the tasks, longest first. Needs a
+        /// recording by Ocular 0.8+ (format 2.8, coroutine frames); every mode records it. Processes of a
+        /// run are merged. JSON: {functions, chains, tasks, more, tasks_total, ready_measured, notes}.
+        #[arg(long = "async", conflicts_with_all = ["per_thread", "per_process", "lines"])]
+        awaits: bool,
         /// Print JSON instead of text: an array of rows (thread_id, thread_name, function, file, line, calls,
         /// inclusive_ms, exclusive_ms, mean_us, wall_ms, threads, wall_share = inclusive_ms / (wall_ms x
         /// threads)).
@@ -113,8 +120,10 @@ enum Command {
     ///
     /// --parquet writes a directory with events.parquet (one row per event: thread_id, ts_ns, tsc, event,
     /// function, file, line, offset, opcode, specialized, ...), calls.parquet (one row per function call:
-    /// start_ns, end_ns, depth, parent, ...), code.parquet, and lost.parquet (one row per stretch of events
-    /// the recorder dropped; empty when none were), for polars or pandas:
+    /// start_ns, end_ns, depth, parent, ...), code.parquet, lost.parquet (one row per stretch of events
+    /// the recorder dropped; empty when none were), counter_samples.parquet, lines.parquet,
+    /// coroutines.parquet (per coroutine function: running_ns, awaiting_ns, ready_ns, as stats --async)
+    /// and tasks.parquet (one row per asyncio task), for polars or pandas:
     /// pl.read_parquet("run.parquet/events.parquet"). (Needs a build with `--features parquet`.)
     ///
     /// --pprof writes a gzipped pprof profile (profile.proto) for go tool pprof, Pyroscope, Parca and
@@ -332,6 +341,11 @@ fn run(cli: Cli) -> anyhow::Result<()> {
             let run = open_run(&file, opts)?;
             let analyses = analyze_run(&run, opts)?;
             let report = hot_report(&run, &analyses, top);
+            print_report(json, &report, |out| write!(out, "{report}"))?;
+        }
+        Command::Stats { file, awaits: true, top, json, salvage, .. } => {
+            let opts = ReadOptions::with_salvage(salvage);
+            let report = async_report(&file, opts, top)?;
             print_report(json, &report, |out| write!(out, "{report}"))?;
         }
         Command::Stats { file, lines: true, top, json, salvage, .. } => {
@@ -614,6 +628,32 @@ pub fn lines_report(file: &std::path::Path, opts: ReadOptions, top: usize) -> an
     Ok(crate::lines::report(&parts, top))
 }
 
+/// `stats --async`: the async view of every process of the run `file` begins, merged; refused when no
+/// coroutine ran with its frame recorded.
+pub fn async_report(file: &std::path::Path, opts: ReadOptions, top: usize) -> anyhow::Result<crate::awaits::Report> {
+    let run = open_run(file, opts)?;
+    let mut parts = Vec::new();
+    for p in &run.processes {
+        let a = crate::awaits::analyze(&p.path, opts).with_context(|| format!("cannot read {}", p.path.display()))?;
+        warn(&a.warnings);
+        parts.push(a);
+    }
+    let report = crate::awaits::report(&parts, top);
+    if report.is_empty() {
+        let old = parts.iter().any(|p| p.version < (2, 8));
+        anyhow::bail!(
+            "{}: no coroutine ran with its frame recorded{}",
+            file.display(),
+            if old {
+                ": the file was written before format 2.8, which added coroutine frames; record it again with                  this version"
+            } else {
+                " (the program ran no async def code, or a filter left it out)"
+            }
+        );
+    }
+    Ok(report)
+}
+
 /// Reader warnings go to stderr, one line each.
 fn warn(warnings: &[String]) {
     for w in warnings {
@@ -660,7 +700,8 @@ fn export_parquet(file: &std::path::Path, opts: ReadOptions, dir: &std::path::Pa
     let rows = |t: &str| summary.rows.get(t).copied().unwrap_or(0);
     eprintln!(
         "wrote {}: events.parquet ({} rows), calls.parquet ({} rows), code.parquet ({} rows), lost.parquet ({} rows), \
-         counter_samples.parquet ({} rows), lines.parquet ({} rows) from {} recorded events",
+         counter_samples.parquet ({} rows), lines.parquet ({} rows), coroutines.parquet ({} rows), tasks.parquet \
+         ({} rows) from {} recorded events",
         dir.display(),
         rows("events"),
         rows("calls"),
@@ -668,6 +709,8 @@ fn export_parquet(file: &std::path::Path, opts: ReadOptions, dir: &std::path::Pa
         rows("lost"),
         rows("counter_samples"),
         rows("lines"),
+        rows("coroutines"),
+        rows("tasks"),
         summary.events_read
     );
     Ok(())

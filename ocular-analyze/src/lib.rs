@@ -7,6 +7,7 @@
 //! ```
 
 pub mod analysis;
+pub mod awaits;
 pub mod cli;
 pub mod diff;
 pub mod dump;

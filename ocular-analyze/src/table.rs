@@ -63,6 +63,10 @@ pub enum Table {
     CounterSamples,
     /// One row per source line (and function) that ran: hits and own time ([`crate::lines`]).
     Lines,
+    /// One row per coroutine function: running, awaiting and ready time ([`crate::awaits`]).
+    Coroutines,
+    /// One row per asyncio task ([`crate::awaits`]).
+    Tasks,
 }
 
 impl Table {
@@ -75,6 +79,8 @@ impl Table {
             Table::Lost => "lost",
             Table::CounterSamples => "counter_samples",
             Table::Lines => "lines",
+            Table::Coroutines => "coroutines",
+            Table::Tasks => "tasks",
         }
     }
 }
@@ -88,6 +94,8 @@ pub enum Column {
     OptU64(Vec<Option<u64>>),
     /// Signed 64-bit.
     I64(Vec<i64>),
+    /// Signed 64-bit, nullable.
+    OptI64(Vec<Option<i64>>),
     /// Unsigned 32-bit.
     U32(Vec<u32>),
     /// Signed 32-bit, nullable.
@@ -108,6 +116,7 @@ impl Column {
             Column::U64(v) => v.len(),
             Column::OptU64(v) => v.len(),
             Column::I64(v) => v.len(),
+            Column::OptI64(v) => v.len(),
             Column::U32(v) => v.len(),
             Column::OptI32(v) => v.len(),
             Column::Dict(v, _) => v.len(),
@@ -248,6 +257,31 @@ pub fn columns(table: Table) -> &'static [&'static str] {
         Table::Lost => &["pid", "thread_id", "thread_lost", "thread_recorded", "start_ns", "end_ns"],
         Table::CounterSamples => &["pid", "thread_id", "ts_ns", "counter", "value", "call_id", "function"],
         Table::Lines => &["pid", "file", "line", "function", "hits", "own_ns", "estimated"],
+        Table::Coroutines => &[
+            "pid",
+            "function",
+            "file",
+            "line",
+            "calls",
+            "steps",
+            "tasks",
+            "running_ns",
+            "awaiting_ns",
+            "ready_ns",
+        ],
+        Table::Tasks => &[
+            "pid",
+            "thread_id",
+            "function",
+            "ordinal",
+            "created_ns",
+            "started_ns",
+            "ended_ns",
+            "steps",
+            "running_ns",
+            "awaiting_ns",
+            "ready_ns",
+        ],
     }
 }
 
@@ -771,6 +805,62 @@ fn lines_table(mut l: crate::lines::Lines, d: &mut Dictionaries) -> Batch {
     }
 }
 
+/// The coroutine functions and the tasks of one process ([`crate::awaits`]), by wall time, most first;
+/// times of tasks from the first process's start (`offset_ns` is this process's start from it).
+fn async_tables(a: crate::awaits::Awaits, offset_ns: i64, d: &mut Dictionaries) -> (Batch, Batch) {
+    let r = crate::awaits::report(std::slice::from_ref(&a), usize::MAX);
+    let n = r.functions.len();
+    let (mut file, mut function) = (Vec::with_capacity(n), Vec::with_capacity(n));
+    for x in &r.functions {
+        file.push(d.file.code(&x.file));
+        function.push(d.function.code(&x.function));
+    }
+    let ns = |v: f64| v.round() as i64;
+    let f = &r.functions;
+    let coroutines = Batch {
+        rows: n,
+        columns: vec![
+            ("pid", Column::U32(vec![a.pid; n])),
+            ("function", Column::Dict(function, d.function.snapshot())),
+            ("file", Column::Dict(file, d.file.snapshot())),
+            ("line", Column::U32(f.iter().map(|x| x.line).collect())),
+            ("calls", Column::U64(f.iter().map(|x| x.calls).collect())),
+            ("steps", Column::U64(f.iter().map(|x| x.steps).collect())),
+            ("tasks", Column::U64(f.iter().map(|x| x.tasks).collect())),
+            ("running_ns", Column::I64(f.iter().map(|x| ns(x.running_ns)).collect())),
+            ("awaiting_ns", Column::I64(f.iter().map(|x| ns(x.awaiting_ns)).collect())),
+            ("ready_ns", Column::I64(f.iter().map(|x| ns(x.ready_ns)).collect())),
+        ],
+    };
+    let t = &r.tasks;
+    let m = t.len();
+    let mut function = Vec::with_capacity(m);
+    let mut ordinal = Vec::with_capacity(m);
+    for x in t {
+        let (name, n) = x.name.rsplit_once('#').unwrap_or((&x.name, "0"));
+        function.push(d.function.code(name));
+        ordinal.push(n.parse().unwrap_or(0));
+    }
+    let at = |v: f64| offset_ns + ns(v);
+    let tasks = Batch {
+        rows: m,
+        columns: vec![
+            ("pid", Column::U32(vec![a.pid; m])),
+            ("thread_id", Column::U64(t.iter().map(|x| x.thread_id).collect())),
+            ("function", Column::Dict(function, d.function.snapshot())),
+            ("ordinal", Column::U64(ordinal)),
+            ("created_ns", Column::I64(t.iter().map(|x| at(x.created_ns)).collect())),
+            ("started_ns", Column::I64(t.iter().map(|x| at(x.started_ns)).collect())),
+            ("ended_ns", Column::OptI64(t.iter().map(|x| x.ended_ns.map(at)).collect())),
+            ("steps", Column::U64(t.iter().map(|x| x.steps).collect())),
+            ("running_ns", Column::I64(t.iter().map(|x| ns(x.running_ns)).collect())),
+            ("awaiting_ns", Column::I64(t.iter().map(|x| ns(x.awaiting_ns)).collect())),
+            ("ready_ns", Column::I64(t.iter().map(|x| ns(x.ready_ns)).collect())),
+        ],
+    };
+    (coroutines, tasks)
+}
+
 /// Builds the requested tables of `path` into `sink`, `batch_rows` rows at a time.
 pub fn build(
     path: &Path,
@@ -858,6 +948,19 @@ pub fn build_selected(
             let b = lines_table(l, &mut d);
             count(&mut summary, Table::Lines, &b);
             sink.batch(Table::Lines, b)?;
+        }
+    }
+    if tables.contains(&Table::Coroutines) || tables.contains(&Table::Tasks) {
+        // A pass of its own per process, as lines.
+        for (p, m) in run.processes.iter().zip(&metas) {
+            let a = crate::awaits::analyze(&p.path, opts)?;
+            let (co, tk) = async_tables(a, m.header.start_monotonic_ns as i64 - origin, &mut d);
+            for (t, b) in [(Table::Coroutines, co), (Table::Tasks, tk)] {
+                if tables.contains(&t) {
+                    count(&mut summary, t, &b);
+                    sink.batch(t, b)?;
+                }
+            }
         }
     }
     let want_events = tables.contains(&Table::Events);

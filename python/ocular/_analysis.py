@@ -34,7 +34,7 @@ class Trace:
     """An ``.ocl`` file, ready to be analyzed. Made by :func:`ocular.load`.
 
     - ``info()``, ``hot(top=10)``, ``stats()``: the reports of ``ocular-analyze info|hot|stats --json``.
-    - ``events()``, ``calls()``, ``code()``, ``lost()``, ``lines()``: polars DataFrames (the columns of ``ocular-analyze export
+    - ``events()``, ``calls()``, ``code()``, ``lost()``, ``lines()``, ``coroutines()``, ``tasks()``: polars DataFrames (the columns of ``ocular-analyze export
       --parquet``; text columns are categorical); ``events_pandas()`` and friends: the same as pandas.
     """
 
@@ -166,6 +166,21 @@ class Trace:
         bounds). What ``ocular-analyze stats --lines`` shows; empty for a calls-mode trace, which records no
         lines (polars DataFrame)."""
         return self._polars("lines")
+
+    def coroutines(self):
+        """One row per coroutine function (``async def``), longest first: pid, function, file, line, calls,
+        steps (starts and resumptions), tasks (instances the event loop ran as a task's coroutine), and its
+        instances' time running_ns (inclusive of what they called and awaited while running), awaiting_ns
+        (suspended, what it awaited not done) and ready_ns (suspended, ready, waiting for the event loop).
+        What ``ocular-analyze stats --async`` shows (polars DataFrame)."""
+        return self._polars("coroutines")
+
+    def tasks(self):
+        """One row per asyncio task, longest first: pid, thread_id, function (its coroutine), ordinal (1 for
+        that function's first task), created_ns (ready for its first turn), started_ns, ended_ns (null if
+        it outlived the recording; times from the recording's start, as in :meth:`events`), steps,
+        running_ns, awaiting_ns and ready_ns (polars DataFrame)."""
+        return self._polars("tasks")
 
     def events_pandas(self, **select):
         """:meth:`events` as a pandas DataFrame (needs pandas and pyarrow); the same selection."""

@@ -124,6 +124,7 @@ fn dataframe(batch: Batch, enums: &mut Enums) -> anyhow::Result<DataFrame> {
             Column::U64(v) => ChunkedArray::<UInt64Type>::from_vec(name, v).into_series(),
             Column::OptU64(v) => physical::<UInt64Type, u64>(name, &v, |x| x).into_series(),
             Column::I64(v) => ChunkedArray::<Int64Type>::from_vec(name, v).into_series(),
+            Column::OptI64(v) => physical::<Int64Type, i64>(name, &v, |x| x).into_series(),
             Column::U32(v) => ChunkedArray::<UInt32Type>::from_vec(name, v).into_series(),
             Column::OptI32(v) => physical::<Int32Type, i32>(name, &v, |x| x).into_series(),
             Column::Dict(codes, dict) => enum_series(name, &codes, &dict, enums)?,
@@ -363,10 +364,10 @@ impl Pipe {
 }
 
 /// Exports `path` into `dir` (created if missing) as events.parquet, calls.parquet, code.parquet,
-/// lost.parquet, counter_samples.parquet and lines.parquet. On an error, the files it created are removed (and `dir`, if it created that too).
+/// lost.parquet, counter_samples.parquet, lines.parquet, coroutines.parquet and tasks.parquet. On an error, the files it created are removed (and `dir`, if it created that too).
 pub fn export(path: &Path, opts: ReadOptions, dir: &Path) -> anyhow::Result<Summary> {
     crate::output::refuse_input(path, dir)?;
-    for t in [Table::Code, Table::Calls, Table::Events, Table::Lost, Table::CounterSamples, Table::Lines] {
+    for t in [Table::Code, Table::Calls, Table::Events, Table::Lost, Table::CounterSamples, Table::Lines, Table::Coroutines, Table::Tasks] {
         crate::output::refuse_input(path, &dir.join(format!("{}.parquet", t.name())))?;
     }
     let new_dir = !dir.exists();
@@ -391,7 +392,16 @@ pub fn export(path: &Path, opts: ReadOptions, dir: &Path) -> anyhow::Result<Summ
     let built = table::build(
         path,
         opts,
-        &[Table::Code, Table::Lost, Table::Calls, Table::Events, Table::CounterSamples, Table::Lines],
+        &[
+            Table::Code,
+            Table::Lost,
+            Table::Calls,
+            Table::Events,
+            Table::CounterSamples,
+            Table::Lines,
+            Table::Coroutines,
+            Table::Tasks,
+        ],
         table::DEFAULT_BATCH_ROWS,
         &mut pipe,
     );

@@ -199,6 +199,7 @@ fn arrow_column(col: Column) -> (DataType, bool, ArrayRef) {
         Column::U64(v) => (DataType::UInt64, false, Arc::new(UInt64Array::from(v))),
         Column::OptU64(v) => (DataType::UInt64, true, Arc::new(UInt64Array::from(v))),
         Column::I64(v) => (DataType::Int64, false, Arc::new(Int64Array::from(v))),
+        Column::OptI64(v) => (DataType::Int64, true, Arc::new(Int64Array::from(v))),
         Column::U32(v) => (DataType::UInt32, false, Arc::new(UInt32Array::from(v))),
         Column::OptI32(v) => (DataType::Int32, true, Arc::new(Int32Array::from(v))),
         Column::Dict(codes, dict) => {
@@ -260,7 +261,7 @@ impl ArrowTable {
 
 /// `table(path, name, salvage=False, columns=None, threads=None, start_ns=None, end_ns=None) ->
 /// (ArrowTable, warnings)`: one of the tables of `ocular_analyze::table` (`events`, `calls`, `code`,
-/// `lost`, `counter_samples`, `lines`), with the rows and columns selected.
+/// `lost`, `counter_samples`, `lines`, `coroutines`, `tasks`), with the rows and columns selected.
 ///
 /// A table too big for the memory the process can get raises `MemoryError` before anything is built:
 /// Rust aborts the process when an allocation fails (a notebook kernel dies), so the size is estimated
@@ -285,9 +286,11 @@ pub(super) fn table(
         "lost" => Table::Lost,
         "counter_samples" => Table::CounterSamples,
         "lines" => Table::Lines,
+        "coroutines" => Table::Coroutines,
+        "tasks" => Table::Tasks,
         other => {
             return Err(PyValueError::new_err(format!(
-                "no table {other:?}: events, calls, code, lost, counter_samples or lines"
+                "no table {other:?}: events, calls, code, lost, counter_samples, lines, coroutines or tasks"
             )))
         }
     };
