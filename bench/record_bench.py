@@ -189,15 +189,126 @@ def c_calls_table(repeats, path, floor):
                   f"{q(vs, 2):.2f}x |", flush=True)
 
 
+# The same shape twice: a chain of three frames per iteration, the inner two started, suspended once,
+# resumed and returned. Coroutines get their frame id and what they yielded recorded (FORMAT.md 5.5);
+# plain generators, the same events, do not: the difference per event is what the async view costs.
+@__import__("types").coroutine
+def _tick():
+    yield
+
+
+async def _co_leaf(i):
+    await _tick()
+    return i
+
+
+async def _co_mid(i):
+    return await _co_leaf(i) + 1
+
+
+async def _co_top(n):
+    s = 0
+    for i in range(n):
+        s += await _co_mid(i)
+    return s
+
+
+def _gen_tick():
+    yield
+
+
+def _gen_leaf(i):
+    yield from _gen_tick()
+    return i
+
+
+def _gen_mid(i):
+    return (yield from _gen_leaf(i)) + 1
+
+
+def _gen_top(n):
+    s = 0
+    for i in range(n):
+        s += yield from _gen_mid(i)
+    return s
+
+
+def drive(make, n=20_000):
+    """Runs a coroutine or generator to its end as an event loop would: send(None) until it returns."""
+    g = make(n)
+    try:
+        while True:
+            g.send(None)
+    except StopIteration as e:
+        return e.value
+
+
+def coroutines(n=20_000):
+    return drive(_co_top, n)
+
+
+def generators(n=20_000):
+    return drive(_gen_top, n)
+
+
+def async_table(repeats, path, floor):
+    """The async view's cost: coroutines (frame ids and what they yielded recorded) next to plain generators
+    of the same shape (the same events, recorded as before), each against the floor on the same events."""
+    print()
+    print("Coroutine frames (FORMAT.md 5.5): the same chain of frames as coroutines and as plain generators; "
+          "the floor fires on the same events for both")
+    print()
+    print("| workload | mode | events/run | untraced ms | floor ns/ev | Ocular ns/ev "
+          "| **Ocular / floor**, median of paired repeats (quartiles) | Ocular slowdown |")
+    print("|---|---|---:|---:|---:|---:|---:|---:|")
+    per_event = {}
+    for wname, fn in (("coroutines (await)", coroutines), ("plain generators (yield from)", generators)):
+        fn()
+        for mode in ("calls", "adaptive"):
+            configs = {"floor": lambda: with_callback(fn, mode, floor),
+                       "ocular": lambda: with_ocular(fn, mode, 500, path)}
+            runs = {k: [] for k in ("untraced", *configs)}
+            ratios = []
+            events = 0
+            for _ in range(repeats):
+                order = list(configs)
+                random.shuffle(order)
+                got = {"untraced": timed(fn)}
+                for k in order:
+                    r = configs[k]()
+                    if k == "ocular":
+                        r, events, _ = r
+                    got[k] = r
+                got["untraced"] = min(got["untraced"], timed(fn))
+                for k, v in got.items():
+                    runs[k].append(v)
+                base = got["untraced"][0]
+                ratios.append((got["ocular"][0] - base) / max(1, got["floor"][0] - base))
+            wall = {k: min(w for w, _ in v) for k, v in runs.items()}
+            ratios.sort()
+            q = lambda xs, k: xs[(k * len(xs)) // 4]  # noqa: E731
+            ns = (wall["ocular"] - wall["untraced"]) / events
+            per_event[(wname, mode)] = ns
+            print(f"| {wname} | {mode} | {events:,} | {wall['untraced'] / 1e6:.1f} | "
+                  f"{(wall['floor'] - wall['untraced']) / events:.1f} | {ns:.1f} | "
+                  f"**{q(ratios, 2):.2f}x** ({q(ratios, 1):.2f}-{q(ratios, 3):.2f}) | "
+                  f"{wall['ocular'] / wall['untraced']:.2f}x |", flush=True)
+
+
 def main():
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--repeats", type=int, default=31)
     ap.add_argument("--modes", default="calls,adaptive,precise")
     ap.add_argument("--c-calls-only", action="store_true", help="only the table of c_calls")
+    ap.add_argument("--async-only", action="store_true", help="only the table of coroutine frames")
     args = ap.parse_args()
     floor, noop = _ocular.bench_callbacks["floor"], _ocular.bench_callbacks["noop"]
     tmp = tempfile.TemporaryDirectory(prefix="ocular-record-bench-")  # removed at exit
     path = os.path.join(tmp.name, "bench.ocl")
+    if args.async_only:
+        print(f"# Python {platform.python_version()}, {platform.machine()}, {os.cpu_count()} CPUs, {args.repeats} repeats")
+        async_table(args.repeats, path, floor)
+        return
     if args.c_calls_only:
         print(f"# Python {platform.python_version()}, {platform.machine()}, {os.cpu_count()} CPUs, {args.repeats} repeats")
         c_calls_table(args.repeats, path, floor)

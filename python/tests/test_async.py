@@ -166,6 +166,13 @@ def test_text_report_names_the_chain_and_the_columns(tmp_path):
         assert col in r.stdout
 
 
+def test_the_running_frame_is_read_from_the_thread_state():
+    # Where the thread state holds the running frame is found at import on every supported CPython; if it
+    # were not, frame ids would come from PyEval_GetFrame, which makes a frame object per coroutine.
+    from ocular import _ocular
+    assert _ocular.FRAME_FIELD in (56, 72), _ocular.FRAME_FIELD
+
+
 def test_a_trace_without_coroutines_is_refused_by_name(tmp_path):
     script = tmp_path / "plain.py"
     script.write_text("def f():\n    return 1\nf()\n")

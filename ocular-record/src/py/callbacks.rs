@@ -295,7 +295,7 @@ const fn is_boundary(kind: u8) -> bool {
 ///
 /// # Safety
 /// As [`record`].
-#[inline(never)]
+#[inline(always)]
 unsafe fn boundary<const KIND: u8>(
     ts: *mut ThreadState,
     cs: *mut CodeState,
@@ -309,21 +309,99 @@ unsafe fn boundary<const KIND: u8>(
         let mut e = RawEvent::new(t, (*cs).id, off, 0, KIND);
         e.flags = (*cs).boundary & !FRAME;
         if (*cs).boundary & FRAME != 0 {
-            // The monitored frame is the current one: a callback runs in no frame of its own. The frame
-            // object is made once per coroutine and kept by it, so its address is the instance's for life.
-            let f = ffi::PyEval_GetFrame();
-            if !f.is_null() {
-                e.set_frame_id(f as u64 >> 4);
+            let id = frame_id((*ts).pyts);
+            if id != 0 {
+                e.set_frame_id(id);
                 if KIND == EventKind::PY_YIELD as u8 {
                     e.flags |= awaited(*args.add(2)).bits();
                 }
-            } else {
-                ffi::PyErr_Clear();
             }
         }
         (*ts).buf.push(e, &*(*ts).sink);
         none()
     }
+}
+
+/// Where the thread state holds the current interpreter frame: its byte offset + 1 (0: not found, so
+/// [`frame_id`] asks `PyEval_GetFrame`), and whether that field points to a struct whose first field is
+/// the frame (3.12's `cframe`) instead of being it (3.13+'s `current_frame`).
+static FRAME_FIELD: AtomicUsize = AtomicUsize::new(0);
+static FRAME_INDIRECT: std::sync::atomic::AtomicBool = std::sync::atomic::AtomicBool::new(false);
+
+/// The id of the running frame (FORMAT.md 5.5): the address of its interpreter frame / 8, never 0 for a
+/// frame. A monitoring callback runs in no frame of its own, so the running frame is the monitored one. A
+/// coroutine's interpreter frame lives inside the coroutine object: the address is the instance's for its
+/// whole life, and reading it makes nothing (`PyEval_GetFrame` would make a frame object per coroutine, 10
+/// ns an event on a chain of short-lived coroutines: measured). 0 if no frame is running.
+///
+/// `pyts` is the thread's `PyThreadState` (cached at attach: a call to get it is ~2 ns an event).
+///
+/// # Safety
+/// GIL held, inside a monitoring callback, `pyts` the calling thread's thread state.
+#[inline(always)]
+unsafe fn frame_id(pyts: usize) -> u64 {
+    // SAFETY: FRAME_FIELD was found in this interpreter's thread state layout by `locate_frame_field`,
+    // which checked that it holds the running frame; the thread state of a thread running Python code is
+    // live.
+    unsafe {
+        let at = FRAME_FIELD.load(Ordering::Relaxed);
+        if at != 0 && pyts != 0 {
+            let ts = pyts as *const u8;
+            let mut p = (ts.add(at - 1) as *const usize).read_unaligned();
+            if FRAME_INDIRECT.load(Ordering::Relaxed) && p != 0 {
+                p = (p as *const usize).read();
+            }
+            return (p >> 3) as u64;
+        }
+        let f = ffi::PyEval_GetFrame();
+        if f.is_null() {
+            ffi::PyErr_Clear();
+            return 0;
+        }
+        // `PyFrameObject.f_frame`: after the object header and f_back, in 3.12 to 3.15.
+        let iframe = ((f as *const u8).add(24) as *const usize).read();
+        (iframe >> 3) as u64
+    }
+}
+
+/// Finds where the thread state holds the running interpreter frame, by comparing its fields with the
+/// frame the running frame object names (`f_frame`). Called at import, in the importing frame. Leaves
+/// [`frame_id`] on its slower public path if the layout is not the one expected.
+pub(super) fn locate_frame_field(py: Python<'_>) {
+    // SAFETY: GIL held; a frame object's header, f_back and f_frame are its first fields in 3.12 to 3.15;
+    // the thread state is read within its first 48 words, all inside the struct in these versions; the
+    // 3.12 `cframe` field (offset 56: prev, next, interp, _status, five ints, what_event, padding) is
+    // dereferenced only if it is a non-null aligned pointer, as it is.
+    unsafe {
+        let f = ffi::PyEval_GetFrame();
+        if f.is_null() {
+            ffi::PyErr_Clear();
+            return;
+        }
+        let want = ((f as *const u8).add(24) as *const usize).read();
+        if want == 0 || want % 8 != 0 {
+            return;
+        }
+        let ts = ffi::PyThreadState_Get() as *const usize;
+        let v = py.version_info();
+        if (v.major, v.minor) == (3, 12) {
+            let p = ts.add(7).read();
+            if p != 0 && p % 8 == 0 && (p as *const usize).read() == want {
+                FRAME_INDIRECT.store(true, Ordering::Relaxed);
+                FRAME_FIELD.store(56 + 1, Ordering::Relaxed);
+            }
+            return;
+        }
+        let hits: Vec<usize> = (0..48).filter(|&i| ts.add(i).read() == want).collect();
+        if let [i] = hits[..] {
+            FRAME_FIELD.store(i * 8 + 1, Ordering::Relaxed);
+        }
+    }
+}
+
+/// The thread state's byte offset of the running frame's field, if found (for tests).
+pub(super) fn frame_field() -> Option<usize> {
+    FRAME_FIELD.load(Ordering::Relaxed).checked_sub(1)
 }
 
 /// What a coroutine yielded (FORMAT.md 5.5), by its type's name or a base type's.

@@ -215,6 +215,8 @@ struct ThreadState {
     py_id: i64,
     /// Attached inside a window: its stack follows the window's marker before its first event.
     needs_stack: bool,
+    /// The thread's `PyThreadState`, where coroutine events read the running frame (FORMAT.md 5.5).
+    pyts: usize,
     /// Last: the fields above are read by every event, this by `CALL` only.
     /// Direct-mapped cache of C callable key -> id (`callbacks::c_key`), for `CALL` events (FORMAT.md 5.4).
     /// Only holds ids of the current recording: cleared where `cache` is.
@@ -761,6 +763,7 @@ unsafe fn attach(ts: *mut ThreadState) -> *mut ThreadState {
             threshold: 0,
             py_id: 0,
             needs_stack: false,
+            pyts: 0,
         }));
         st.threads.push(new);
         callbacks::set_thread_state(new);
@@ -778,6 +781,8 @@ unsafe fn attach(ts: *mut ThreadState) -> *mut ThreadState {
     t.named = false;
     t.sink = rec.out.sink() as *const dyn Sink;
     t.threshold = rec.threshold;
+    // SAFETY: GIL held: the calling thread has a thread state, fixed while it runs Python code here.
+    t.pyts = unsafe { ffi::PyThreadState_Get() } as usize;
     if let Some(c) = &rec.counters {
         c.c.open_thread(tid);
     }
@@ -892,6 +897,8 @@ fn _ocular(m: &Bound<'_, PyModule>) -> PyResult<()> {
     m.add("TSC", clock::CLOCK == ocular_format::Clock::Tsc)?;
     callbacks::check_compact_ints(m.py())?;
     m.add("FAST_INTS", callbacks::fast_ints())?;
+    callbacks::locate_frame_field(m.py());
+    m.add("FRAME_FIELD", callbacks::frame_field())?;
     Ok(())
 }
 
