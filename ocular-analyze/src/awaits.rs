@@ -458,6 +458,26 @@ impl Builder<'_> {
     }
 }
 
+impl Awaits {
+    /// The name of a span for timelines: "running", "awaiting waiter > sleep > Future" (the chain below the
+    /// task's coroutine), "ready".
+    pub fn span_name(&self, s: &Span) -> String {
+        match s.state {
+            State::Running => "running".into(),
+            State::Ready => "ready (waiting for the loop)".into(),
+            State::Awaiting => match s.chain.and_then(|c| self.chains.get(c as usize)) {
+                Some(c) if c.chain.len() > 1 => format!("awaiting {}", c.chain[1..].join(" > ")),
+                _ => "awaiting".into(),
+            },
+        }
+    }
+}
+
+/// Whether a chunk's events hold a coroutine frame (FORMAT.md 5.5): exporters run the async pass only then.
+pub fn has_frames(events: &[ocular_format::RawEvent]) -> bool {
+    events.iter().any(|e| e.flags & ocular_format::event::flags::FRAME != 0)
+}
+
 /// `stats --async`: the async view of one process, or of a run's processes merged.
 #[derive(Debug, Default, Serialize)]
 pub struct Report {

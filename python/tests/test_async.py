@@ -185,3 +185,53 @@ def test_a_trace_without_coroutines_is_refused_by_name(tmp_path):
     old = os.path.join(ROOT, "testdata", "v2.7", "synthetic.ocl")
     r = subprocess.run([ANALYZE, "stats", "--async", old], capture_output=True, text=True)
     assert "written before format 2.8" in r.stderr
+
+
+def test_perfetto_json_has_a_track_per_task_with_its_awaits(tmp_path):
+    path, _ = record(tmp_path, "--mode", "calls")
+    report = async_json(path)
+    out = tmp_path / "h.json"
+    r = subprocess.run([ANALYZE, "export", "--perfetto", "-o", str(out), str(path)], capture_output=True, text=True)
+    assert r.returncode == 0, r.stderr
+    events = json.loads(out.read_text())["traceEvents"]
+    names = {e["tid"]: e["args"]["name"] for e in events if e.get("name") == "thread_name"}
+    tasks = {tid: n for tid, n in names.items() if n.startswith("task handler#")}
+    assert len(tasks) == 10
+    awaiting = sum(e["dur"] for e in events
+                   if e.get("cat") == "asyncio" and e["tid"] in tasks and e["name"] == "awaiting waiter > sleep > Future")
+    (chain,) = [c for c in report["chains"] if c["chain"][0] == "handler"]
+    # The slices are the report's spans: their durations (us) add up to the chain's awaiting time.
+    assert abs(awaiting * 1e3 - chain["awaiting_ns"]) < 0.001 * chain["awaiting_ns"]
+    for tid in tasks:
+        mine = sorted((e["ts"], e["name"]) for e in events if e.get("cat") == "asyncio" and e["tid"] == tid)
+        assert [n for _, n in mine] == ["ready (waiting for the loop)", "running", "awaiting waiter > sleep > Future",
+                                        "ready (waiting for the loop)", "running"][-len(mine):]
+
+
+def test_perfetto_protobuf_describes_task_tracks_and_balances_their_slices(tmp_path):
+    pytest.importorskip("perfetto")
+    from perfetto.protos.perfetto.trace import perfetto_trace_pb2 as P
+
+    path, _ = record(tmp_path, "--mode", "calls")
+    out = tmp_path / "h.pftrace"
+    r = subprocess.run([ANALYZE, "export", "--perfetto", "-o", str(out), str(path)], capture_output=True, text=True)
+    assert r.returncode == 0, r.stderr
+    t = P.Trace.FromString(out.read_bytes())
+    tracks = {p.track_descriptor.uuid: p.track_descriptor.name for p in t.packet
+              if p.HasField("track_descriptor") and p.track_descriptor.name.startswith("task ")}
+    assert sum(n.startswith("task handler#") for n in tracks.values()) == 10
+    depth = {u: 0 for u in tracks}
+    running = 0
+    for p in t.packet:
+        te = p.track_event
+        if not p.HasField("track_event") or te.track_uuid not in tracks:
+            continue
+        assert p.timestamp_clock_id == 6  # BOOTTIME, absolute
+        if te.type == P.TrackEvent.TYPE_SLICE_BEGIN:
+            depth[te.track_uuid] += 1
+            running += te.name == "running"
+        elif te.type == P.TrackEvent.TYPE_SLICE_END:
+            depth[te.track_uuid] -= 1
+            assert depth[te.track_uuid] >= 0
+    assert all(d == 0 for d in depth.values())
+    assert running >= 20  # two turns of each handler

@@ -7,6 +7,9 @@
 //! - Loops: an instant event `"loop"` (category `loop`) at every recorded backward jump, with `uops` and
 //!   `cycles`, as the earlier prototype documented them.
 //! - Metadata: `process_name` and `thread_name` events.
+//! - asyncio tasks ([`crate::awaits`]), when the trace has coroutine frames: one track per task (a thread
+//!   id from 2^30 up, named `task handler#3`), with complete slices `running`, `awaiting <chain>` and
+//!   `ready (waiting for the loop)`.
 
 use super::timeline::{Item, Timeline};
 use ocular_format::ReadOptions;
@@ -75,6 +78,7 @@ fn events(
     // Names escaped for JSON once per code object, not once per event.
     let mut escaped: HashMap<u32, String> = HashMap::default();
     let mut w = Written::default();
+    let mut coroutines = false;
     let mut emit = |out: &mut dyn Write, json: std::fmt::Arguments| -> std::io::Result<()> {
         if !*first {
             out.write_all(b",\n")?;
@@ -91,7 +95,11 @@ fn events(
                 .clone()
         };
         match item {
-            Item::Thread { .. } | Item::Events { .. } => Ok(()),
+            Item::Thread { .. } => Ok(()),
+            Item::Events { events, .. } => {
+                coroutines = coroutines || crate::awaits::has_frames(events);
+                Ok(())
+            }
             // A counter track per counter (FORMAT.md 6.9), one series per thread: its running total.
             Item::Counter { tid, ticks, name, total, .. } => {
                 let (n, ts) = (json_str(name), us(ticks));
@@ -136,6 +144,22 @@ fn events(
             }
         }
     })?;
+    if coroutines {
+        let a = crate::awaits::analyze(path, opts)?;
+        for (i, t) in a.tasks.iter().enumerate() {
+            let (tid, name) = (TASK_TID + i as u64, json_str(&format!("task {}", t.name)));
+            emit(out, format_args!(
+                "{{\"name\":\"thread_name\",\"ph\":\"M\",\"pid\":{pid},\"tid\":{tid},\"args\":{{\"name\":{name}}}}}"
+            ))?;
+        }
+        for s in &a.spans {
+            let (tid, n) = (TASK_TID + s.task as u64, json_str(&a.span_name(s)));
+            let (ts, dur) = (us(s.start), us(s.end) - us(s.start));
+            emit(out, format_args!(
+                "{{\"name\":{n},\"cat\":\"asyncio\",\"ph\":\"X\",\"ts\":{ts:.3},\"dur\":{dur:.3},\"pid\":{pid},\"tid\":{tid}}}"
+            ))?;
+        }
+    }
     let mut label = format!("python {} (pid {pid}, {} mode)", h.python_version, h.options.mode.name());
     if let Some((_, place, p)) = process {
         if let Some(info) = &p.info {
@@ -165,6 +189,9 @@ fn events(
     w.read = read;
     Ok((w, warnings))
 }
+
+/// Thread ids of task tracks start here: above any Linux thread id (at most 2^22).
+pub const TASK_TID: u64 = 1 << 30;
 
 fn json_str(s: &str) -> String {
     serde_json::to_string(s).unwrap_or_else(|_| "\"?\"".into())

@@ -126,6 +126,8 @@ struct TrackEvent {
     track_uuid: Option<u64>,
     #[prost(int64, optional, tag = "30")]
     counter_value: Option<i64>,
+    #[prost(string, optional, tag = "23")]
+    name: Option<String>,
 }
 
 #[derive(Clone, PartialEq, Message)]
@@ -173,6 +175,10 @@ const UNIT_COUNT: i32 = 2;
 const COUNTERS: u32 = u32::MAX >> 1;
 /// Counter tracks' uuids: above every thread id, then the thread id and the counter's index.
 const COUNTER_TRACK: u64 = 1 << 62;
+/// Track uuids of asyncio tasks: this bit, the file's place in its run << 48, the task's index.
+const TASK_TRACK: u64 = 1 << 61;
+/// The packet sequence of a file's task slices: below the counters'.
+const TASKS: u32 = u32::MAX >> 2;
 const SEQ_INCREMENTAL_STATE_CLEARED: u32 = 1;
 const SEQ_NEEDS_INCREMENTAL_STATE: u32 = 2;
 /// The sequence of the track descriptors; threads' sequences follow it.
@@ -353,8 +359,12 @@ fn export_into(
         },
     )?;
     let mut counter_tracks: HashSet<u64> = HashSet::default();
+    let mut coroutines = false;
     let (read, warnings) = timeline.run(|code, item| match item {
-        Item::Events { .. } => Ok(()),
+        Item::Events { events, .. } => {
+            coroutines = coroutines || crate::awaits::has_frames(events);
+            Ok(())
+        }
         // A counter track per thread and counter (FORMAT.md 6.9), under the thread's track, described at
         // its first sample: the thread's running total of the counter's events.
         Item::Counter { tid, ticks, counter, name, unit, total } => {
@@ -422,6 +432,32 @@ fn export_into(
         }
         Item::ThreadDone { name: None, .. } => Ok(()),
     })?;
+    if coroutines {
+        // asyncio tasks (crate::awaits): a track per task under the process, slices of what it was doing.
+        let a = crate::awaits::analyze(path, opts)?;
+        let uuid = |i: u32| TASK_TRACK | index << 48 | i as u64;
+        for (i, t) in a.tasks.iter().enumerate() {
+            let d = TrackDescriptor {
+                uuid: Some(uuid(i as u32)),
+                name: Some(format!("task {}", t.name)),
+                parent_uuid: Some(process_uuid),
+                ..Default::default()
+            };
+            o.packet(DESCRIPTORS, None, TracePacket { track_descriptor: Some(d), ..Default::default() })?;
+        }
+        for s in &a.spans {
+            for (at, kind, name) in [(s.start, SLICE_BEGIN, Some(a.span_name(s))), (s.end, SLICE_END, None)] {
+                let te = TrackEvent { r#type: Some(kind), track_uuid: Some(uuid(s.task)), name, ..Default::default() };
+                let p = TracePacket {
+                    timestamp: Some(ns(at)),
+                    timestamp_clock_id: Some(BOOTTIME),
+                    track_event: Some(te),
+                    ..Default::default()
+                };
+                o.packet(TASKS - index as u32, None, p)?;
+            }
+        }
+    }
     Ok((read, warnings))
 }
 
