@@ -492,6 +492,7 @@ fn run(cli: Cli) -> anyhow::Result<()> {
                 stats: serde_json::to_value(&stats)?,
                 hot: serde_json::to_value(hot_report(&run, &analyses, loops))?,
                 lines: lines_of_run(&run, &analyses, opts)?,
+                awaits: async_of_run(&run, &analyses, opts)?,
                 specialize: serde_json::to_value(specialize_report(&run, &analyses, &file, loops))?,
             };
             write_output(&file, &out_path, |w| crate::report::write(&inputs, w))?;
@@ -632,12 +633,7 @@ pub fn lines_report(file: &std::path::Path, opts: ReadOptions, top: usize) -> an
 /// coroutine ran with its frame recorded.
 pub fn async_report(file: &std::path::Path, opts: ReadOptions, top: usize) -> anyhow::Result<crate::awaits::Report> {
     let run = open_run(file, opts)?;
-    let mut parts = Vec::new();
-    for p in &run.processes {
-        let a = crate::awaits::analyze(&p.path, opts).with_context(|| format!("cannot read {}", p.path.display()))?;
-        warn(&a.warnings);
-        parts.push(a);
-    }
+    let parts = async_parts(&run, opts, true)?;
     let report = crate::awaits::report(&parts, top);
     if report.is_empty() {
         let old = parts.iter().any(|p| p.version < (2, 8));
@@ -652,6 +648,33 @@ pub fn async_report(file: &std::path::Path, opts: ReadOptions, top: usize) -> an
         );
     }
     Ok(report)
+}
+
+/// The async view of each process of `run` (the reader's warnings printed if `warnings`).
+fn async_parts(run: &crate::procs::Run, opts: ReadOptions, warnings: bool) -> anyhow::Result<Vec<crate::awaits::Awaits>> {
+    let mut parts = Vec::new();
+    for p in &run.processes {
+        let a = crate::awaits::analyze(&p.path, opts).with_context(|| format!("cannot read {}", p.path.display()))?;
+        if warnings {
+            warn(&a.warnings);
+        }
+        parts.push(a);
+    }
+    Ok(parts)
+}
+
+/// The async view of `run` for the report: `None` when no process ran coroutine code (its pass is skipped
+/// then) or none had its frames recorded.
+fn async_of_run(
+    run: &crate::procs::Run,
+    analyses: &[crate::analysis::Analysis],
+    opts: ReadOptions) -> anyhow::Result<Option<crate::awaits::Report>> {
+    const COROUTINE_FLAGS: u32 = 0x80 | 0x100 | 0x200;
+    if !analyses.iter().any(|a| a.code.values().any(|c| c.flags & COROUTINE_FLAGS != 0)) {
+        return Ok(None);
+    }
+    let r = crate::awaits::report(&async_parts(run, opts, false)?, crate::report::ASYNC_ROWS);
+    Ok((!r.is_empty()).then_some(r))
 }
 
 /// Reader warnings go to stderr, one line each.

@@ -73,8 +73,8 @@ def record(tmp_path, *options, busy=0):
     return out, json.loads(r.stdout.strip().splitlines()[-1])
 
 
-def async_json(path, *extra):
-    r = subprocess.run([ANALYZE, "stats", "--async", "--json", "--top", "100", *extra, str(path)],
+def async_json(path, top=100):
+    r = subprocess.run([ANALYZE, "stats", "--async", "--json", "--top", str(top), str(path)],
                        capture_output=True, text=True)
     assert r.returncode == 0, r.stderr
     return json.loads(r.stdout)
@@ -235,3 +235,24 @@ def test_perfetto_protobuf_describes_task_tracks_and_balances_their_slices(tmp_p
             assert depth[te.track_uuid] >= 0
     assert all(d == 0 for d in depth.values())
     assert running >= 20  # two turns of each handler
+
+
+def test_the_html_report_embeds_the_async_view_as_stats_async_prints_it(tmp_path):
+    import re
+    path, _ = record(tmp_path, "--mode", "calls")
+    page = tmp_path / "h.html"
+    r = subprocess.run([ANALYZE, "report", str(path), "-o", str(page)], capture_output=True, text=True)
+    assert r.returncode == 0, r.stderr
+    m = re.search(r'<script type="application/json" id="ocular-data">(.*?)</script>', page.read_text(), re.S)
+    data = json.loads(m.group(1))
+    assert data["awaits"] == async_json(path, top=50)
+    assert 'data-tab="async"' in page.read_text()
+    # A trace without coroutines has no async view, and the page hides the tab.
+    plain = tmp_path / "plain.py"
+    plain.write_text("def f():\n    return 1\nf()\n")
+    out = tmp_path / "plain.ocl"
+    subprocess.run([sys.executable, "-m", "ocular", "run", "-o", str(out), str(plain)], check=True, capture_output=True)
+    r = subprocess.run([ANALYZE, "report", str(out), "-o", str(tmp_path / "p.html")], capture_output=True, text=True)
+    assert r.returncode == 0, r.stderr
+    m = re.search(r'<script type="application/json" id="ocular-data">(.*?)</script>', (tmp_path / "p.html").read_text(), re.S)
+    assert json.loads(m.group(1))["awaits"] is None

@@ -48,9 +48,14 @@ pub struct Inputs<'a> {
     /// `stats --lines` of the run, every line (`None` when no process was recorded in a mode that records
     /// lines).
     pub lines: Option<crate::lines::Report>,
+    /// `stats --async --top ASYNC_ROWS` of the run (`None` when no coroutine ran with its frame recorded).
+    pub awaits: Option<crate::awaits::Report>,
     /// `specialize --json`.
     pub specialize: Value,
 }
+
+/// The rows of each async table the page lists.
+pub const ASYNC_ROWS: usize = 50;
 
 /// The hottest lines the page's table lists.
 pub const LINES: usize = 100;
@@ -105,6 +110,7 @@ struct Data<'a> {
     trees: Vec<Tree>,
     sources: Vec<Source>,
     lines: Option<LinesData<'a>>,
+    awaits: Option<&'a crate::awaits::Report>,
     specialize: &'a Value,
 }
 
@@ -177,6 +183,7 @@ pub fn write(inputs: &Inputs<'_>, out: &mut dyn Write) -> anyhow::Result<()> {
         trees,
         sources,
         lines,
+        awaits: inputs.awaits.as_ref(),
         specialize: &inputs.specialize,
     };
     // In a <script> element only "</" can end it early; JSON allows "<\/" for it.
