@@ -145,6 +145,8 @@ pub struct Awaits {
     pub version: (u16, u16),
     /// The reader's warnings.
     pub warnings: Vec<String>,
+    /// Caveats of the analysis.
+    pub notes: Vec<String>,
 }
 
 /// Spans kept for timelines, in all.
@@ -177,12 +179,103 @@ struct Thread {
     queue: VecDeque<u64>,
     /// What the loop took at the start of its turn, in order.
     batch: VecDeque<u64>,
+    /// A turn began: the loop takes the queue before its first callback.
+    snapshot: bool,
     /// Inside `Handle._run`: when its callback became ready, if known.
     handle: Option<Option<u64>>,
+    /// When the running `Handle._run` started.
+    handle_start: u64,
 }
 
 /// Reads `path` and builds its async view.
+///
+/// The ready queue is followed per thread as the events go by. When a thread that runs no event loop
+/// appends to it (`call_soon_threadsafe`: an executor's result, `asyncio.to_thread`), that append sits in
+/// the loop's queue among the loop's own, but is in another thread's events, which the file does not
+/// interleave in time order: the queue is then simulated again over every thread's loop events sorted by
+/// time, and the events read a second time with the ready time of each callback it gives.
 pub fn analyze(path: &Path, opts: ReadOptions) -> ocular_format::Result<Awaits> {
+    let (out, log) = analyze_with(path, opts, None)?;
+    let loops: Vec<u64> = {
+        let mut v: Vec<u64> = log.iter().filter(|x| x.2 == LoopFunction::RunOnce).map(|x| x.1).collect();
+        v.sort_unstable();
+        v.dedup();
+        v
+    };
+    let foreign = log.iter().any(|x| x.2 == LoopFunction::CallSoon && !loops.contains(&x.1));
+    if !foreign {
+        return Ok(out);
+    }
+    if loops.len() != 1 {
+        let mut out = out;
+        out.notes.push(
+            "callbacks were scheduled from other threads while several threads ran event loops: their ready \
+             time may be given to the wrong callbacks"
+                .into(),
+        );
+        return Ok(out);
+    }
+    let ready = global_ready_queue(log, loops[0]);
+    let (mut out, _) = analyze_with(path, opts, Some(&ready))?;
+    out.notes.push("callbacks scheduled from other threads (call_soon_threadsafe) were placed in the loop's ready queue by time".into());
+    Ok(out)
+}
+
+/// One event of asyncio's loop functions: ticks, thread, which, whether its start.
+type LoopLog = Vec<(u64, u64, LoopFunction, bool)>;
+
+/// The ready queue of the one loop thread `lt`, fed by every thread's appends in time order: when each
+/// callback it ran (keyed by the loop thread and the tick its `Handle._run` started) became ready.
+fn global_ready_queue(mut log: LoopLog, lt: u64) -> HashMap<(u64, u64), Option<u64>> {
+    log.sort_by_key(|x| x.0);
+    // Entries: when the callback became ready, and whether another thread appended it.
+    let mut queue: VecDeque<(u64, bool)> = VecDeque::new();
+    let mut batch: VecDeque<(u64, bool)> = VecDeque::new();
+    let mut snapshot = false;
+    let mut out = HashMap::default();
+    // The loop thread's running callback, if another thread appended it: when that was, and its start.
+    let mut relay: Option<(u64, u64)> = None;
+    for (t, tid, f, start) in log {
+        if !start {
+            if f == LoopFunction::HandleRun && tid == lt {
+                relay = None;
+            }
+            continue;
+        }
+        match f {
+            // What a callback from another thread schedules became ready when that thread appended it, less
+            // the loop's delay in running it: such a callback relays a result (an executor's, carried to its
+            // Future by `call_soon_threadsafe` of `_set_state`), and the loop's delay in running the relay
+            // is the loop's, not the awaited work's. A callback the loop thread appended did its work when
+            // it ran: what it schedules became ready then.
+            LoopFunction::CallSoon if tid == lt => {
+                queue.push_back((relay.map_or(t, |(r, s)| t.saturating_sub(s.saturating_sub(r))), false));
+            }
+            LoopFunction::CallSoon => queue.push_back((t, true)),
+            LoopFunction::RunOnce if tid == lt => snapshot = true,
+            // The loop takes its queue after its select, just before the turn's first callback: appends
+            // from other threads during the select are in it.
+            LoopFunction::HandleRun if tid == lt => {
+                if snapshot {
+                    batch = std::mem::take(&mut queue);
+                    snapshot = false;
+                }
+                let r = batch.pop_front();
+                out.insert((tid, t), r.map(|x| x.0));
+                relay = r.filter(|x| x.1).map(|x| (x.0, t));
+            }
+            _ => {}
+        }
+    }
+    out
+}
+
+fn analyze_with(
+    path: &Path,
+    opts: ReadOptions,
+    ready: Option<&HashMap<(u64, u64), Option<u64>>>,
+) -> ocular_format::Result<(Awaits, LoopLog)> {
+    let mut log: LoopLog = Vec::new();
     let mut r = Reader::open_with(path, opts)?;
     let header = r.header().clone();
     let mut out = Awaits {
@@ -221,9 +314,18 @@ pub fn analyze(path: &Path, opts: ReadOptions) -> ocular_format::Result<Awaits> 
                     let Some(kind) = e.event_kind() else { continue };
                     let code = e.code.get();
                     let Some(fid) = e.frame_id() else {
-                        if let Some(f) = loop_fns.get(&code) {
+                        if let Some(&f) = loop_fns.get(&code) {
                             b.out.ready_known = true;
-                            loop_event(th, *f, kind, t);
+                            let start = kind == EventKind::PY_START;
+                            log.push((t, tid, f, start));
+                            match ready {
+                                Some(map) if f == LoopFunction::HandleRun && start => {
+                                    th.handle = Some(map.get(&(tid, t)).copied().flatten());
+                                    th.handle_start = t;
+                                }
+                                Some(_) if f == LoopFunction::CallSoon => {}
+                                _ => loop_event(th, f, kind, t),
+                            }
                         }
                         continue;
                     };
@@ -408,7 +510,7 @@ pub fn analyze(path: &Path, opts: ReadOptions) -> ocular_format::Result<Awaits> 
         t.ready_ns /= tpn;
     }
     out.warnings = r.report().warnings(&path.display().to_string());
-    Ok(out)
+    Ok((out, log))
 }
 
 fn insts_code(insts: &HashMap<u64, Inst>, fid: u64) -> u32 {
@@ -433,9 +535,15 @@ fn loop_event(th: &mut Thread, f: LoopFunction, kind: EventKind, t: u64) {
     let start = kind == EventKind::PY_START;
     let end = matches!(kind, EventKind::PY_RETURN | EventKind::PY_UNWIND);
     match f {
-        LoopFunction::RunOnce if start => th.batch = std::mem::take(&mut th.queue),
+        LoopFunction::RunOnce if start => th.snapshot = true,
         LoopFunction::CallSoon if start => th.queue.push_back(t),
-        LoopFunction::HandleRun if start => th.handle = Some(th.batch.pop_front()),
+        LoopFunction::HandleRun if start => {
+            if std::mem::take(&mut th.snapshot) {
+                th.batch = std::mem::take(&mut th.queue);
+            }
+            th.handle = Some(th.batch.pop_front());
+            th.handle_start = t;
+        }
         LoopFunction::HandleRun if end => th.handle = None,
         _ => {}
     }
@@ -585,6 +693,13 @@ pub fn report(parts: &[Awaits], top: usize) -> Report {
              (uvloop?) or a filter left it out, so a coroutine's whole suspension counts as awaiting"
                 .into(),
         );
+    }
+    for p in parts {
+        for n in &p.notes {
+            if !notes.contains(n) {
+                notes.push(n.clone());
+            }
+        }
     }
     if parts.iter().any(|p| p.spans_dropped > 0) {
         notes.push(format!("timelines keep the first {MAX_SPANS} spans of the tasks' time"));

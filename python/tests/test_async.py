@@ -37,8 +37,14 @@ PROGRAM = textwrap.dedent("""\
             s += tiny(i)
         return s
 
+    POOL = None
+
     async def waiter():
-        await asyncio.sleep(0.05)
+        if POOL is None:
+            await asyncio.sleep(0.05)
+        else:
+            # The result comes back from a worker thread through call_soon_threadsafe.
+            await asyncio.get_running_loop().run_in_executor(POOL, time.sleep, 0.05)
 
     async def cruncher():
         t0 = time.perf_counter()
@@ -58,16 +64,21 @@ PROGRAM = textwrap.dedent("""\
     # In the default mode, 300,000 calls close the first window (which records every call) before the
     # handlers run: their coroutines are then recorded between windows, as in a long-running service.
     busy(int(sys.argv[1]))
+    if sys.argv[2:] == ["executor"]:
+        import concurrent.futures
+        POOL = concurrent.futures.ThreadPoolExecutor(10)
+        POOL.map(time.sleep, [0] * 10)  # start the workers before the handlers
     asyncio.run(main())
     print(json.dumps({"compute_s": sum(COMPUTE), "each": COMPUTE}))
 """)
 
 
-def record(tmp_path, *options, busy=0):
+def record(tmp_path, *options, busy=0, waiter="sleep"):
     script = tmp_path / "handlers.py"
     script.write_text(PROGRAM)
     out = tmp_path / "handlers.ocl"
-    r = subprocess.run([sys.executable, "-m", "ocular", "run", "-o", str(out), *options, str(script), str(busy)],
+    r = subprocess.run([sys.executable, "-m", "ocular", "run", "-o", str(out), *options, str(script), str(busy),
+                        waiter],
                        capture_output=True, text=True, cwd=tmp_path)
     assert r.returncode == 0, r.stderr
     return out, json.loads(r.stdout.strip().splitlines()[-1])
@@ -125,6 +136,24 @@ def test_awaiting_ready_and_running_match_the_construction(tmp_path, options, bu
         failures.append(bad)
     else:
         pytest.fail(f"every recording missed the construction (got ms, want ms): {failures}")
+
+
+def test_an_executor_s_result_carried_by_another_thread_is_awaiting_then_ready(tmp_path):
+    # The same construction with the 50 ms in a thread pool of 10 workers: each result is appended to the
+    # loop's ready queue by a worker thread (call_soon_threadsafe), in another thread's events, and relayed
+    # to its Future by a callback on the loop. Read per thread in file order, the loop's delay would be
+    # taken for awaiting (1062 ms awaiting, 322 ms ready in a run before the queue was merged by time).
+    # The workers need the GIL to hand their results back while the loop thread computes: a result can
+    # come up to a few switch intervals (5 ms) after its 50 ms, and that is awaiting (the awaited work was
+    # not done): runs read 0.58-0.60 s. So awaiting is bounded, not matched.
+    path, truth = record(tmp_path, "--mode", "calls", waiter="executor")
+    report = async_json(path)
+    waiter = by_name(report)["waiter"]
+    assert waiter["calls"] == 10 and [n for n, _ in waiter["awaited"]] == ["Future"]
+    assert any("placed in the loop's ready queue by time" in n for n in report["notes"])
+    compute = truth["compute_s"] * 1e9
+    assert 0.475e9 <= waiter["awaiting_ns"] <= 0.75e9, waiter
+    assert 0.6 * 4.5 * compute <= waiter["ready_ns"] <= 1.05 * 4.5 * compute, (waiter, compute)
 
 
 def test_the_default_mode_recorded_the_handlers_between_windows(tmp_path):
