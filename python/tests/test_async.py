@@ -285,3 +285,46 @@ def test_the_html_report_embeds_the_async_view_as_stats_async_prints_it(tmp_path
     assert r.returncode == 0, r.stderr
     m = re.search(r'<script type="application/json" id="ocular-data">(.*?)</script>', (tmp_path / "p.html").read_text(), re.S)
     assert json.loads(m.group(1))["awaits"] is None
+
+
+GENERATOR = textwrap.dedent("""\
+    import time
+
+    def spin(s):
+        t0 = time.perf_counter()
+        while time.perf_counter() - t0 < s:
+            pass
+
+    def produce(n):
+        for i in range(n):
+            spin(0.002)
+            yield i
+
+    def consume(n):
+        for x in produce(n):
+            spin(0.001)
+
+    consume(50)
+""")
+
+
+def test_a_generator_s_time_is_its_own_while_it_runs_under_whoever_resumed_it(tmp_path):
+    # What README says of generators: between a resumption and its yield the time is the generator's (and
+    # its callees'), on the stack of the frame that called next(); while suspended it is nobody's. Here
+    # produce runs 50 x 2 ms of its own, consume 50 x 1 ms, consume's loop resumes produce: produce has
+    # 1 call and ~100 ms, consume ~150 ms inclusive, and produce's spin is under consume;produce.
+    script = tmp_path / "gen.py"
+    script.write_text(GENERATOR)
+    out = tmp_path / "gen.ocl"
+    subprocess.run([sys.executable, "-m", "ocular", "run", "-o", str(out), "--mode", "calls", str(script)], check=True,
+                   capture_output=True)
+    r = subprocess.run([ANALYZE, "stats", "--json", str(out)], capture_output=True, text=True)
+    assert r.returncode == 0, r.stderr
+    rows = {x["function"]: x for x in json.loads(r.stdout) if x["file"] == str(script)}
+    assert (rows["produce"]["calls"], rows["spin"]["calls"]) == (1, 100)
+    assert within(rows["produce"]["inclusive_ms"], 100, 0.10), rows["produce"]
+    assert within(rows["consume"]["inclusive_ms"], 150, 0.10), rows["consume"]
+    r = subprocess.run([ANALYZE, "flamegraph", "--folded", str(out)], capture_output=True, text=True)
+    stacks = dict(line.rsplit(" ", 1) for line in r.stdout.splitlines())
+    assert within(int(stacks["<module>;consume;produce;spin"]) / 1e6, 100, 0.10)
+    assert within(int(stacks["<module>;consume;spin"]) / 1e6, 50, 0.10)
