@@ -17,6 +17,10 @@ import workloads  # noqa: E402
 WORKLOADS_FILE = workloads.__file__
 LOCATION_EVENTS = {"JUMP", "BRANCH", "BRANCH_LEFT", "BRANCH_RIGHT", "INSTRUCTION"}
 NO_DISABLE = {"PY_UNWIND", "PY_THROW"}
+BOUNDARIES = {"PY_START", "PY_RESUME", "PY_YIELD", "PY_RETURN", "PY_UNWIND", "PY_THROW"}
+# Code whose boundaries Ocular tags with the coroutine instance (FORMAT.md 5.5): CO_COROUTINE,
+# CO_ITERABLE_COROUTINE, CO_ASYNC_GENERATOR.
+COROUTINE_FLAGS = 0x80 | 0x100 | 0x200
 # Ocular's own event kinds (FORMAT.md 5.3), not sys.monitoring events.
 WINDOW_MARKERS = {"WINDOW", "WINDOW_END", "STACK"}
 
@@ -52,6 +56,10 @@ class Reference:
                     self.calls_seen += 1
                     self.window_open = self.calls_seen < 100 * self.threshold
             dest = rest[0] if has_dest else 0
+            if name in BOUNDARIES and code.co_flags & COROUTINE_FLAGS:
+                # The coroutine instance: its frame, the callback's caller. Ids are compared up to renaming
+                # (instances() below), so the reference's id need not be Ocular's.
+                dest = id(sys._getframe(1))
             if location and self.threshold and name == "JUMP" and dest < offset:
                 # Backward jumps: twice the threshold, counted per loop head; past it, off unrecorded.
                 key = (code, "head", dest)
@@ -110,6 +118,24 @@ def read_ocl(path, salvage=False):
     f["workload"] = per_thread
     f["markers"] = markers
     return f
+
+
+def instances(per_thread):
+    """The events with each coroutine instance id renamed to its instance's ordinal in the thread, a new
+    instance at every PY_START (an id can be reused once its coroutine is gone); 0 (not a coroutine) stays 0.
+    Two tools that tell instances apart alike give equal results, whatever ids they use."""
+    out = {}
+    for tid, evs in per_thread.items():
+        current, n, renamed = {}, 0, []
+        for kind, qual, off, arg in evs:
+            if kind in BOUNDARIES and arg:
+                if kind == "PY_START" or arg not in current:
+                    n += 1
+                    current[arg] = n
+                arg = current[arg]
+            renamed.append((kind, qual, off, arg))
+        out[tid] = renamed
+    return out
 
 
 def counts(per_thread):
