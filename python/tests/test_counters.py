@@ -365,7 +365,8 @@ FLIGHT_PROGRAM = textwrap.dedent("""
     with ocular.record(sys.argv[1], mode="calls", ring="256KB", buffer_events=1024, on_full="wait",
                        counters=["page-faults"]):
         early()
-        for _ in range(300_000):
+        # 3 M events: 1.1-2.1 MB compressed, several times the ring (600,000 fit it whole once in three runs)
+        for _ in range(1_500_000):
             leaf()
         late()
 """)
