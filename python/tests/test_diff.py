@@ -34,10 +34,17 @@ PROGRAM = textwrap.dedent("""\
         return total
 
 
+    def other(n):
+        total = 0
+        for i in range(1000, 1000 + n):
+            total = (total + i * 5) % 1000003
+        return total
+
+
     def main(scale):
         total = 0
         for _ in range(400):
-            total += work(4000 * scale) + steady(4000)
+            total += work(4000 * scale) + steady(4000) + other(4000)
             for i in range(1000, 1500):
                 total = (total + i) % 1000003
         return total
@@ -90,18 +97,21 @@ def test_diff_names_the_function_made_twice_as_slow(tmp_path):
         pytest.skip(f"the machine is too busy to time calls: every pair of runs was preempted (wall / CPU {waits})")
     # WHEN diff compares them
     rows = _factors(before, after)
-    # THEN work() is named first (the biggest change of exclusive time), about twice as slow per call, and
-    # the unchanged functions within 30%.
+    # THEN work() is named first (the biggest change of exclusive time) and is about twice as slow per call.
+    # Each program runs at the machine's speed of the moment, and two processes' speeds differ here by up to
+    # 1.4x (idle machine, same program: 0.19 to 0.44 s), so work() is measured against steady(), which did
+    # not change and ran in the same process at the same speed.
     assert next(iter(rows)) == "work", rows
-    work = rows["work"]
+    work, steady, other, main = rows["work"], rows["steady"], rows["other"], rows["main"]
     assert (work["calls_before"], work["calls_after"]) == (400, 400)
-    assert 1.7 <= work["factor"] <= 2.3, work
-    assert 70 <= work["exclusive_change_pct"] <= 130, work
-    for name in ("steady", "main"):
-        assert rows[name]["calls_before"] == rows[name]["calls_after"], rows[name]
-        assert 0.7 <= rows[name]["factor"] <= 1.3, rows[name]
-    # main's own time is unchanged, but it includes work(): its time per call grows.
-    assert rows["main"]["inclusive_change_pct"] > 10, rows["main"]
+    for row in (steady, other, main):
+        assert row["calls_before"] == row["calls_after"], row
+    assert 1.5 <= work["factor"] / steady["factor"] <= 2.5, (work, steady)  # 1.9-2.1 mostly; 1.6 once in 30
+    # the unchanged functions alike
+    assert 0.85 <= steady["factor"] / other["factor"] <= 1.18, (steady, other)
+    # main's own time is unchanged, but it includes work(): its inclusive time grows (by ~25%) more than
+    # steady()'s did. (Its own 10 ms vary too much between runs to serve as the yardstick.)
+    assert (1 + main["inclusive_change_pct"] / 100) / steady["factor"] > 1.1, (main, steady)
 
 
 def test_diff_text_and_a_file_that_is_not_a_trace(tmp_path):
