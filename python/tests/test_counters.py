@@ -91,11 +91,11 @@ def test_context_switches_go_to_the_function_that_sleeps(tmp_path):
     sleeper = _c(rows["sleeper"], "context-switches")
     busy_fs = ("busy_long", "busy_short", "neighbour", "toucher")
     busy = sum(_c(rows[f], "context-switches") for f in busy_fs)
-    assert sleeper >= 38, sleeper          # 40 sleeps, each a switch
-    # Busy code is switched out too when other threads want the CPU (the recorder's own, on 2 cores):
-    # per ms of its time, far less often than code that sleeps every 2 ms.
-    busy_ms = sum(rows[f]["exclusive_ms"] for f in busy_fs)
-    assert sleeper / rows["sleeper"]["exclusive_ms"] >= 2 * busy / busy_ms, (sleeper, busy, busy_ms)
+    # 40 sleeps, each a switch, and no more: a busy function's switches given to the sleeper would show
+    # here, the sleeper's given to busy code would leave it short. (Busy code is switched out too, when
+    # other threads want the CPU: 1-19 times in 150 ms on an idle machine, 101 once during make test; how
+    # often is the machine's business, so it is not bounded here.)
+    assert 38 <= sleeper <= 44, (sleeper, busy)
 
 
 def test_a_hardware_counter_without_a_pmu_is_a_warning_and_the_rest_record(tmp_path):

@@ -178,7 +178,9 @@ def test_a_killed_flight_recorder_keeps_its_newest_events_up_to_the_kill(tmp_pat
     (tid_r, ev_r), = _by_thread(ring).items()
     assert sum(1 for _, k, q in ev_w if (k, q) == ("PY_START", "f")) == 300_000
     assert len(ev_r) + _dropped(ring)[tid_r] == len(ev_w)
-    assert len(ev_r) < len(ev_w) / 4, "the ring wrapped"
+    # The ring wrapped: 64 KiB holds 100,000-180,000 events (0.36-0.65 bytes an event, as the timings
+    # compress) of the 600,000.
+    assert len(ev_r) < len(ev_w) / 2, "the ring wrapped"
     # Up to the kill: the same last events (the 300,000th call of f, main's return).
     assert [(k, q) for _, k, q in ev_r[-100:]] == [(k, q) for _, k, q in ev_w[-100:]]
     assert [(k, q) for _, k, q in ev_r[-3:]] == [("PY_START", "f"), ("PY_RETURN", "f"), ("PY_RETURN", "main")]
