@@ -16,8 +16,10 @@
 //!   `BaseEventLoop._call_soon` appended to the loop's ready queue, and the loop runs that queue in order
 //!   (`BaseEventLoop._run_once` takes what is in it, `Handle._run` runs each): the n-th callback run in a
 //!   turn of the loop is the n-th one appended before it. The moment a task's callback was appended is
-//!   when it became ready. Without those three functions' events (another event loop, such as uvloop) the
-//!   whole suspension counts as awaiting, and the report says so.
+//!   when it became ready. From CPython 3.14 `call_soon_threadsafe` appends without `_call_soon`, and the
+//!   callback it appends runs in `_ThreadSafeHandle._run` around `Handle._run`: [`queue_event`] reads
+//!   both shapes alike. Without these functions' events (another event loop, such as uvloop) the whole
+//!   suspension counts as awaiting, and the report says so.
 //! - A coroutine still suspended at the end of the trace was awaiting until its last event.
 
 use ocular_format::{asyncio_loop_function, Awaited, Body, EventKind, LoopFunction, ReadOptions, Reader};
@@ -185,6 +187,43 @@ struct Thread {
     handle: Option<Option<u64>>,
     /// When the running `Handle._run` started.
     handle_start: u64,
+    /// `Handle._run` frames open (`_ThreadSafeHandle._run` calls `Handle._run`: one callback, two frames).
+    handle_depth: u32,
+    /// A running `call_soon_threadsafe` that has not appended through `_call_soon` (yet): its start.
+    threadsafe: Option<u64>,
+}
+
+/// The ready queue's events in one thread's loop-function events, in the shape of CPython 3.13.0's
+/// asyncio, whatever version recorded: an append is a `_call_soon` start (a `call_soon_threadsafe` that
+/// ran none appended itself, at its start: 3.14+), and a callback is one `Handle._run` frame (the outer
+/// one of `_ThreadSafeHandle._run` and the `Handle._run` it calls). `None`: nothing for the queue.
+fn queue_event(th: &mut Thread, f: LoopFunction, kind: EventKind, t: u64) -> Option<(u64, LoopFunction, bool)> {
+    let start = kind == EventKind::PY_START;
+    let end = matches!(kind, EventKind::PY_RETURN | EventKind::PY_UNWIND);
+    match f {
+        LoopFunction::CallSoonThreadsafe if start => {
+            th.threadsafe = Some(t);
+            None
+        }
+        // One that raised (the loop was closed) appended nothing.
+        LoopFunction::CallSoonThreadsafe => {
+            let returned = kind == EventKind::PY_RETURN;
+            th.threadsafe.take().filter(|_| returned).map(|t0| (t0, LoopFunction::CallSoon, true))
+        }
+        LoopFunction::CallSoon if start => {
+            th.threadsafe = None;
+            Some((t, f, true))
+        }
+        LoopFunction::HandleRun if start => {
+            th.handle_depth += 1;
+            (th.handle_depth == 1).then_some((t, f, true))
+        }
+        LoopFunction::HandleRun if end => {
+            th.handle_depth = th.handle_depth.saturating_sub(1);
+            (th.handle_depth == 0).then_some((t, f, false))
+        }
+        _ => Some((t, f, start)),
+    }
 }
 
 /// Reads `path` and builds its async view.
@@ -217,7 +256,10 @@ pub fn analyze(path: &Path, opts: ReadOptions) -> ocular_format::Result<Awaits> 
     }
     let ready = global_ready_queue(log, loops[0]);
     let (mut out, _) = analyze_with(path, opts, Some(&ready))?;
-    out.notes.push("callbacks scheduled from other threads (call_soon_threadsafe) were placed in the loop's ready queue by time".into());
+    out.notes.push(
+        "callbacks scheduled from other threads (call_soon_threadsafe) were placed in the loop's ready queue by time"
+            .into(),
+    );
     Ok(out)
 }
 
@@ -316,7 +358,7 @@ fn analyze_with(
                     let Some(fid) = e.frame_id() else {
                         if let Some(&f) = loop_fns.get(&code) {
                             b.out.ready_known = true;
-                            let start = kind == EventKind::PY_START;
+                            let Some((t, f, start)) = queue_event(th, f, kind, t) else { continue };
                             log.push((t, tid, f, start));
                             match ready {
                                 Some(map) if f == LoopFunction::HandleRun && start => {
@@ -324,7 +366,7 @@ fn analyze_with(
                                     th.handle_start = t;
                                 }
                                 Some(_) if f == LoopFunction::CallSoon => {}
-                                _ => loop_event(th, f, kind, t),
+                                _ => loop_event(th, f, start, t),
                             }
                         }
                         continue;
@@ -418,8 +460,10 @@ fn analyze_with(
                             if kind == EventKind::PY_YIELD {
                                 // The chain: this frame's code after the one it awaited, if that one yielded
                                 // just before (it was running above this one).
-                                let child =
-                                    th.pending.take().filter(|p| insts.get(&p.2).is_some_and(|c| c.parent == Some(fid)));
+                                let child = th
+                                    .pending
+                                    .take()
+                                    .filter(|p| insts.get(&p.2).is_some_and(|c| c.parent == Some(fid)));
                                 let (mut codes, what, target) = match child {
                                     Some((codes, what, child)) => (codes, what, insts_code(&insts, child)),
                                     None => (Vec::new(), e.awaited(), u32::MAX - e.awaited() as u32),
@@ -531,9 +575,8 @@ fn add_target(f: &mut Function, target: u32, ticks: f64) {
 }
 
 /// An event of one of asyncio's loop functions: the ready queue, as the loop keeps it.
-fn loop_event(th: &mut Thread, f: LoopFunction, kind: EventKind, t: u64) {
-    let start = kind == EventKind::PY_START;
-    let end = matches!(kind, EventKind::PY_RETURN | EventKind::PY_UNWIND);
+fn loop_event(th: &mut Thread, f: LoopFunction, start: bool, t: u64) {
+    let end = !start;
     match f {
         LoopFunction::RunOnce if start => th.snapshot = true,
         LoopFunction::CallSoon if start => th.queue.push_back(t),
@@ -676,11 +719,7 @@ pub fn report(parts: &[Awaits], top: usize) -> Report {
     chains.sort_by(|a, b| (b.awaiting_ns + b.ready_ns).total_cmp(&(a.awaiting_ns + a.ready_ns)));
     tasks.sort_by(|a, b| task_wall(b).total_cmp(&task_wall(a)));
     let tasks_total = tasks.len();
-    let more = [
-        functions.len().saturating_sub(top),
-        chains.len().saturating_sub(top),
-        tasks.len().saturating_sub(top),
-    ];
+    let more = [functions.len().saturating_sub(top), chains.len().saturating_sub(top), tasks.len().saturating_sub(top)];
     functions.truncate(top);
     chains.truncate(top);
     tasks.truncate(top);
@@ -736,8 +775,7 @@ impl fmt::Display for Report {
             "coroutine", "calls", "steps", "running ms", "awaiting ms", "ready ms"
         )?;
         for r in &self.functions {
-            let awaited: Vec<String> =
-                r.awaited.iter().take(3).map(|(n, v)| format!("{n} {:.1}", ms(*v))).collect();
+            let awaited: Vec<String> = r.awaited.iter().take(3).map(|(n, v)| format!("{n} {:.1}", ms(*v))).collect();
             writeln!(
                 f,
                 "{:<28} {:>7} {:>7} {:>11.1} {:>12.1} {:>10.1}  {}",
@@ -758,7 +796,14 @@ impl fmt::Display for Report {
             writeln!(f, "Where tasks waited (await chains, the task's coroutine first):")?;
             writeln!(f, "{:>12} {:>10} {:>7}  chain", "awaiting ms", "ready ms", "times")?;
             for c in &self.chains {
-                writeln!(f, "{:>12.1} {:>10.1} {:>7}  {}", ms(c.awaiting_ns), ms(c.ready_ns), c.count, c.chain.join(" > "))?;
+                writeln!(
+                    f,
+                    "{:>12.1} {:>10.1} {:>7}  {}",
+                    ms(c.awaiting_ns),
+                    ms(c.ready_ns),
+                    c.count,
+                    c.chain.join(" > ")
+                )?;
             }
             if self.more[1] > 0 {
                 writeln!(f, "({} more)", self.more[1])?;
@@ -793,5 +838,49 @@ impl fmt::Display for Report {
             writeln!(f, "note: {n}")?;
         }
         Ok(())
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use EventKind::{PY_RETURN, PY_START};
+    use LoopFunction::{CallSoon, CallSoonThreadsafe, HandleRun};
+
+    fn feed(evs: &[(u64, LoopFunction, EventKind)]) -> Vec<(u64, LoopFunction, bool)> {
+        let mut th = Thread::default();
+        evs.iter().filter_map(|&(t, f, k)| queue_event(&mut th, f, k, t)).collect()
+    }
+
+    #[test]
+    fn call_soon_threadsafe_appends_once_in_either_shape() {
+        // 3.13.0: call_soon_threadsafe -> _call_soon, which is the append.
+        let old = feed(&[
+            (10, CallSoonThreadsafe, PY_START),
+            (12, CallSoon, PY_START),
+            (13, CallSoon, PY_RETURN),
+            (15, CallSoonThreadsafe, PY_RETURN),
+        ]);
+        assert_eq!(old, vec![(12, CallSoon, true), (13, CallSoon, false)]);
+        // 3.14: it appends by itself; the append is dated at its start.
+        let new = feed(&[(10, CallSoonThreadsafe, PY_START), (15, CallSoonThreadsafe, PY_RETURN)]);
+        assert_eq!(new, vec![(10, CallSoon, true)]);
+        // One that raised (a closed loop) appended nothing.
+        let failed = feed(&[(10, CallSoonThreadsafe, PY_START), (11, CallSoonThreadsafe, EventKind::PY_UNWIND)]);
+        assert_eq!(failed, vec![]);
+    }
+
+    #[test]
+    fn a_thread_safe_handle_is_one_callback() {
+        // 3.14: _ThreadSafeHandle._run calls Handle._run: one pop from the queue, one end.
+        let evs = feed(&[
+            (1, HandleRun, PY_START),
+            (2, HandleRun, PY_START),
+            (3, HandleRun, PY_RETURN),
+            (4, HandleRun, PY_RETURN),
+            (5, HandleRun, PY_START),
+            (6, HandleRun, PY_RETURN),
+        ]);
+        assert_eq!(evs, vec![(1, HandleRun, true), (4, HandleRun, false), (5, HandleRun, true), (6, HandleRun, false)]);
     }
 }

@@ -651,7 +651,11 @@ pub fn async_report(file: &std::path::Path, opts: ReadOptions, top: usize) -> an
 }
 
 /// The async view of each process of `run` (the reader's warnings printed if `warnings`).
-fn async_parts(run: &crate::procs::Run, opts: ReadOptions, warnings: bool) -> anyhow::Result<Vec<crate::awaits::Awaits>> {
+fn async_parts(
+    run: &crate::procs::Run,
+    opts: ReadOptions,
+    warnings: bool,
+) -> anyhow::Result<Vec<crate::awaits::Awaits>> {
     let mut parts = Vec::new();
     for p in &run.processes {
         let a = crate::awaits::analyze(&p.path, opts).with_context(|| format!("cannot read {}", p.path.display()))?;
@@ -668,7 +672,8 @@ fn async_parts(run: &crate::procs::Run, opts: ReadOptions, warnings: bool) -> an
 fn async_of_run(
     run: &crate::procs::Run,
     analyses: &[crate::analysis::Analysis],
-    opts: ReadOptions) -> anyhow::Result<Option<crate::awaits::Report>> {
+    opts: ReadOptions,
+) -> anyhow::Result<Option<crate::awaits::Report>> {
     const COROUTINE_FLAGS: u32 = 0x80 | 0x100 | 0x200;
     if !analyses.iter().any(|a| a.code.values().any(|c| c.flags & COROUTINE_FLAGS != 0)) {
         return Ok(None);

@@ -257,18 +257,9 @@ pub fn columns(table: Table) -> &'static [&'static str] {
         Table::Lost => &["pid", "thread_id", "thread_lost", "thread_recorded", "start_ns", "end_ns"],
         Table::CounterSamples => &["pid", "thread_id", "ts_ns", "counter", "value", "call_id", "function"],
         Table::Lines => &["pid", "file", "line", "function", "hits", "own_ns", "estimated"],
-        Table::Coroutines => &[
-            "pid",
-            "function",
-            "file",
-            "line",
-            "calls",
-            "steps",
-            "tasks",
-            "running_ns",
-            "awaiting_ns",
-            "ready_ns",
-        ],
+        Table::Coroutines => {
+            &["pid", "function", "file", "line", "calls", "steps", "tasks", "running_ns", "awaiting_ns", "ready_ns"]
+        }
         Table::Tasks => &[
             "pid",
             "thread_id",

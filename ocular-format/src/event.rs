@@ -222,8 +222,13 @@ pub enum LoopFunction {
     RunOnce,
     /// `BaseEventLoop._call_soon`: a callback appended to the loop's ready queue.
     CallSoon,
-    /// `Handle._run`: a callback taken from the ready queue (or a timer's, or an I/O one's) runs.
+    /// `Handle._run`, or `_ThreadSafeHandle._run` around it: a callback taken from the ready queue (or a
+    /// timer's, or an I/O one's) runs.
     HandleRun,
+    /// `BaseEventLoop.call_soon_threadsafe`: another thread schedules a callback. Up to CPython 3.13.0 it
+    /// appends through `_call_soon`; from 3.14 (and later 3.13 and 3.12 releases) it appends to the ready
+    /// queue itself, so a call of it that runs no `_call_soon` is the append.
+    CallSoonThreadsafe,
 }
 
 /// Which of asyncio's event loop functions a code object is, by its file and qualified name.
@@ -235,7 +240,8 @@ pub fn asyncio_loop_function(filename: &str, qualname: &str) -> Option<LoopFunct
     match (file[0], qualname) {
         ("base_events.py", "BaseEventLoop._run_once") => Some(LoopFunction::RunOnce),
         ("base_events.py", "BaseEventLoop._call_soon") => Some(LoopFunction::CallSoon),
-        ("events.py", "Handle._run") => Some(LoopFunction::HandleRun),
+        ("base_events.py", "BaseEventLoop.call_soon_threadsafe") => Some(LoopFunction::CallSoonThreadsafe),
+        ("events.py", "Handle._run" | "_ThreadSafeHandle._run") => Some(LoopFunction::HandleRun),
         _ => None,
     }
 }
@@ -277,9 +283,17 @@ mod tests {
     #[test]
     fn asyncio_loop_functions_by_file_and_name() {
         let f = asyncio_loop_function;
-        assert_eq!(f("/usr/lib/python3.13/asyncio/base_events.py", "BaseEventLoop._run_once"), Some(LoopFunction::RunOnce));
+        assert_eq!(
+            f("/usr/lib/python3.13/asyncio/base_events.py", "BaseEventLoop._run_once"),
+            Some(LoopFunction::RunOnce)
+        );
         assert_eq!(f("/x/asyncio/events.py", "Handle._run"), Some(LoopFunction::HandleRun));
         assert_eq!(f("C:\\py\\asyncio\\base_events.py", "BaseEventLoop._call_soon"), Some(LoopFunction::CallSoon));
+        assert_eq!(f("/x/asyncio/events.py", "_ThreadSafeHandle._run"), Some(LoopFunction::HandleRun));
+        assert_eq!(
+            f("/x/asyncio/base_events.py", "BaseEventLoop.call_soon_threadsafe"),
+            Some(LoopFunction::CallSoonThreadsafe)
+        );
         assert_eq!(f("/x/myasyncio/events.py", "Handle._run"), None);
         assert_eq!(f("/x/asyncio/events.py", "TimerHandle._run"), None);
     }

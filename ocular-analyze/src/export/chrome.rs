@@ -148,9 +148,12 @@ fn events(
         let a = crate::awaits::analyze(path, opts)?;
         for (i, t) in a.tasks.iter().enumerate() {
             let (tid, name) = (TASK_TID + i as u64, json_str(&format!("task {}", t.name)));
-            emit(out, format_args!(
+            emit(
+                out,
+                format_args!(
                 "{{\"name\":\"thread_name\",\"ph\":\"M\",\"pid\":{pid},\"tid\":{tid},\"args\":{{\"name\":{name}}}}}"
-            ))?;
+            ),
+            )?;
         }
         for s in &a.spans {
             let (tid, n) = (TASK_TID + s.task as u64, json_str(&a.span_name(s)));

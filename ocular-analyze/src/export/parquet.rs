@@ -367,7 +367,16 @@ impl Pipe {
 /// lost.parquet, counter_samples.parquet, lines.parquet, coroutines.parquet and tasks.parquet. On an error, the files it created are removed (and `dir`, if it created that too).
 pub fn export(path: &Path, opts: ReadOptions, dir: &Path) -> anyhow::Result<Summary> {
     crate::output::refuse_input(path, dir)?;
-    for t in [Table::Code, Table::Calls, Table::Events, Table::Lost, Table::CounterSamples, Table::Lines, Table::Coroutines, Table::Tasks] {
+    for t in [
+        Table::Code,
+        Table::Calls,
+        Table::Events,
+        Table::Lost,
+        Table::CounterSamples,
+        Table::Lines,
+        Table::Coroutines,
+        Table::Tasks,
+    ] {
         crate::output::refuse_input(path, &dir.join(format!("{}.parquet", t.name())))?;
     }
     let new_dir = !dir.exists();

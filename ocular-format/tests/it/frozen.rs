@@ -32,7 +32,10 @@ fn check_synthetic(bytes: &[u8], version: (u16, u16)) {
         assert!(c.iter().all(|e| e.frame_id() == Some(0x7f3a_0012_3456)));
         assert_eq!(c[1].flags, 0x0b, "FRAME | ALWAYS | Future << 2");
         assert_eq!(c[1].awaited(), ocular_format::Awaited::Future);
-        assert_eq!(format!("{:?}", c[2]), "PY_RESUME ticks=90000 code=3 offset=10 arg=1193046 flags=0x03 reserved=0x7f3a");
+        assert_eq!(
+            format!("{:?}", c[2]),
+            "PY_RESUME ticks=90000 code=3 offset=10 arg=1193046 flags=0x03 reserved=0x7f3a"
+        );
     } else if version >= (2, 7) {
         // Since 2.7 also calls of C functions (FORMAT.md 5.4).
         assert_eq!(per_thread, [(1001, 43), (1002, 27), (1001, 13), (1001, 3), (1001, 6)]);
@@ -54,7 +57,10 @@ fn check_synthetic(bytes: &[u8], version: (u16, u16)) {
     assert_eq!(format!("{:?}", first[2]), "JUMP ticks=10240 code=1 offset=8 arg=2");
     assert_eq!(format!("{:?}", first[42]), "PY_RETURN ticks=15060 code=1 offset=10 arg=0");
     let qualnames: Vec<_> = all.code.iter().map(|c| c.qualname.as_str()).collect();
-    assert_eq!(qualnames, if version >= (2, 8) { &["main", "Worker.run", "handler"][..] } else { &["main", "Worker.run"] });
+    assert_eq!(
+        qualnames,
+        if version >= (2, 8) { &["main", "Worker.run", "handler"][..] } else { &["main", "Worker.run"] }
+    );
     let p = all.code[1].positions[5];
     assert_eq!((p.line, p.end_line, p.column, p.end_column), (12, 12, 4, 12));
     assert_eq!(all.code[1].positions.len(), 6);
