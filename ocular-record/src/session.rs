@@ -273,6 +273,22 @@ impl Pool {
         }
     }
 
+    /// One more free buffer, if the limit allows and the recording is not stopping.
+    pub fn add_spare(&self) {
+        if !self.closing.load(Ordering::Relaxed) {
+            if let Some(b) = self.allocate() {
+                self.give(b);
+            }
+        }
+    }
+
+    /// Tops the spares up before the writer writes a buffer, unless the recording is stopping.
+    pub fn prepare_ahead(&self) {
+        if !self.closing.load(Ordering::Relaxed) {
+            self.keep_spares(self.spares());
+        }
+    }
+
     /// How many free buffers the writer keeps ready.
     pub fn spares(&self) -> usize {
         if self.cfg.live {
@@ -291,6 +307,9 @@ impl Pool {
     /// ready instead of allocating. Called at start and by the writer thread.
     pub fn keep_spares(&self, spares: usize) {
         loop {
+            if self.closing.load(Ordering::Relaxed) {
+                return;
+            }
             let free = self.free.lock().unwrap_or_else(|e| e.into_inner()).len();
             if free >= spares {
                 return;
@@ -626,6 +645,10 @@ impl WriterJob {
                 return true;
             }
             Msg::Events { thread_id, buf, len } => {
+                // Spares first: the thread that sent this fills its next buffer in as little as 2 ms,
+                // less than writing this one takes, and with none ready it made a ring slot itself, a
+                // millisecond of the program's time (the second switch of every recording, before).
+                self.pool.prepare_ahead();
                 if len > 0 {
                     // A ring slot is freed only once its events are in the kernel's hands (flushed), so
                     // a process killed at any moment has each event in the file or in the ring; a flight
@@ -974,19 +997,28 @@ impl Session {
             Some(r) => pool.with_ring(Arc::clone(r)),
             None => pool,
         });
+        if pool.ring().is_some() {
+            // A ring slot takes 0.5-1.4 ms to set up (384 page faults on a memory file system, where a
+            // heap buffer gets one huge page). The first one is made here, before the recording starts:
+            // made by the writer beside the program, it was seldom ready for the first event, whose thread
+            // then made it itself, and the program's first line read a millisecond too long.
+            pool.keep_spares(1);
+        }
         let (tx, rx) = channel::<Msg>();
         let mut job = WriterJob { writer: Some(writer), out: Outcome::default(), pool: Arc::clone(&pool), flight };
         let handle = crate::threads::spawn("ocular-writer", move || {
-            // No spares yet: a short recording never needs them (faulting in 4.5 MiB took ~4 ms that
-            // stop() waited for). The first full buffer makes the writer allocate them.
+            // Two more, beside the program, for its first two switches of buffers (or more threads): the
+            // first comes before the writer has a buffer to write, and a thread can fill a buffer (1.3
+            // ms) faster than the writer makes a slot once it has one; a slot the thread made itself cost
+            // the program a millisecond at its 65,536th or 131,072nd event. No more yet: a short recording
+            // never needs them (faulting in 4.5 MiB took ~4 ms that stop() waited for; a stop waits for
+            // one slot at most, see `add_spare`); the first full buffer makes the writer keep 3.
+            if job.pool.ring().is_some() {
+                job.pool.add_spare();
+                job.pool.add_spare();
+            }
             // Rings of killed recordings stay for their traces to be read: the newest 8, for a week at
             // most (RING.md 2).
-            if job.pool.ring().is_some() {
-                // A ring slot takes ~0.5 ms to set up (384 page faults on a memory file system, where
-                // a heap buffer gets one huge page): one is made here, beside the program, for the
-                // first thread to take instead of making it itself.
-                job.pool.keep_spares(1);
-            }
             if let Some(dir) = ocular_format::ring::runtime_dir() {
                 ocular_format::ring::sweep(&dir, RING_KEEP, RING_KEEP_FILES);
             }
