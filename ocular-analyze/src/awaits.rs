@@ -17,7 +17,7 @@
 //!   (`BaseEventLoop._run_once` takes what is in it, `Handle._run` runs each): the n-th callback run in a
 //!   turn of the loop is the n-th one appended before it. The moment a task's callback was appended is
 //!   when it became ready. From CPython 3.14 `call_soon_threadsafe` appends without `_call_soon`, and the
-//!   callback it appends runs in `_ThreadSafeHandle._run` around `Handle._run`: [`queue_event`] reads
+//!   callback it appends runs in `_ThreadSafeHandle._run` around `Handle._run`: `queue_event` reads
 //!   both shapes alike. Without these functions' events (another event loop, such as uvloop) the whole
 //!   suspension counts as awaiting, and the report says so.
 //! - A coroutine still suspended at the end of the trace was awaiting until its last event.
