@@ -576,7 +576,6 @@ fn add_target(f: &mut Function, target: u32, ticks: f64) {
 
 /// An event of one of asyncio's loop functions: the ready queue, as the loop keeps it.
 fn loop_event(th: &mut Thread, f: LoopFunction, start: bool, t: u64) {
-    let end = !start;
     match f {
         LoopFunction::RunOnce if start => th.snapshot = true,
         LoopFunction::CallSoon if start => th.queue.push_back(t),
@@ -587,7 +586,7 @@ fn loop_event(th: &mut Thread, f: LoopFunction, start: bool, t: u64) {
             th.handle = Some(th.batch.pop_front());
             th.handle_start = t;
         }
-        LoopFunction::HandleRun if end => th.handle = None,
+        LoopFunction::HandleRun => th.handle = None,
         _ => {}
     }
 }

@@ -282,13 +282,6 @@ impl Pool {
         }
     }
 
-    /// Tops the spares up before the writer writes a buffer, unless the recording is stopping.
-    pub fn prepare_ahead(&self) {
-        if !self.closing.load(Ordering::Relaxed) {
-            self.keep_spares(self.spares());
-        }
-    }
-
     /// How many free buffers the writer keeps ready.
     pub fn spares(&self) -> usize {
         if self.cfg.live {
@@ -304,7 +297,8 @@ impl Pool {
     }
 
     /// Tops the free list up to `spares` buffers (within the limit), so the recording thread finds one
-    /// ready instead of allocating. Called at start and by the writer thread.
+    /// ready instead of allocating; nothing once the recording is stopping. Called at start and by the
+    /// writer thread.
     pub fn keep_spares(&self, spares: usize) {
         loop {
             if self.closing.load(Ordering::Relaxed) {
@@ -648,7 +642,7 @@ impl WriterJob {
                 // Spares first: the thread that sent this fills its next buffer in as little as 2 ms,
                 // less than writing this one takes, and with none ready it made a ring slot itself, a
                 // millisecond of the program's time (the second switch of every recording, before).
-                self.pool.prepare_ahead();
+                self.pool.keep_spares(self.pool.spares());
                 if len > 0 {
                     // A ring slot is freed only once its events are in the kernel's hands (flushed), so
                     // a process killed at any moment has each event in the file or in the ring; a flight
