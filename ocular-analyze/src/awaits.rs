@@ -8,7 +8,8 @@
 //!   and the coroutines it awaited that ran meanwhile: inclusive, as a call tree's inclusive time).
 //! - The coroutine running below another on the same thread when it starts or resumes is the one awaiting
 //!   it (`await child()`, `async for`); one with none below it was resumed by the event loop: it is a
-//!   **task**'s coroutine, and the coroutines it awaits belong to that task. When a task's turn ends, its
+//!   **task**'s coroutine, and the coroutines it awaits belong to that task. So is one started on top of
+//!   another whose first yield that other did not pass on (an eager task: `promote`). When a task's turn ends, its
 //!   frames yield innermost first: that order is the task's **await chain**, ending in what the innermost
 //!   yielded (a Future, a Task, a bare yield).
 //! - A suspension is split into **awaiting** (what it awaited was not done) and **ready** (it was done, and
@@ -168,6 +169,8 @@ struct Inst {
     chain: Option<u32>,
     /// The coroutine that awaited it at its last start or resumption.
     parent: Option<u64>,
+    /// When it started.
+    started: u64,
 }
 
 #[derive(Default)]
@@ -177,6 +180,9 @@ struct Thread {
     /// The chain being built by a turn's yields: codes innermost first, what the innermost yielded, and
     /// the frame id of the last one to yield.
     pending: Option<(Vec<u32>, Awaited, u64)>,
+    /// Code other than the awaiter's ran since `pending`'s yield (events of functions that are not
+    /// coroutines: recorded in `calls` mode and inside windows).
+    pending_interrupted: bool,
     /// Callbacks appended to the ready queue since the loop last took it: when.
     queue: VecDeque<u64>,
     /// What the loop took at the start of its turn, in order.
@@ -328,12 +334,10 @@ fn analyze_with(
     };
     let mut fn_index: HashMap<u32, usize> = HashMap::default();
     let mut loop_fns: HashMap<u32, LoopFunction> = HashMap::default();
-    let mut names: HashMap<u32, String> = HashMap::default();
     let mut code_meta: HashMap<u32, (String, String, u32)> = HashMap::default();
     let mut insts: HashMap<u64, Inst> = HashMap::default();
     let mut threads: HashMap<u64, Thread> = HashMap::default();
-    let mut chain_index: HashMap<(Vec<u32>, Awaited), u32> = HashMap::default();
-    let mut task_counts: HashMap<u32, u64> = HashMap::default();
+    let mut tasks_of = Tasks { pid: header.pid, ..Tasks::default() };
     let mut last = 0u64;
     let mut b = Builder { out: &mut out };
     while let Some(c) = r.next_chunk()? {
@@ -343,7 +347,7 @@ fn analyze_with(
                     if let Some(f) = asyncio_loop_function(&o.filename, &o.qualname) {
                         loop_fns.insert(o.id, f);
                     }
-                    names.insert(o.id, o.qualname.clone());
+                    tasks_of.names.insert(o.id, o.qualname.clone());
                     code_meta.insert(o.id, (o.qualname, o.filename, o.first_line));
                 }
             }
@@ -356,6 +360,13 @@ fn analyze_with(
                     let Some(kind) = e.event_kind() else { continue };
                     let code = e.code.get();
                     let Some(fid) = e.frame_id() else {
+                        // Other code ran between a coroutine's yield and its awaiter's: not an await.
+                        if let Some(p) = &th.pending {
+                            let awaiter = insts.get(&p.2).and_then(|c| c.parent).and_then(|a| insts.get(&a));
+                            if !awaiter.is_some_and(|a| a.code == code) {
+                                th.pending_interrupted = true;
+                            }
+                        }
                         if let Some(&f) = loop_fns.get(&code) {
                             b.out.ready_known = true;
                             let Some((t, f, start)) = queue_event(th, f, kind, t) else { continue };
@@ -389,27 +400,21 @@ fn analyze_with(
                             b.out.functions[fi].steps += 1;
                             let ready_at = th.handle.flatten();
                             let parent_task = parent.and_then(|p| insts.get(&p)).map_or(u32::MAX, |p| p.task);
-                            let inst = insts.entry(fid).or_insert_with(|| Inst { code, ..Inst::default() });
+                            // A coroutine that yielded on top of this thread's running one, which did not
+                            // yield after it but went on: an eager task's first step (see `promote`).
+                            if let Some(p) = th.pending.take() {
+                                promote(&mut b, &mut insts, &mut tasks_of, &fn_index, p, tid);
+                            }
+                            let inst = insts.entry(fid).or_insert_with(|| Inst { code, started: t, ..Inst::default() });
                             inst.parent = parent;
                             if fresh {
                                 inst.root = parent.is_none();
                                 if parent.is_some() {
                                     inst.task = parent_task;
                                 } else {
-                                    let n = task_counts.entry(code).or_default();
-                                    *n += 1;
                                     b.out.functions[fi].tasks += 1;
                                     let created = ready_at.filter(|&r| r <= t).unwrap_or(t);
-                                    b.out.tasks.push(Task {
-                                        pid: header.pid,
-                                        thread_id: tid,
-                                        name: format!("{}#{n}", names.get(&code).map_or("?", String::as_str)),
-                                        created_ns: created as f64,
-                                        started_ns: t as f64,
-                                        ready_ns: (t - created) as f64,
-                                        ..Task::default()
-                                    });
-                                    inst.task = (b.out.tasks.len() - 1) as u32;
+                                    inst.task = tasks_of.task(&mut b, code, tid, created, t);
                                     b.span(inst.task, State::Ready, created, t, None);
                                 }
                             }
@@ -460,10 +465,22 @@ fn analyze_with(
                             if kind == EventKind::PY_YIELD {
                                 // The chain: this frame's code after the one it awaited, if that one yielded
                                 // just before (it was running above this one).
-                                let child = th
-                                    .pending
-                                    .take()
-                                    .filter(|p| insts.get(&p.2).is_some_and(|c| c.parent == Some(fid)));
+                                // One that yielded something else, or did not run on top of this one, was
+                                // not awaited by it: an eager task's first step.
+                                let what_now = e.awaited();
+                                let (child, eager) = match th.pending.take() {
+                                    Some(p)
+                                        if insts.get(&p.2).is_some_and(|c| c.parent == Some(fid))
+                                            && (p.1 == what_now || Awaited::Unknown == what_now)
+                                            && !th.pending_interrupted =>
+                                    {
+                                        (Some(p), None)
+                                    }
+                                    other => (None, other),
+                                };
+                                if let Some(p) = eager {
+                                    promote(&mut b, &mut insts, &mut tasks_of, &fn_index, p, tid);
+                                }
                                 let (mut codes, what, target) = match child {
                                     Some((codes, what, child)) => (codes, what, insts_code(&insts, child)),
                                     None => (Vec::new(), e.awaited(), u32::MAX - e.awaited() as u32),
@@ -473,23 +490,15 @@ fn analyze_with(
                                 inst.target = target;
                                 inst.suspended_since = Some(t);
                                 if inst.root {
-                                    let key = (codes.iter().rev().copied().collect::<Vec<_>>(), what);
-                                    let id = *chain_index.entry(key).or_insert_with_key(|key| {
-                                        let mut chain: Vec<String> = key
-                                            .0
-                                            .iter()
-                                            .map(|c| names.get(c).cloned().unwrap_or_else(|| "?".into()))
-                                            .collect();
-                                        chain.push(what.name().into());
-                                        b.out.chains.push(Chain { chain, ..Chain::default() });
-                                        (b.out.chains.len() - 1) as u32
-                                    });
-                                    inst.chain = Some(id);
+                                    inst.chain = Some(tasks_of.chain(&mut b, &codes, what));
                                 } else {
                                     th.pending = Some((codes, what, fid));
+                                    th.pending_interrupted = false;
                                 }
                             } else {
-                                th.pending = None;
+                                if let Some(p) = th.pending.take().filter(|p| p.2 != fid) {
+                                    promote(&mut b, &mut insts, &mut tasks_of, &fn_index, p, tid);
+                                }
                                 let inst = insts.remove(&fid).expect("looked up above");
                                 if inst.root {
                                     if let Some(tk) = b.out.tasks.get_mut(inst.task as usize) {
@@ -536,7 +545,7 @@ fn analyze_with(
         for (name, v) in &mut f.awaited {
             *v /= tpn;
             if let Some(code) = name.strip_prefix('#').and_then(|c| c.parse::<u32>().ok()) {
-                *name = names.get(&code).cloned().unwrap_or_else(|| "?".into());
+                *name = tasks_of.names.get(&code).cloned().unwrap_or_else(|| "?".into());
             }
         }
         f.awaited.sort_by(|a, b| b.1.total_cmp(&a.1));
@@ -555,6 +564,86 @@ fn analyze_with(
     }
     out.warnings = r.report().warnings(&path.display().to_string());
     Ok((out, log))
+}
+
+/// Names the tasks and await chains as the pass finds them.
+#[derive(Default)]
+struct Tasks {
+    pid: u32,
+    /// Code id -> qualified name.
+    names: HashMap<u32, String>,
+    chain_index: HashMap<(Vec<u32>, Awaited), u32>,
+    /// Tasks so far per coroutine code, for their ordinals.
+    counts: HashMap<u32, u64>,
+}
+
+impl Tasks {
+    /// A new task whose coroutine is `code`, became ready at `created` and first ran at `started`: its index.
+    fn task(&mut self, b: &mut Builder, code: u32, tid: u64, created: u64, started: u64) -> u32 {
+        let n = self.counts.entry(code).or_default();
+        *n += 1;
+        b.out.tasks.push(Task {
+            pid: self.pid,
+            thread_id: tid,
+            name: format!("{}#{n}", self.names.get(&code).map_or("?", String::as_str)),
+            created_ns: created as f64,
+            started_ns: started as f64,
+            ready_ns: started.saturating_sub(created) as f64,
+            ..Task::default()
+        });
+        (b.out.tasks.len() - 1) as u32
+    }
+
+    /// The chain of `codes` (innermost first) ending in `what`: its index.
+    fn chain(&mut self, b: &mut Builder, codes: &[u32], what: Awaited) -> u32 {
+        let key = (codes.iter().rev().copied().collect::<Vec<_>>(), what);
+        let names = &self.names;
+        *self.chain_index.entry(key).or_insert_with_key(|key| {
+            let mut chain: Vec<String> =
+                key.0.iter().map(|c| names.get(c).cloned().unwrap_or_else(|| "?".into())).collect();
+            chain.push(what.name().into());
+            b.out.chains.push(Chain { chain, ..Chain::default() });
+            (b.out.chains.len() - 1) as u32
+        })
+    }
+}
+
+/// An eagerly started task (`create_task(..., eager_start=True)`, `asyncio.eager_task_factory`: aiohttp
+/// starts its handlers so): its coroutine's first step runs inside `create_task`, on top of the coroutine
+/// that made it, and its first yield goes back to `create_task`, not to that coroutine, which goes on
+/// running instead of yielding the same thing. `pending` (the chain the yield began) was found to be such
+/// a step: its coroutine becomes a task of its own from its start, and its figures go to that task, not to
+/// the one it started in. Only a yield of what asyncio's loop waits on (a Future, a Task, a bare yield)
+/// counts: an async generator's yield of a value to its `async for` also goes on in the consumer.
+fn promote(
+    b: &mut Builder,
+    insts: &mut HashMap<u64, Inst>,
+    tasks_of: &mut Tasks,
+    fn_index: &HashMap<u32, usize>,
+    pending: (Vec<u32>, Awaited, u64),
+    tid: u64,
+) {
+    let (codes, what, fid) = pending;
+    if !matches!(what, Awaited::Future | Awaited::Task | Awaited::Nothing) {
+        return;
+    }
+    let Some(inst) = insts.get_mut(&fid) else { return };
+    if inst.root {
+        return;
+    }
+    let (started, yielded) = (inst.started, inst.suspended_since.unwrap_or(inst.started));
+    let task = tasks_of.task(b, inst.code, tid, started, started);
+    if let Some(&fi) = fn_index.get(&inst.code) {
+        b.out.functions[fi].tasks += 1;
+    }
+    inst.root = true;
+    inst.parent = None;
+    inst.task = task;
+    inst.chain = Some(tasks_of.chain(b, &codes, what));
+    let tk = &mut b.out.tasks[task as usize];
+    tk.steps = 1;
+    tk.running_ns = yielded.saturating_sub(started) as f64;
+    b.span(task, State::Running, started, yielded, None);
 }
 
 fn insts_code(insts: &HashMap<u64, Inst>, fid: u64) -> u32 {

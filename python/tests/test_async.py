@@ -156,6 +156,51 @@ def test_an_executor_s_result_carried_by_another_thread_is_awaiting_then_ready(t
     assert 0.6 * 4.5 * compute <= waiter["ready_ns"] <= 1.05 * 4.5 * compute, (waiter, compute)
 
 
+EAGER = textwrap.dedent("""\
+    import asyncio, sys, time
+
+    async def worker(i):
+        await asyncio.sleep(0.05)
+        t0 = time.perf_counter()
+        while time.perf_counter() - t0 < 0.005:
+            pass
+
+    async def main():
+        if sys.argv[1] == "factory":
+            asyncio.get_running_loop().set_task_factory(asyncio.eager_task_factory)
+            await asyncio.gather(*(worker(i) for i in range(10)))
+        else:
+            loop = asyncio.get_running_loop()
+            tasks = [asyncio.Task(worker(i), loop=loop, eager_start=True) for i in range(10)]
+            await asyncio.gather(*tasks)
+
+    asyncio.run(main())
+""")
+
+
+@pytest.mark.skipif(sys.version_info < (3, 12), reason="eager tasks came with 3.12")
+@pytest.mark.parametrize("how", ["factory", "direct"])
+def test_eager_tasks_are_tasks_of_their_own(tmp_path, how):
+    # An eager task's first step runs inside create_task, on top of the coroutine that made it (aiohttp starts
+    # its handlers so): the ten workers are ten tasks, each waiting at worker > sleep > Future, and main waits
+    # at its gather, not at "main > worker > sleep".
+    script = tmp_path / "eager.py"
+    script.write_text(EAGER)
+    out = tmp_path / "eager.ocl"
+    r = subprocess.run([sys.executable, "-m", "ocular", "run", "--mode", "calls", "-o", str(out), str(script), how],
+                       capture_output=True, text=True, cwd=tmp_path)
+    assert r.returncode == 0, r.stderr
+    report = async_json(out)
+    f = by_name(report)
+    assert (f["worker"]["calls"], f["worker"]["tasks"], f["main"]["tasks"]) == (10, 10, 1)
+    chains = {" > ".join(c["chain"]): c for c in report["chains"]}
+    assert chains["worker > sleep > Future"]["count"] == 10, list(chains)
+    assert "main > Future" in chains and not [c for c in chains if c.startswith("main > worker")], list(chains)
+    assert within(chains["worker > sleep > Future"]["awaiting_ns"], 0.5e9, 0.1), chains
+    workers = [t for t in report["tasks"] if t["name"].startswith("worker#")]
+    assert len(workers) == 10 and all(t["steps"] == 2 and t["ended_ns"] is not None for t in workers)
+
+
 def test_the_default_mode_recorded_the_handlers_between_windows(tmp_path):
     # The premise of the default-mode case above: without the always-recorded coroutine boundaries, the
     # handlers (after the first window) would be seen only in the windows that happened to cover them.
