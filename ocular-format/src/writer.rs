@@ -44,7 +44,7 @@ impl Default for WriterOptions {
     }
 }
 
-/// See [`WriterOptions::meta_level`] and BENCHMARKS.md ("Code metadata").
+/// See [`WriterOptions::meta_level`] and BENCHMARKS.md (".ocl format", its history: code metadata).
 const META_LEVEL: i32 = 6;
 
 /// Writes an `.ocl` file chunk by chunk. Every chunk is handed to the underlying writer whole with a
