@@ -1,16 +1,16 @@
-//! Writes the frozen format fixture of the current format version (`testdata/v2.8/synthetic.ocl`): every
+//! Writes the frozen format fixture of the current format version (`testdata/v2.9/synthetic.ocl`): every
 //! chunk kind, two threads, a lost record, a snapshot, a window with its stack (since 2.2), the ring file's
 //! path (since 2.3), a flight recorder's dropped range (since 2.4), counter samples (since 2.5), the run of
 //! processes it belongs to (since 2.6), calls of two C functions, one of which raised (since 2.7), a
-//! coroutine's frame id and what it awaited (since 2.8), and a trailer.
+//! coroutine's frame id and what it awaited (since 2.8), a recorder pause (since 2.9), and a trailer.
 //! Frozen files are never rewritten: this refuses to overwrite one.
 //!
-//!     cargo run -p ocular-format --example make_fixture -- testdata/v2.8/synthetic.ocl
+//!     cargo run -p ocular-format --example make_fixture -- testdata/v2.9/synthetic.ocl
 
 use ocular_format::*;
 
 fn main() -> Result<()> {
-    let path = std::env::args().nth(1).unwrap_or_else(|| "testdata/v2.8/synthetic.ocl".into());
+    let path = std::env::args().nth(1).unwrap_or_else(|| "testdata/v2.9/synthetic.ocl".into());
     if std::path::Path::new(&path).exists() {
         eprintln!("{path} exists: frozen fixtures are never rewritten; make a new version's directory instead");
         std::process::exit(1);
@@ -120,6 +120,17 @@ fn main() -> Result<()> {
             frame(50_200, 8, EventKind::PY_YIELD, Awaited::Future),
             frame(90_000, 10, EventKind::PY_RESUME, Awaited::Unknown),
             frame(90_300, 10, EventKind::PY_RETURN, Awaited::Unknown),
+        ],
+    )?;
+    // Since 2.9 (FORMAT.md 5.6): a call of `main` in which the recorder held the thread up 3,000 ticks.
+    w.events(
+        1001,
+        &[
+            RawEvent::new(100_000, 1, 0, 0, EventKind::PY_START as u8),
+            // The JUMP's callback found the buffer full and waited: its pause comes first.
+            RawEvent::new(100_400, 0, 0, 3_000, EventKind::PAUSE as u8),
+            RawEvent::new(100_400, 1, 8, 2, EventKind::JUMP as u8),
+            RawEvent::new(104_000, 1, 10, 0, EventKind::PY_RETURN as u8),
         ],
     )?;
     w.thread(&ThreadInfo { thread_id: 1002, name: "worker-1".into(), is_main: false })?;

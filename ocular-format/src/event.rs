@@ -55,6 +55,17 @@ impl RawEvent {
         }
     }
 
+    /// The length in ticks of a `PAUSE` (FORMAT.md 5.6): the recorder's time inside the interval that ends
+    /// at it; `0` for any other kind.
+    #[inline]
+    pub fn pause_ticks(&self) -> u64 {
+        if self.kind == EventKind::PAUSE as u8 {
+            (self.offset.get() as u64) << 32 | self.arg.get() as u64
+        } else {
+            0
+        }
+    }
+
     /// The frame id of a function boundary of coroutine code (FORMAT.md 5.5), if it has one.
     #[inline]
     pub fn frame_id(&self) -> Option<u64> {
@@ -104,7 +115,7 @@ macro_rules! event_kinds {
     ($($name:ident = $value:literal,)*) => {
         /// Event kinds, numbered as FORMAT.md section 5.1 fixes them (the `sys.monitoring` ids of CPython
         /// 3.12 and 3.13, spelled as `sys.monitoring.events` spells them; 64 and above are Ocular's own
-        /// window and stack markers, section 5.3).
+        /// window and stack markers, section 5.3, and pauses, 5.6).
         #[derive(Clone, Copy, Debug, PartialEq, Eq, Hash, PartialOrd, Ord)]
         #[repr(u8)]
         #[allow(non_camel_case_types, clippy::upper_case_acronyms)]
@@ -152,6 +163,39 @@ event_kinds! {
     WINDOW = 64,
     WINDOW_END = 65,
     STACK = 66,
+    // The recorder held the thread up (FORMAT.md 5.6, since 2.9).
+    PAUSE = 67,
+}
+
+/// A reader's hold on the recorder's pauses of one thread (FORMAT.md 5.6): a `PAUSE` comes before the event
+/// that waited, and its length lies in the interval from that event to the next. Give it every event of the
+/// thread in order: [`Pauses::pause`] keeps a `PAUSE`, [`Pauses::take`] hands each other event the pause
+/// time inside the interval that ends at it.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub struct Pauses {
+    /// Lies after the next event.
+    next: u64,
+    /// Lies before the next event.
+    armed: u64,
+}
+
+impl Pauses {
+    /// Keeps `e` if it is a `PAUSE` and says so: it is nothing else to a reader.
+    #[inline]
+    pub fn pause(&mut self, e: &RawEvent) -> bool {
+        let p = e.kind == EventKind::PAUSE as u8;
+        if p {
+            self.next += e.pause_ticks();
+        }
+        p
+    }
+
+    /// For an event that is not a `PAUSE`, once each in order: the ticks of pauses between the thread's
+    /// previous event and this one.
+    #[inline]
+    pub fn take(&mut self) -> u64 {
+        std::mem::replace(&mut self.armed, std::mem::take(&mut self.next))
+    }
 }
 
 /// Bits of [`RawEvent::flags`] on function boundaries (FORMAT.md 5.5, since 2.8).
@@ -299,12 +343,35 @@ mod tests {
     }
 
     #[test]
+    fn a_pause_is_as_long_as_its_offset_and_arg_say_and_other_kinds_are_no_pause() {
+        let p = RawEvent::new(5, 0, 2, 7, EventKind::PAUSE as u8);
+        assert_eq!(p.pause_ticks(), (2 << 32) + 7);
+        assert_eq!(RawEvent::new(5, 0, 2, 7, EventKind::JUMP as u8).pause_ticks(), 0);
+    }
+
+    #[test]
+    fn a_pause_belongs_to_the_interval_after_the_event_that_follows_it() {
+        let j = |t| RawEvent::new(t, 1, 0, 0, EventKind::JUMP as u8);
+        let stream = [j(10), RawEvent::new(20, 0, 0, 300, EventKind::PAUSE as u8), j(20), j(400), j(410)];
+        let mut p = Pauses::default();
+        let mut got = Vec::new();
+        for e in &stream {
+            if !p.pause(e) {
+                got.push((e.ticks.get(), p.take()));
+            }
+        }
+        assert_eq!(got, [(10, 0), (20, 0), (400, 300), (410, 0)]);
+    }
+
+    #[test]
     fn kinds_round_trip_and_unknown_is_named() {
         for k in EventKind::ALL {
             assert_eq!(EventKind::from_u8(*k as u8), Some(*k));
         }
-        assert_eq!(EventKind::ALL.len(), 22);
+        assert_eq!(EventKind::ALL.len(), 23);
         assert_eq!(kind_name(66), "STACK");
+        assert_eq!(kind_name(67), "PAUSE");
+        assert_eq!(kind_name(68), "UNKNOWN(68)");
         assert_eq!(kind_name(8), "BRANCH");
         assert_eq!(kind_name(200), "UNKNOWN(200)");
     }

@@ -41,10 +41,10 @@ mod writer;
 
 pub use chunk::{MAGIC, MAJOR, MINOR};
 pub use error::{Error, Result};
-pub use event::{asyncio_loop_function, kind_name, Awaited, EventKind, LoopFunction, RawEvent};
+pub use event::{asyncio_loop_function, kind_name, Awaited, EventKind, LoopFunction, Pauses, RawEvent};
 pub use meta::{
-    CFunction, Calibration, Clock, CodeObject, CodeSnapshot, CounterInfo, CounterSample, CounterSamples, Dropped,
-    Header, Lost, Mode, OpcodeTable, Options, Position, ProcessInfo, RingInfo, ThreadInfo, Trailer,
+    cost_table, CFunction, Calibration, Clock, CodeObject, CodeSnapshot, CounterInfo, CounterSample, CounterSamples,
+    Dropped, Header, Lost, Mode, OpcodeTable, Options, Position, ProcessInfo, RingInfo, ThreadInfo, Trailer,
 };
 pub use reader::{
     Body, Chunk, ChunkInfo, Damage, Mismatch, ReadOptions, Reader, Report, Source, ThreadLoss, MAX_LOSS_RANGES,

@@ -354,6 +354,27 @@ impl Calibration {
     }
 }
 
+/// What a reader subtracts per event, in ticks, by kind: the calibrated cost of each kind measured (6.6),
+/// `default` (the header's `event_cost_ticks`, 4.2) for the others, a `PY_START`'s for the events of a C
+/// call that were not measured (5.4: the same work), and nothing for the recorder's own markers (5.3), whose
+/// writing is not a callback; a `PAUSE` (5.6) costs its length, [`crate::RawEvent::pause_ticks`], besides.
+pub fn cost_table(default: f64, calibration: Option<&Calibration>) -> [f64; 256] {
+    use crate::EventKind as K;
+    let default = default.max(0.0);
+    let mut t = calibration.map_or([default; 256], |c| c.table(default));
+    if let Some(c) = calibration {
+        for k in [K::CALL, K::C_RETURN, K::C_RAISE] {
+            if !c.costs.iter().any(|&(kind, _)| kind == k as u8) {
+                t[k as usize] = t[K::PY_START as usize];
+            }
+        }
+    }
+    for k in [K::WINDOW, K::WINDOW_END, K::STACK, K::PAUSE] {
+        t[k as usize] = 0.0;
+    }
+    t
+}
+
 /// The clean-close marker (FORMAT.md 6.5).
 #[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
 pub struct Trailer {

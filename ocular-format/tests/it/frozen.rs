@@ -25,9 +25,16 @@ fn check_synthetic(bytes: &[u8], version: (u16, u16)) {
     let per_thread: Vec<(u64, usize)> = all.events.iter().map(|(t, e)| (*t, e.len())).collect();
     // Since 2.2 the fixture also has a window, its stack and a return in it (FORMAT.md 5.3).
     let windows = version >= (2, 2);
+    if version >= (2, 9) {
+        // Since 2.9 also a recorder pause (FORMAT.md 5.6) in a call of `main`.
+        assert_eq!(per_thread, [(1001, 43), (1002, 27), (1001, 13), (1001, 3), (1001, 6), (1001, 4), (1001, 4)]);
+        let p = all.events[6].1[1];
+        assert_eq!(format!("{p:?}"), "PAUSE ticks=100400 code=0 offset=0 arg=3000");
+        assert_eq!(p.pause_ticks(), 3000);
+    }
     if version >= (2, 8) {
         // Since 2.8 also a coroutine's boundaries with its frame id (FORMAT.md 5.5), in a columnar v2 chunk.
-        assert_eq!(per_thread, [(1001, 43), (1002, 27), (1001, 13), (1001, 3), (1001, 6), (1001, 4)]);
+        assert_eq!(per_thread[..6], [(1001, 43), (1002, 27), (1001, 13), (1001, 3), (1001, 6), (1001, 4)]);
         let c = &all.events[5].1;
         assert!(c.iter().all(|e| e.frame_id() == Some(0x7f3a_0012_3456)));
         assert_eq!(c[1].flags, 0x0b, "FRAME | ALWAYS | Future << 2");
@@ -70,7 +77,10 @@ fn check_synthetic(bytes: &[u8], version: (u16, u16)) {
     // Since 2.3 a RING chunk follows the header (FORMAT.md 6.7): one chunk more.
     // Since 2.4 a DROPPED chunk (FORMAT.md 6.8), since 2.5 a COUNTERS chunk (6.9), since 2.6 a PROCESS
     // chunk (6.10): one more each.
-    let want = if version >= (2, 8) {
+    let want = if version >= (2, 9) {
+        // And the EVENTS chunk of the call with the pause.
+        (100, 3, 19)
+    } else if version >= (2, 8) {
         // And a CODE chunk and the EVENTS chunk of the coroutine.
         (96, 3, 18)
     } else if version >= (2, 7) {
@@ -200,4 +210,11 @@ fn v2_3_synthetic_reads_forever() {
         ocular_format::Body::Ring(info) => assert_eq!(info.path, "/tmp/ocular-fixture/synthetic.ocl.ring"),
         other => panic!("the chunk after the header is {other:?}, not RING"),
     }
+}
+
+#[test]
+fn v2_9_synthetic_reads_forever() {
+    let bytes = fixture("v2.9/synthetic.ocl");
+    assert_eq!(bytes.len(), 2909);
+    check_synthetic(&bytes, (2, 9));
 }
