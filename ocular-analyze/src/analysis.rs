@@ -290,6 +290,8 @@ struct ThreadState {
     last_code: u32,
     /// Sum of the recorder's cost of every event of this thread so far, in ticks.
     cost: f64,
+    /// Recorder pauses not yet in `cost`.
+    pauses: ocular_format::Pauses,
     last_ticks: u64,
     /// Events of this thread so far.
     count: u64,
@@ -867,8 +869,7 @@ pub fn analyze(path: &Path, opts: ReadOptions) -> ocular_format::Result<Analysis
     let mut r = Reader::open_with(path, opts)?;
     let header = r.header().clone();
     let mut a = Analysis::default();
-    let mut cost = [header.event_cost_ticks.max(0.0); 256];
-    zero_marker_costs(&mut cost);
+    let mut cost = ocular_format::cost_table(header.event_cost_ticks, None);
     let precise = header.options.mode == Mode::Precise;
     let mut threads: HashMap<u64, ThreadState> = HashMap::default();
     let mut tables = Tables::default();
@@ -924,9 +925,7 @@ pub fn analyze(path: &Path, opts: ReadOptions) -> ocular_format::Result<Analysis
                 }
             }
             Body::Calibration(c) => {
-                cost = c.table(header.event_cost_ticks.max(0.0));
-                zero_marker_costs(&mut cost);
-                c_call_costs(&mut cost, &c);
+                cost = ocular_format::cost_table(header.event_cost_ticks, Some(&c));
                 a.calibration = Some(c);
             }
             // The recording's end, where frames still open in a recording with windows end.
@@ -1048,23 +1047,6 @@ pub fn c_code_object(f: &ocular_format::CFunction) -> CodeObject {
     }
 }
 
-/// The recorder's cost of `CALL`, `C_RETURN` and `C_RAISE` events: calibrated since 2.7 when it measured
-/// them, otherwise that of a `PY_START` (the same work; FORMAT.md 5.4).
-fn c_call_costs(cost: &mut [f64; 256], c: &ocular_format::Calibration) {
-    for k in [EventKind::CALL, EventKind::C_RETURN, EventKind::C_RAISE] {
-        if !c.costs.iter().any(|&(kind, _)| kind == k as u8) {
-            cost[k as usize] = cost[EventKind::PY_START as usize];
-        }
-    }
-}
-
-/// Window markers and stacks are written by the recorder, not callbacks: they cost the program nothing.
-fn zero_marker_costs(cost: &mut [f64; 256]) {
-    for k in [EventKind::WINDOW, EventKind::WINDOW_END, EventKind::STACK] {
-        cost[k as usize] = 0.0;
-    }
-}
-
 #[allow(clippy::too_many_arguments)]
 #[inline]
 fn step(
@@ -1080,6 +1062,11 @@ fn step(
     let t = e.ticks.get();
     let id = e.code.get();
     let off = e.offset.get();
+    if ts.pauses.pause(e) {
+        // A recorder pause (FORMAT.md 5.6): taken out of the interval after the next event (it can come
+        // among a window's stack events, whose buffer filled there).
+        return;
+    }
     log.end = log.end.max(t);
     if ts.sampling.is_some() && e.event_kind() != Some(EventKind::STACK) {
         // The window's stack is complete: frames above what it confirmed have returned. Before the window's
@@ -1106,7 +1093,8 @@ fn step(
         Some(EventKind::STACK) => {}
         _ => ts.advance(t),
     }
-    let c = cost[e.kind as usize];
+    // A recorder pause (FORMAT.md 5.6) is the recorder's time, taken out as the events' own cost is.
+    let c = cost[e.kind as usize] + ts.pauses.take() as f64;
     ts.cost += c;
     match ts.phase {
         Phase::Complete => ts.e[0] -= c,

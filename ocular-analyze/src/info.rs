@@ -59,6 +59,9 @@ pub struct Info {
     /// Events a flight recorder overwrote before the file was written (FORMAT.md 6.8): the file holds the
     /// newest part of the recording.
     pub dropped_events: u64,
+    /// Time the recorder held recording threads up (`PAUSE` events, FORMAT.md 5.6), ms in all: taken out
+    /// of every figure.
+    pub recorder_pause_ms: f64,
     /// Performance counters asked for (FORMAT.md 6.9), with what was sampled.
     pub counters: Vec<CounterSummary>,
     /// The run of several processes the file belongs to, if it does (FORMAT.md 6.10).
@@ -115,7 +118,7 @@ pub fn summarize(path: impl AsRef<Path>, opts: ReadOptions) -> ocular_format::Re
     let h = r.header().clone();
     let mut by_kind = [0u64; 256];
     let mut threads: BTreeMap<u64, (String, u64)> = BTreeMap::new();
-    let (mut code, mut snaps, mut lost) = (0u64, 0u64, 0u64);
+    let (mut code, mut snaps, mut lost, mut pause_ticks) = (0u64, 0u64, 0u64, 0u64);
     let (mut first, mut last) = (u64::MAX, 0u64);
     let mut counters: Vec<CounterSummary> = Vec::new();
     let mut process = None;
@@ -125,6 +128,7 @@ pub fn summarize(path: impl AsRef<Path>, opts: ReadOptions) -> ocular_format::Re
             Body::Events(ev) => {
                 for e in ev {
                     by_kind[e.kind as usize] += 1;
+                    pause_ticks += e.pause_ticks();
                 }
                 threads.entry(c.info.thread_id).or_default().1 += ev.len() as u64;
                 if !ev.is_empty() {
@@ -231,6 +235,7 @@ pub fn summarize(path: impl AsRef<Path>, opts: ReadOptions) -> ocular_format::Re
         bytes_per_event: if events > 0 { file_bytes as f64 / events as f64 } else { 0.0 },
         lost_events: lost,
         dropped_events: report.dropped.values().map(|d| d.events).sum(),
+        recorder_pause_ms: if tps > 0.0 { pause_ticks as f64 * 1e3 / tps } else { 0.0 },
         counters,
         process,
         closed_cleanly: report.clean(),
@@ -269,6 +274,15 @@ impl std::fmt::Display for Info {
         )?;
         for (k, n) in &self.events_by_kind {
             writeln!(f, "  {k:<18} {n}")?;
+        }
+        if let Some(n) = self.events_by_kind.get("PAUSE") {
+            writeln!(
+                f,
+                "recorder      held its threads up {n} time{} for {:.3} ms in all (a full buffer's next one was slow \
+                 to get): taken out of every figure",
+                if *n == 1 { "" } else { "s" },
+                self.recorder_pause_ms
+            )?;
         }
         if self.events_by_kind.contains_key("WINDOW") {
             // FORMAT.md 5.3: the first window is the run's first 100 x threshold calls.

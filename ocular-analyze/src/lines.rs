@@ -148,6 +148,8 @@ struct Thread {
     stack: Vec<Frame>,
     /// Sum of the recorder's cost of the thread's events so far, ticks.
     cost: f64,
+    /// Recorder pauses not yet in `cost` (FORMAT.md 5.6).
+    pauses: ocular_format::Pauses,
     /// Between windows: function boundaries are not recorded.
     gap: bool,
     /// When the current window ends (`u64::MAX`: open until its WINDOW_END).
@@ -241,8 +243,7 @@ pub fn analyze(path: &Path, opts: ReadOptions) -> ocular_format::Result<Lines> {
         out.warnings = r.report().warnings(&path.display().to_string());
         return Ok(out);
     }
-    let mut cost = [header.event_cost_ticks.max(0.0); 256];
-    zero_marker_costs(&mut cost);
+    let mut cost = ocular_format::cost_table(header.event_cost_ticks, None);
     let threshold = header.options.deinstrument_threshold;
     let precise = header.options.mode == Mode::Precise;
     let mut pass = Pass { single: precise && threshold == 0, ..Pass::default() };
@@ -265,8 +266,7 @@ pub fn analyze(path: &Path, opts: ReadOptions) -> ocular_format::Result<Lines> {
                 }
             }
             Body::Calibration(c) => {
-                cost = c.table(header.event_cost_ticks.max(0.0));
-                zero_marker_costs(&mut cost);
+                cost = ocular_format::cost_table(header.event_cost_ticks, Some(&c));
             }
             _ => {}
         }
@@ -282,13 +282,6 @@ pub fn analyze(path: &Path, opts: ReadOptions) -> ocular_format::Result<Lines> {
     Ok(out)
 }
 
-/// Window markers and stacks are the recorder's own, not callbacks: they cost the program nothing.
-fn zero_marker_costs(cost: &mut [f64; 256]) {
-    for k in [EventKind::WINDOW, EventKind::WINDOW_END, EventKind::STACK] {
-        cost[k as usize] = 0.0;
-    }
-}
-
 /// One event of a thread.
 #[inline]
 fn step(
@@ -302,6 +295,11 @@ fn step(
     let t = e.ticks.get();
     let id = e.code.get();
     let off = e.offset.get();
+    if th.pauses.pause(e) {
+        return; // a recorder pause (FORMAT.md 5.6): taken out with the cost of the event after the next
+    }
+    // The recorder's pauses are its time, taken out of the run they fell in as the events' own cost is.
+    th.cost += th.pauses.take() as f64;
     let Some(kind) = e.event_kind() else { return };
     if kind != EventKind::STACK {
         if let Some(depth) = th.sync.take() {

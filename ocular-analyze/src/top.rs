@@ -36,6 +36,8 @@ struct Bucket {
 struct ThreadState {
     stack: Vec<u32>,
     last: Option<u64>,
+    /// Recorder pauses (FORMAT.md 5.6) not yet taken out.
+    pauses: ocular_format::Pauses,
 }
 
 /// The aggregation behind the view.
@@ -279,6 +281,10 @@ fn step(
     window_end: &mut u64,
     windowed: &mut bool,
 ) {
+    if ts.pauses.pause(e) {
+        return;
+    }
+    let paused = ts.pauses.take();
     let t = e.ticks.get();
     let kind = EventKind::from_u8(e.kind);
     let code = e.code.get();
@@ -327,7 +333,8 @@ fn step(
             _ => None,
         };
         if let Some(r) = running {
-            b.funcs.entry((tid, r)).or_default().excl += t.saturating_sub(last);
+            // A recorder pause (FORMAT.md 5.6) is not the program's time.
+            b.funcs.entry((tid, r)).or_default().excl += t.saturating_sub(last).saturating_sub(paused);
         }
     }
     ts.last = Some(t);

@@ -112,6 +112,8 @@ def read_ocl(path, salvage=False):
         if kind in WINDOW_MARKERS:
             markers[tid].append((kind, ticks, cid, off, arg))
             continue
+        if kind == "PAUSE":  # the recorder's own (FORMAT.md 5.6): no code object
+            continue
         qual, filename, _, _ = code[cid]
         if filename == WORKLOADS_FILE:
             per_thread[tid].append((kind, qual, off, arg))

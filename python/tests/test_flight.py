@@ -37,6 +37,14 @@ def _dropped(f):
     return {tid: events for tid, events, _first, _last in f["dropped"]}
 
 
+def _program_events(kept, dropped, buffer_events):
+    """The range of how many of the program's events a thread recorded, from the events a file kept and
+    the count it says were overwritten: the recorder's pauses (FORMAT.md 5.6, one at most per buffer) are
+    not the program's; those kept are known, those overwritten only bounded."""
+    n = sum(1 for _, k, _ in kept if k != "PAUSE") + dropped
+    return range(n - (dropped + buffer_events - 1) // buffer_events, n + 1)
+
+
 def leaf():
     return 1
 
@@ -76,7 +84,7 @@ def test_dumps_while_a_thread_records_hold_exactly_its_events_up_to_them(tmp_pat
         assert f["trailer"] is not None, path
         mine = _by_thread(f)[wid]
         assert [t for t, _, _ in mine] == sorted(t for t, _, _ in mine), "events in time order"
-        assert len(mine) + _dropped(f).get(wid, 0) == 1 + 2 * n, (path, n)
+        assert 1 + 2 * n in _program_events(mine, _dropped(f).get(wid, 0), 1024), (path, n)
         # The newest events, whole: leaf's calls alternate start and return up to the last one.
         kinds = [k for _, k, q in mine if q == "leaf"]
         assert kinds[-1] == "PY_RETURN"
@@ -85,7 +93,8 @@ def test_dumps_while_a_thread_records_hold_exactly_its_events_up_to_them(tmp_pat
     assert _dropped(last)[wid] > 10 * len(_by_thread(last)[wid]), "the ring wrapped many times"
     assert rec.dropped > 0 and rec.lost == 0
     final = _ocular.read(rec.path, False)
-    assert len(_by_thread(final)[wid]) + _dropped(final)[wid] == 1 + 2 * calls[0] + 1  # and work's return
+    # And work's return.
+    assert 1 + 2 * calls[0] + 1 in _program_events(_by_thread(final)[wid], _dropped(final)[wid], 1024)
 
 
 def test_a_dump_of_the_default_mode_reads_as_a_trace_with_its_functions(tmp_path):
@@ -139,7 +148,7 @@ def test_a_signal_dumps_a_running_program_beside_its_output(tmp_path):
         _, err = p.communicate(timeout=30)
     assert p.returncode == 0, err
     assert f"ocular: signal {int(signal.SIGUSR2)}: writing the flight recorder's ring into {dump}" in err
-    handles = sum(1 for _, _, k, cid, _, _ in f["events"] if k == "PY_START" and f["code"][cid][0] == "handle")
+    handles = sum(1 for _, _, k, cid, _, _ in f["events"] if k == "PY_START" and cid in f["code"] and f["code"][cid][0] == "handle")
     assert handles > 100
     final = _ocular.read(str(out), False)
     assert final["trailer"] is not None
@@ -177,7 +186,9 @@ def test_a_killed_flight_recorder_keeps_its_newest_events_up_to_the_kill(tmp_pat
     (tid_w, ev_w), = _by_thread(whole).items()
     (tid_r, ev_r), = _by_thread(ring).items()
     assert sum(1 for _, k, q in ev_w if (k, q) == ("PY_START", "f")) == 300_000
-    assert len(ev_r) + _dropped(ring)[tid_r] == len(ev_w)
+    assert sum(1 for _, k, _ in ev_w if k != "PAUSE") in _program_events(ev_r, _dropped(ring)[tid_r], 1024)
+    # The program's events, without the recorder's pauses (FORMAT.md 5.6), which differ between runs.
+    ev_w, ev_r = ([e for e in ev if e[1] != "PAUSE"] for ev in (ev_w, ev_r))
     # The ring wrapped: 64 KiB holds 100,000-180,000 events (0.36-0.65 bytes an event, as the timings
     # compress) of the 600,000.
     assert len(ev_r) < len(ev_w) / 2, "the ring wrapped"
@@ -260,4 +271,4 @@ def test_a_flight_recorder_without_a_ring_file_records_in_memory(tmp_path):
         d = rec.dump(wait=True)
     assert rec.notes == []
     f = _ocular.read(d, False)
-    assert sum(1 for e in f["events"] if f["code"][e[3]][0] == "leaf") == 2000
+    assert sum(1 for e in f["events"] if e[3] in f["code"] and f["code"][e[3]][0] == "leaf") == 2000

@@ -70,7 +70,7 @@ def _file_counts(path):
     """Per kind, the events of wl's functions in the file (not its module's import: that ran before the
     cursor was attached, and a cursor starts when it is made)."""
     f = _ocular.read(str(path), False)
-    return collections.Counter(k for _, _, k, cid, _, _ in f["events"] if f["code"][cid][0] != "<module>"), f
+    return collections.Counter(k for _, _, k, cid, _, _ in f["events"] if cid in f["code"] and f["code"][cid][0] != "<module>"), f
 
 
 def test_a_cursor_in_another_process_sees_what_the_file_holds(tmp_path):
@@ -83,16 +83,18 @@ def test_a_cursor_in_another_process_sees_what_the_file_holds(tmp_path):
         for poll in cur.follow(interval=0.002):
             seen.update(e.kind for e in poll.events)
             missed += poll.missed
-            assert all(e.filename.endswith("wl.py") for e in poll.events)
+            # A recorder pause (FORMAT.md 5.6) is the recorder's own event, of no code.
+            assert all(e.filename.endswith("wl.py") for e in poll.events if e.kind != "PAUSE")
         assert poll.ended == "stopped"
     finally:
         p.communicate(timeout=60)
     assert p.returncode == 0
     want, _ = _file_counts(out)
     assert missed == 0
+    pauses = seen.pop("PAUSE", 0)
     assert seen == want, (seen, want)
     assert want["PY_START"] == 2 * 40 * (1 + 500)
-    assert cur.totals == (sum(want.values()), 0)
+    assert cur.totals == (sum(want.values()) + pauses, 0)
 
 
 def test_a_cursor_that_falls_behind_counts_exactly_what_it_missed(tmp_path):
@@ -112,10 +114,13 @@ def test_a_cursor_that_falls_behind_counts_exactly_what_it_missed(tmp_path):
                 break
     finally:
         p.communicate(timeout=120)
-    want, _ = _file_counts(out)
+    want, f = _file_counts(out)
     total = sum(want.values())
     assert missed > total // 10, "the cursor fell behind"
-    assert got + missed == total, (got, missed, total)
+    # Exact but for the recorder's pauses (FORMAT.md 5.6): the file has them all, the cursor those after it
+    # was made, delivered or missed.
+    pauses = sum(1 for e in f["events"] if e[2] == "PAUSE")
+    assert 0 <= got + missed - total <= pauses, (got, missed, total, pauses)
     assert cur.totals == (got, missed)
 
 
@@ -135,7 +140,7 @@ def test_attach_and_detach_repeatedly_while_8_threads_record(tmp_path):
             d, m = cur.totals
             assert d >= 0 and m >= 0
             del cur
-        assert kinds <= {"PY_START", "PY_RETURN", "JUMP", "BRANCH", "BRANCH_LEFT", "BRANCH_RIGHT"}
+        assert kinds <= {"PY_START", "PY_RETURN", "JUMP", "BRANCH", "BRANCH_LEFT", "BRANCH_RIGHT", "PAUSE"}
         assert "PY_START" in kinds
     finally:
         p.kill()

@@ -124,6 +124,50 @@ fn runs_between_jumps_are_split_over_their_lines_without_the_recorder_or_the_cal
 }
 
 #[test]
+fn a_recorder_pause_is_taken_out_of_the_line_and_the_function_it_fell_in() {
+    // The trace above, with the recorder holding the thread up 200 ticks inside the second run of the
+    // body (FORMAT.md 5.6): every later event is 200 ticks later, and every figure is as above.
+    use EventKind::*;
+    let plain = [
+        ev(0, F, 0, 0, PY_START),
+        ev(100, F, 2, 6, BRANCH),
+        ev(200, G, 0, 0, PY_START),
+        ev(260, G, 0, 0, PY_RETURN),
+        ev(400, F, 12, 2, JUMP),
+        ev(450, F, 2, 6, BRANCH),
+        ev(750, F, 12, 2, JUMP),
+        ev(800, F, 2, 14, BRANCH),
+        ev(900, F, 14, 0, PY_RETURN),
+    ];
+    // The branch at 450 found its buffer full and waited: its pause comes first.
+    let mut paused = plain[..5].to_vec();
+    paused.extend([ev(450, 0, 0, 200, PAUSE), plain[5]]);
+    paused.extend(
+        plain[6..]
+            .iter()
+            .map(|e| RawEvent::new(e.ticks.get() + 200, e.code.get(), e.offset.get(), e.arg.get(), e.kind)),
+    );
+    let (_d1, p1) = write(&plain, 0);
+    let (_d2, p2) = write(&paused, 0);
+    let (a, b) = (analyze(&p1, Default::default()).unwrap(), analyze(&p2, Default::default()).unwrap());
+    assert_eq!(table(&b), table(&a));
+    assert_eq!(b.placed_ns, a.placed_ns);
+    // And the functions' times (`stats`), from the same pass as the call tree.
+    let rows = |p: &std::path::Path| {
+        let a = ocular_analyze::analysis::analyze(p, Default::default()).unwrap();
+        let mut v: Vec<_> = ocular_analyze::stats::rows(&a, false, ocular_analyze::stats::SortBy::Exclusive)
+            .into_iter()
+            .map(|r| (r.function, r.calls, (r.inclusive_ms * 1e6).round(), (r.exclusive_ms * 1e6).round()))
+            .collect();
+        v.sort_by(|x, y| x.0.cmp(&y.0));
+        v
+    };
+    let want = rows(&p1);
+    assert_eq!(want[0].0, "f");
+    assert_eq!(rows(&p2), want);
+}
+
+#[test]
 fn a_run_across_a_silenced_branch_is_spread_as_an_estimate() {
     use EventKind::*;
     // Threshold 2: FOR_ITER's branch at offset 2 is recorded twice, then silent; the backward jump goes on

@@ -773,7 +773,8 @@ unsafe fn attach(ts: *mut ThreadState) -> *mut ThreadState {
     };
     // SAFETY: `ts` is a live, never-freed thread state of this thread.
     let t = unsafe { &mut *ts };
-    t.buf = ThreadBuffer::new(tid);
+    // Getting a buffer for 10 us or more is a recorder pause, written down (FORMAT.md 5.6).
+    t.buf = ThreadBuffer::new(tid).with_pause_threshold((rec.ticks_per_second * 10e-6) as u64);
     t.generation = st.generation;
     t.cache = [(0, std::ptr::null_mut()); CODE_CACHE];
     t.ccache = [(0, 0, 0); C_CACHE];

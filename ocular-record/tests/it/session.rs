@@ -20,6 +20,8 @@ struct Scripted {
     available: RefCell<usize>,
     submitted: RefCell<Vec<(u64, Vec<RawEvent>)>>,
     lost: RefCell<Vec<Lost>>,
+    /// How long each `take` waits, in order (none once the list is used up).
+    delays: RefCell<std::collections::VecDeque<std::time::Duration>>,
 }
 
 impl Scripted {
@@ -29,12 +31,16 @@ impl Scripted {
             available: RefCell::new(available),
             submitted: RefCell::default(),
             lost: RefCell::default(),
+            delays: RefCell::default(),
         }
     }
 }
 
 impl Sink for Scripted {
     fn take(&self, _: u64, _: u64, _: u64) -> Option<Buffer> {
+        if let Some(d) = self.delays.borrow_mut().pop_front() {
+            std::thread::sleep(d);
+        }
         let mut a = self.available.borrow_mut();
         (*a > 0).then(|| {
             *a -= 1;
@@ -67,6 +73,31 @@ fn full_buffers_are_submitted_in_order() {
     assert_eq!(all, (100..110).collect::<Vec<_>>());
     assert_eq!(tb.pushed, 10);
     assert!(sink.lost.borrow().is_empty());
+}
+
+#[test]
+fn a_buffer_that_took_long_to_get_is_written_down_as_a_pause_before_the_event_that_waited() {
+    // FORMAT.md 5.6: buffers of 4; the first and third takes are quick, the second sleeps 5 ms.
+    let sink = Scripted::new(4, 10);
+    sink.delays.borrow_mut().extend([0, 5, 0].map(std::time::Duration::from_millis));
+    let tps = ocular_record::clock::ticks_per_second(std::time::Duration::from_millis(20));
+    let mut tb = ThreadBuffer::new(7).with_pause_threshold((tps * 1e-3) as u64);
+    let before = ocular_record::clock::ticks();
+    for i in 0..10 {
+        tb.push(ev(before + i, i as u32), &sink);
+    }
+    tb.flush(&sink);
+    let got = sink.submitted.borrow();
+    let kinds: Vec<Vec<u8>> = got.iter().map(|(_, e)| e.iter().map(|e| e.kind).collect()).collect();
+    let (j, p) = (EventKind::JUMP as u8, EventKind::PAUSE as u8);
+    // The pause first in the new buffer, then the event that found the old one full; the quick takes none.
+    assert_eq!(kinds, [vec![j, j, j, j], vec![p, j, j, j], vec![j, j, j]]);
+    let (pause, waited) = (got[1].1[0], got[1].1[1]);
+    let len = pause.pause_ticks() as f64 / tps;
+    assert!((0.005..0.5).contains(&len), "{len} s");
+    assert_eq!((pause.ticks.get(), waited.ticks.get()), (before + 4, before + 4), "the ticks of the event after it");
+    assert_eq!((pause.code.get(), pause.offset.get(), pause.arg.get() as u64), (0, 0, pause.pause_ticks()));
+    assert_eq!(tb.pushed, 11, "the pause is an event of the thread's");
 }
 
 #[test]

@@ -1,0 +1,89 @@
+"""Recorder pauses (FORMAT.md 5.6): when getting a thread's next buffer holds the thread up, the recorder
+writes down how long, and the analyses take that time out of the program's.
+
+Made to happen by construction: precise mode records every instruction (~15 M events/s), into buffers of
+1,024 events of which one may be in flight (`max_buffers=1`), and `on_full="wait"` makes the thread wait
+for the writer instead of dropping events: it waits at about every other buffer."""
+
+import json
+import os
+import subprocess
+
+import pytest
+
+import ocular
+from ocular import _ocular
+
+ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+ANALYZE = os.environ.get("OCULAR_ANALYZE", os.path.join(ROOT, "target", "debug", "ocular-analyze"))
+BUFFER = 1024
+WAIT = {"buffer_events": BUFFER, "max_buffers": 1, "on_full": "wait"}
+
+
+def work(n):
+    t = 0
+    for i in range(n):
+        for j in range(300):
+            t += j
+    return t
+
+
+def record(path, **options):
+    with ocular.record(str(path), mode="precise", deinstrument_threshold=0, **options) as rec:
+        work(100)
+    assert rec.lost == 0
+    return path
+
+
+def analyze(*args):
+    r = subprocess.run([ANALYZE, *map(str, args)], capture_output=True, text=True)
+    assert r.returncode == 0, r.stderr
+    return r.stdout
+
+
+def work_ms(path):
+    (row,) = [r for r in json.loads(analyze("stats", "--json", path)) if r["function"] == "work"]
+    return row["inclusive_ms"]
+
+
+def test_a_thread_held_up_for_a_buffer_has_the_pause_written_after_the_event_that_waited(tmp_path):
+    path = record(tmp_path / "wait.ocl", **WAIT)
+    f = _ocular.read(str(path), False)
+    tps = f["header"]["ticks_per_second"]
+    (events,) = [[e for e in f["events"] if e[0] == tid] for tid in {e[0] for e in f["events"]}]
+    pauses = [i for i, e in enumerate(events) if e[2] == "PAUSE"]
+    assert len(pauses) > 10, len(pauses)
+    total = 0
+    for i in pauses:
+        # The first record of a buffer, before the event whose store found the last one full.
+        assert i % BUFFER == 0, i
+        _, ticks, _, code, high, low = events[i]
+        length = high << 32 | low
+        assert code == 0 and ticks == events[i + 1][1]
+        # At least 10 us (shorter ones are not written), and within the interval from the event that waited
+        # to the next.
+        assert 10e-6 * tps <= length, (i, length)
+        if i + 2 < len(events):
+            assert length <= events[i + 2][1] - ticks, (i, length)
+        total += length
+    info = json.loads(analyze("info", "--json", path))
+    assert info["events_by_kind"]["PAUSE"] == len(pauses)
+    assert info["recorder_pause_ms"] == pytest.approx(total / tps * 1e3, rel=1e-9)
+    text = analyze("info", path)
+    assert f"recorder      held its threads up {len(pauses)} times for " in text
+
+
+def test_the_time_a_thread_waited_for_the_recorder_is_not_the_programs(tmp_path):
+    # The same work recorded twice: once with buffers to spare, once waiting for the writer for several
+    # times as long as the work itself runs. With the pauses taken out, the work reads the same; left in,
+    # it would read 3x or more. A preemption of the machine lands on one run: up to 5 tries.
+    tries = []
+    for k in range(5):
+        plain = work_ms(record(tmp_path / f"plain{k}.ocl"))
+        waited = record(tmp_path / f"wait{k}.ocl", **WAIT)
+        paused = json.loads(analyze("info", "--json", waited))["recorder_pause_ms"]
+        tries.append((plain, work_ms(waited), paused))
+        if paused > 2 * plain and 0.5 <= tries[-1][1] / plain <= 2:
+            break
+    else:
+        pytest.fail(f"(work without waits, with waits, pauses) in ms, 5 tries: {tries}")
