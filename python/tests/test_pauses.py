@@ -1,9 +1,10 @@
 """Recorder pauses (FORMAT.md 5.6): when getting a thread's next buffer holds the thread up, the recorder
 writes down how long, and the analyses take that time out of the program's.
 
-Made to happen by construction: precise mode records every instruction (~15 M events/s), into buffers of
-1,024 events of which one may be in flight (`max_buffers=1`), and `on_full="wait"` makes the thread wait
-for the writer instead of dropping events: it waits at about every other buffer."""
+Made to happen by construction: with a threshold of 0 every jump and branch (adaptive mode) or every
+instruction (precise mode) is recorded, into buffers of 1,024 events of which one may be in flight
+(`max_buffers=1`), and `on_full="wait"` makes the thread wait for the writer instead of dropping events: it
+waits at about every other buffer."""
 
 import json
 import os
@@ -28,8 +29,8 @@ def work(n):
     return t
 
 
-def record(path, **options):
-    with ocular.record(str(path), mode="precise", deinstrument_threshold=0, **options) as rec:
+def record(path, mode="precise", **options):
+    with ocular.record(str(path), mode=mode, deinstrument_threshold=0, **options) as rec:
         work(100)
     assert rec.lost == 0
     return path
@@ -74,16 +75,18 @@ def test_a_thread_held_up_for_a_buffer_has_the_pause_written_after_the_event_tha
 
 
 def test_the_time_a_thread_waited_for_the_recorder_is_not_the_programs(tmp_path):
-    # The same work recorded twice: once with buffers to spare, once waiting for the writer for several
-    # times as long as the work itself runs. With the pauses taken out, the work reads the same; left in,
-    # it would read 3x or more. A preemption of the machine lands on one run: up to 5 tries.
+    # The same work recorded twice: once with buffers to spare, once waiting for the writer for more than
+    # twice as long as the work itself runs. With the pauses taken out, the work reads the same; left in,
+    # it would read 3x or more. Adaptive mode: its corrected times are most of what it measures (in precise
+    # mode the recorder's cost is ~85% of this loop's traced time, and a start-up calibration 2 ns high
+    # reads it as 0). A preemption of the machine lands on one run: up to 5 tries.
     tries = []
     for k in range(5):
-        plain = work_ms(record(tmp_path / f"plain{k}.ocl"))
-        waited = record(tmp_path / f"wait{k}.ocl", **WAIT)
+        plain = work_ms(record(tmp_path / f"plain{k}.ocl", "adaptive"))
+        waited = record(tmp_path / f"wait{k}.ocl", "adaptive", **WAIT)
         paused = json.loads(analyze("info", "--json", waited))["recorder_pause_ms"]
         tries.append((plain, work_ms(waited), paused))
-        if paused > 2 * plain and 0.5 <= tries[-1][1] / plain <= 2:
+        if plain > 0 and paused > 2 * plain and 0.5 <= tries[-1][1] / plain <= 2:
             break
     else:
         pytest.fail(f"(work without waits, with waits, pauses) in ms, 5 tries: {tries}")

@@ -79,10 +79,10 @@ fn table(l: &Lines) -> Vec<(u32, String, u64, f64, f64, bool)> {
     v
 }
 
-#[test]
-fn runs_between_jumps_are_split_over_their_lines_without_the_recorder_or_the_callees() {
+/// Two iterations of `f`'s loop, the first calling `g` (the figures of the test below).
+fn two_iterations() -> [RawEvent; 9] {
     use EventKind::*;
-    let e = [
+    [
         ev(0, F, 0, 0, PY_START),
         // [0, 2]: RESUME and FOR_ITER, 100 - 10 ticks.
         ev(100, F, 2, 6, BRANCH),
@@ -97,8 +97,12 @@ fn runs_between_jumps_are_split_over_their_lines_without_the_recorder_or_the_cal
         // The loop ends: [2, 2], then [14, 14] returns.
         ev(800, F, 2, 14, BRANCH),
         ev(900, F, 14, 0, PY_RETURN),
-    ];
-    let (_dir, path) = write(&e, 0);
+    ]
+}
+
+#[test]
+fn runs_between_jumps_are_split_over_their_lines_without_the_recorder_or_the_callees() {
+    let (_dir, path) = write(&two_iterations(), 0);
     let l = analyze(&path, Default::default()).unwrap();
     let f = || "f".to_string();
     assert_eq!(
@@ -127,21 +131,10 @@ fn runs_between_jumps_are_split_over_their_lines_without_the_recorder_or_the_cal
 fn a_recorder_pause_is_taken_out_of_the_line_and_the_function_it_fell_in() {
     // The trace above, with the recorder holding the thread up 200 ticks inside the second run of the
     // body (FORMAT.md 5.6): every later event is 200 ticks later, and every figure is as above.
-    use EventKind::*;
-    let plain = [
-        ev(0, F, 0, 0, PY_START),
-        ev(100, F, 2, 6, BRANCH),
-        ev(200, G, 0, 0, PY_START),
-        ev(260, G, 0, 0, PY_RETURN),
-        ev(400, F, 12, 2, JUMP),
-        ev(450, F, 2, 6, BRANCH),
-        ev(750, F, 12, 2, JUMP),
-        ev(800, F, 2, 14, BRANCH),
-        ev(900, F, 14, 0, PY_RETURN),
-    ];
+    let plain = two_iterations();
     // The branch at 450 found its buffer full and waited: its pause comes first.
     let mut paused = plain[..5].to_vec();
-    paused.extend([ev(450, 0, 0, 200, PAUSE), plain[5]]);
+    paused.extend([ev(450, 0, 0, 200, EventKind::PAUSE), plain[5]]);
     paused.extend(
         plain[6..]
             .iter()
