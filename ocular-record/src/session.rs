@@ -440,6 +440,21 @@ impl ThreadBuffer {
         self.len() == 0
     }
 
+    /// Appends one of the recorder's own markers (FORMAT.md 5.3). The recorder writes them into other
+    /// threads' buffers too (a window opens for every thread), and with ticks from before now (a thread's
+    /// first marker has the window's opening time), so a buffer taken for one is not written down as a
+    /// pause: the waiting was not this stream's, or not right after this event.
+    pub fn push_marker(&mut self, ev: RawEvent, sink: &dyn Sink) {
+        if self.cur == self.end {
+            self.refill_with(sink, ev.ticks.get(), false);
+            if self.cur == self.end {
+                return;
+            }
+        }
+        // SAFETY: cur < end, both within `buf`'s allocation (set by `install`).
+        unsafe { self.store(&ev) }
+    }
+
     /// Submits the full buffer and installs the next; `ticks` are those of the event that found it full,
     /// which `push` stores next. If getting the buffer held the thread up, a `PAUSE` goes first (FORMAT.md
     /// 5.6): written here, the hot path stays a compare, a store and an increment (writing it after the
@@ -447,6 +462,11 @@ impl ThreadBuffer {
     #[cold]
     #[inline(never)]
     fn refill(&mut self, sink: &dyn Sink, ticks: u64) {
+        self.refill_with(sink, ticks, true);
+    }
+
+    /// `refill`, writing a `PAUSE` only if `measure`.
+    fn refill_with(&mut self, sink: &dyn Sink, ticks: u64, measure: bool) {
         let begin = crate::clock::ticks();
         self.submit(sink);
         match sink.take(self.thread_id, ticks, self.pushed) {
@@ -458,7 +478,7 @@ impl ThreadBuffer {
                 let len = crate::clock::ticks().saturating_sub(begin);
                 // Room for the pause and the event (a buffer of one event has none).
                 // SAFETY: both pointers are within the buffer just installed.
-                if len >= self.pause_min && unsafe { self.end.offset_from(self.cur) } >= 2 {
+                if measure && len >= self.pause_min && unsafe { self.end.offset_from(self.cur) } >= 2 {
                     let pause = RawEvent::new(ticks, 0, (len >> 32) as u32, len as u32, EventKind::PAUSE as u8);
                     // SAFETY: cur < end (just checked), within the installed buffer.
                     unsafe { self.store(&pause) }

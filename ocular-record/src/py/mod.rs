@@ -800,7 +800,7 @@ unsafe fn attach(ts: *mut ThreadState) -> *mut ThreadState {
         } else {
             windows::marker(now, EventKind::WINDOW_END, w.seq, 0)
         };
-        t.buf.push(m, rec.out.sink());
+        t.buf.push_marker(m, rec.out.sink());
     }
     if tid == rec.main_native_id {
         t.named = true;

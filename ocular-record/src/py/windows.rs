@@ -258,9 +258,9 @@ unsafe fn open(py: Python<'_>, generation: u64, due: u64) -> bool {
             let Some((_, frames)) = ids.iter().find(|(id, _)| *id == ts.py_id) else { continue };
             let mut m = marker(now, EventKind::WINDOW, seq, len_us);
             m.code.set(lead_us);
-            ts.buf.push(m, sink);
+            ts.buf.push_marker(m, sink);
             for (depth, &(code, off)) in frames.iter().enumerate() {
-                ts.buf.push(RawEvent::new(now, code, off, depth as u32, EventKind::STACK as u8), sink);
+                ts.buf.push_marker(RawEvent::new(now, code, off, depth as u32, EventKind::STACK as u8), sink);
             }
         }
         WINDOW_END.store(now.saturating_add(len_ticks), Ordering::Relaxed);
@@ -353,7 +353,7 @@ pub(super) unsafe fn attach_stack(ts: *mut super::ThreadState, entering: bool) {
         }
         let at = st.window.opened;
         for (depth, &(code, off)) in frames.iter().enumerate() {
-            (*ts).buf.push(RawEvent::new(at, code, off, depth as u32, EventKind::STACK as u8), rec.out.sink());
+            (*ts).buf.push_marker(RawEvent::new(at, code, off, depth as u32, EventKind::STACK as u8), rec.out.sink());
         }
     }
 }
@@ -380,7 +380,7 @@ pub(super) unsafe fn close_first_window(t: u64) {
         for &ts in &st.threads {
             let ts = &mut *ts;
             if ts.generation == generation {
-                ts.buf.push(marker(t, EventKind::WINDOW_END, 0, 0), sink);
+                ts.buf.push_marker(marker(t, EventKind::WINDOW_END, 0, 0), sink);
             }
         }
     }

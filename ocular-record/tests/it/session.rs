@@ -101,6 +101,23 @@ fn a_buffer_that_took_long_to_get_is_written_down_as_a_pause_before_the_event_th
 }
 
 #[test]
+fn a_buffer_taken_for_a_marker_is_not_a_pause_of_the_stream() {
+    // FORMAT.md 5.6: markers go into other threads' streams too, and with earlier ticks.
+    let sink = Scripted::new(2, 10);
+    sink.delays.borrow_mut().extend([0, 5].map(std::time::Duration::from_millis));
+    let tps = ocular_record::clock::ticks_per_second(std::time::Duration::from_millis(20));
+    let mut tb = ThreadBuffer::new(7).with_pause_threshold((tps * 1e-3) as u64);
+    tb.push(ev(1, 0), &sink);
+    tb.push(ev(2, 0), &sink);
+    tb.push_marker(RawEvent::new(3, 0, 1, 0, EventKind::WINDOW_END as u8), &sink);
+    tb.push(ev(4, 0), &sink);
+    tb.flush(&sink);
+    let kinds: Vec<Vec<u8>> = sink.submitted.borrow().iter().map(|(_, e)| e.iter().map(|e| e.kind).collect()).collect();
+    let (j, w) = (EventKind::JUMP as u8, EventKind::WINDOW_END as u8);
+    assert_eq!(kinds, [vec![j, j], vec![w, j]]);
+}
+
+#[test]
 fn events_without_a_buffer_are_counted_with_their_time_range_and_reported_on_recovery() {
     // One buffer of 3, then none for a while: events 3..=7 are lost; then buffers return.
     let sink = Scripted::new(3, 1);
