@@ -35,8 +35,15 @@ pub struct FunctionStats {
     pub observed_calls: u64,
     /// Part of the run was seen through windows only: the figures are estimates.
     pub estimated: bool,
-    /// The same for `calls` (a separate field, so that a later format can tell them apart).
+    /// The same for `calls` (a separate field, so that a later format can tell them apart): false for a
+    /// function whose every call was recorded or counted (FORMAT.md 5.8), even in a sampled run.
     pub calls_estimated: bool,
+    /// Half the width of a 95% interval around an estimated `calls` (0 when exact), from how the later
+    /// windows' counts of it vary.
+    pub calls_ci: f64,
+    /// Calls known to have happened: recorded anywhere or counted (FORMAT.md 5.8). An estimate is never
+    /// below it.
+    pub calls_at_least: u64,
     /// [complete part, window part] of calls, inclusive and exclusive ticks, before scaling.
     parts: Parts,
 }
@@ -45,8 +52,13 @@ pub struct FunctionStats {
 struct Parts {
     /// Calls recorded: [complete part, later windows].
     calls: [u64; 2],
-    /// The later windows' calls, each window's times its factor ([`ThreadState::flush_window`]).
+    /// The later windows' calls, each window's times its factor ([`ThreadState::flush_window`]), and the
+    /// sum of their squares (for the estimate's interval).
     window_calls: f64,
+    window_calls_sq: f64,
+    /// Every PY_START recorded, in or out of windows, and calls counted outside windows (FORMAT.md 5.8).
+    starts: u64,
+    counted: u64,
     inclusive: [f64; 2],
     exclusive: [f64; 2],
 }
@@ -59,20 +71,45 @@ impl FunctionStats {
             self.parts.exclusive[i] += o.parts.exclusive[i];
         }
         self.parts.window_calls += o.parts.window_calls;
+        self.parts.window_calls_sq += o.parts.window_calls_sq;
+        self.parts.starts += o.parts.starts;
+        self.parts.counted += o.parts.counted;
     }
 
     /// Sets the reported figures from the parts, the window part scaled by `scale`.
     /// Sets the reported figures from the parts, the window part scaled by `scale`. `sampled`: part of
     /// the run was only seen through windows, so every figure is an estimate (a function that ran only
     /// between windows there adds nothing, which is an estimate too).
-    fn finish(&mut self, scale: f64, sampled: bool) {
+    ///
+    /// `windows`: the number of later windows; `counted_all`: every call of the function outside windows
+    /// was counted (FORMAT.md 5.8: it never reached the recorder's limit), so its calls are exact.
+    fn finish(&mut self, scale: f64, sampled: bool, windows: u64, counted_all: bool) {
         let p = &self.parts;
         self.observed_calls = p.calls[0] + p.calls[1];
-        self.calls = p.calls[0] + (p.window_calls * scale).round() as u64;
+        self.calls_at_least = p.starts + p.counted;
         self.inclusive = p.inclusive[0] + p.inclusive[1] * scale;
         self.exclusive = p.exclusive[0] + p.exclusive[1] * scale;
-        self.calls_estimated = sampled;
         self.estimated = sampled;
+        if sampled && counted_all {
+            // Every call was recorded or counted.
+            self.calls = self.calls_at_least;
+            self.calls_estimated = false;
+            self.calls_ci = 0.0;
+            return;
+        }
+        let estimate = p.calls[0] as f64 + p.window_calls * scale;
+        self.calls = (estimate.round() as u64).max(self.calls_at_least);
+        self.calls_estimated = sampled;
+        // The windows are a sample of the run's time: the spread of a function's count across them (its
+        // zeros included) gives the standard error of their sum, times what they stand for.
+        self.calls_ci = if sampled && windows > 1 {
+            let n = windows as f64;
+            let mean = p.window_calls / n;
+            let var = ((p.window_calls_sq - n * mean * mean) / (n - 1.0)).max(0.0);
+            1.96 * scale * (n * var).sqrt()
+        } else {
+            0.0
+        };
     }
 }
 
@@ -309,6 +346,15 @@ struct ThreadState {
     clock_at: Option<u64>,
     /// While a window's STACK events arrive: how many frames of the stack they have confirmed.
     sampling: Option<usize>,
+    /// The current later window's start: when it was due (FORMAT.md 5.3, 5.7).
+    window_from: u64,
+    /// While a window's DUE_STACK events arrive (FORMAT.md 5.7): how many frames of the stack at the due
+    /// moment they have confirmed.
+    due_sampling: Option<usize>,
+    /// The stack at the due moment is in place: the window's lead is spent there, up to the next event.
+    lead_on_due: bool,
+    /// This thread's calls count from the current window's due moment (FORMAT.md 5.7, calls from due).
+    calls_from_due: bool,
     /// The loops of generator and coroutine frames that yielded, by code id, until they resume: a yield
     /// suspends a loop, it does not end it.
     suspended: HashMap<u32, Vec<LoopRun>>,
@@ -318,9 +364,11 @@ struct ThreadState {
     window_funcs: HashMap<u32, [f64; 3]>,
     /// The call tree nodes of the calls made in the current later window, one entry per call.
     window_call_nodes: Vec<u32>,
-    /// The recorder's cost of this thread's events in the current later window, and its length in ticks
-    /// (0: no window pending).
+    /// The recorder's cost of this thread's events in the current later window's time (from when it was
+    /// due, for its length), in the span its calls count in (from its opening, or from when it was due:
+    /// FORMAT.md 5.7), and its length in ticks (0: no window pending).
     window_cost: f64,
+    window_calls_cost: f64,
     window_len: u64,
 }
 
@@ -355,20 +403,26 @@ impl ThreadState {
             return;
         }
         let len = ticks_f64(self.window_len);
+        // Time and calls each over the program's part of their own span: a window that opened after its
+        // span had passed (its time spent where the stack at the due moment says, no recorder cost in
+        // it) must not take the cost of the calls recorded after its opening as its own.
         let factor = len / (len - self.window_cost.clamp(0.0, 0.9 * len));
+        let calls_factor = len / (len - self.window_calls_cost.clamp(0.0, 0.9 * len));
         for (node, x) in self.window_nodes.drain(..) {
             tree.parts[node as usize][1] += x * factor;
         }
         for node in self.window_call_nodes.drain(..) {
-            tree.calls[node as usize][1] += factor;
+            tree.calls[node as usize][1] += calls_factor;
         }
         for (code, [exclusive, inclusive, calls]) in self.window_funcs.drain() {
             let p = &mut per.entry(code).or_default().parts;
             p.exclusive[1] += exclusive * factor;
             p.inclusive[1] += inclusive * factor;
-            p.window_calls += calls * factor;
+            p.window_calls += calls * calls_factor;
+            p.window_calls_sq += (calls * calls_factor).powi(2);
         }
         self.window_cost = 0.0;
+        self.window_calls_cost = 0.0;
         self.window_len = 0;
     }
 
@@ -654,6 +708,10 @@ struct Tables {
     loop_of: HashMap<LoopKey, u32>,
     loop_keys: Vec<LoopKey>,
     loops: Vec<LoopStats>,
+    /// Code ids whose calls outside windows stopped being counted (FORMAT.md 5.8), and whether the
+    /// recording counted any.
+    count_ended: std::collections::HashSet<u32>,
+    counted_any: bool,
 }
 
 impl Tables {
@@ -976,9 +1034,14 @@ pub fn analyze(path: &Path, opts: ReadOptions) -> ocular_format::Result<Analysis
     a.tree.counters = scaled(exact, windows, scale);
     a.counter_totals = tally.totals(scale);
     a.tree.finish(scale);
+    let n_windows = a.windows.as_ref().map_or(0, |w| w.windows);
+    let ended = std::mem::take(&mut tables.count_ended);
+    // Since 2.10 a recording with windows counts every function's calls outside them up to its limit: one
+    // that made calls outside windows has COUNT events (a file without is read as 2.9 was).
+    let counting = r.version() >= (2, 10) && tables.counted_any;
     for per in a.per_thread.values_mut() {
-        for s in per.values_mut() {
-            s.finish(scale, sampled);
+        for (id, s) in per.iter_mut() {
+            s.finish(scale, sampled, n_windows, counting && !ended.contains(id));
         }
     }
     // Threads merged: the per-thread statistics summed (kept per thread during the pass: one update per
@@ -988,8 +1051,8 @@ pub fn analyze(path: &Path, opts: ReadOptions) -> ocular_format::Result<Analysis
             a.functions.entry(*id).or_default().add(s);
         }
     }
-    for s in a.functions.values_mut() {
-        s.finish(scale, sampled);
+    for (id, s) in a.functions.iter_mut() {
+        s.finish(scale, sampled, n_windows, counting && !ended.contains(id));
     }
     for (key, mut stats) in tables.loop_keys.into_iter().zip(tables.loops) {
         if !stats.blocks.is_empty() {
@@ -1007,6 +1070,53 @@ pub fn analyze(path: &Path, opts: ReadOptions) -> ocular_format::Result<Analysis
     a.branches = std::mem::take(&mut tables.branches);
     a.header = Some(header);
     Ok(a)
+}
+
+/// A `DUE` marker (FORMAT.md 5.7), after its window's `WINDOW`: how the window's calls count, and whether
+/// the stack at the due moment follows.
+fn due_marker(ts: &mut ThreadState, e: &RawEvent, log: &WindowLog) {
+    use ocular_format::event::due::{CALLS_FROM_DUE, MISSED};
+    if ts.phase != Phase::Sampled {
+        return;
+    }
+    let flags = e.offset.get();
+    if flags & MISSED != 0 {
+        // No stack at an opening follows: the one at the due moment is all there is.
+        ts.calls_until = 0;
+        ts.sampling = None;
+    } else if flags & CALLS_FROM_DUE != 0 {
+        ts.calls_until = ts.window_end;
+        ts.calls_from_due = true;
+    }
+    let _ = log;
+    if e.arg.get() > 0 {
+        ts.due_sampling = Some(0);
+    }
+}
+
+/// A frame of the stack at a window's due moment (FORMAT.md 5.7): the thread was in it then, so it is on
+/// the stack from the window's start (the same activation as before, if the same code is at that depth).
+fn due_frame(
+    ts: &mut ThreadState,
+    e: &RawEvent,
+    tables: &mut Tables,
+    tree: &mut CallTree,
+    per: &mut HashMap<u32, FunctionStats>,
+) {
+    let Some(depth) = ts.due_sampling else { return };
+    let id = e.code.get();
+    if id == 0 {
+        return; // a frame of code that is not recorded: not on the analysis' stacks either
+    }
+    if !ts.stack.get(depth).is_some_and(|f| f.code == id) {
+        let from = ts.window_from;
+        while ts.stack.len() > depth {
+            pop(ts, from, tree, per, tables);
+        }
+        push(ts, id, from, 0, tables, tree);
+        ts.stack.last_mut().expect("pushed").prev = None;
+    }
+    ts.due_sampling = Some(depth + 1);
 }
 
 /// When a window marker at tick `t` with a lead of `lead_us` was due: its lead before it, but not before
@@ -1067,6 +1177,19 @@ fn step(
         // among a window's stack events, whose buffer filled there).
         return;
     }
+    match e.event_kind() {
+        Some(EventKind::DUE) => return due_marker(ts, e, log),
+        Some(EventKind::DUE_STACK) => return due_frame(ts, e, tables, tree, per),
+        _ => {}
+    }
+    if let Some(depth) = ts.due_sampling.take() {
+        // The stack at the due moment is complete: frames above what it confirmed had returned by then.
+        let from = ts.window_from;
+        while ts.stack.len() > depth {
+            pop(ts, from, tree, per, tables);
+        }
+        ts.lead_on_due = true;
+    }
     log.end = log.end.max(t);
     if ts.sampling.is_some() && e.event_kind() != Some(EventKind::STACK) {
         // The window's stack is complete: frames above what it confirmed have returned. Before the window's
@@ -1088,10 +1211,20 @@ fn step(
     }
     match e.event_kind() {
         // A window stands for its lead too (FORMAT.md 5.3): it starts `lead` before its marker, and the
-        // stack that follows is entered then; the clock catches up at the first event after the stack.
+        // stack that follows is entered then; the clock catches up at the first event after the stack,
+        // or, where the stack at the due moment came first (5.7), at the first event after that one.
         Some(EventKind::WINDOW) => ts.advance(due(ts, t, id, log)),
+        Some(EventKind::STACK) if ts.lead_on_due => {
+            ts.lead_on_due = false;
+            ts.advance(t);
+        }
         Some(EventKind::STACK) => {}
-        _ => ts.advance(t),
+        // A missed window's end (5.7) comes at the tick the next one opens, whose due moment is earlier.
+        Some(EventKind::WINDOW_END) if ts.phase == Phase::Gap => {}
+        _ => {
+            ts.lead_on_due = false;
+            ts.advance(t);
+        }
     }
     // A recorder pause (FORMAT.md 5.6) is the recorder's time, taken out as the events' own cost is.
     let c = cost[e.kind as usize] + ts.pauses.take() as f64;
@@ -1102,18 +1235,32 @@ fn step(
             ts.e[1] -= c;
             ts.window_cost += c;
         }
-        // A later window's calls count until its length from its opening, and so must their cost, though
-        // its time counts from when it was due (its phase ended that lead earlier): counting the calls of
-        // the last `lead` microseconds but not their cost made the windows seem to hold more of the program
-        // than they did, and the counts ~4% low.
-        Phase::Gap if t < ts.calls_until => ts.window_cost += c,
         Phase::Gap => {}
+    }
+    // A later window's calls count over a span of their own (from its opening, or from its due moment:
+    // FORMAT.md 5.7), and so must their cost: counting the calls of the last `lead` microseconds but not
+    // their cost made the windows seem to hold more of the program than they did, and the counts ~4% low.
+    if ts.phase != Phase::Complete && ts.window_len > 0 && t < ts.calls_until {
+        ts.window_calls_cost += c;
     }
     ts.last_ticks = t;
     ts.last_code = e.code.get();
     ts.count += 1;
     let count = ts.count;
     let Some(kind) = e.event_kind() else { return };
+    match kind {
+        EventKind::PY_START => per.entry(id).or_default().parts.starts += 1,
+        EventKind::COUNT => {
+            // A call started outside windows (FORMAT.md 5.8): counted, no stack changes.
+            per.entry(id).or_default().parts.counted += 1;
+            tables.counted_any = true;
+            if e.arg.get() & 1 != 0 {
+                tables.count_ended.insert(id);
+            }
+            return;
+        }
+        _ => {}
+    }
     if ts.phase == Phase::Gap && e.flags & ocular_format::event::flags::ALWAYS != 0 {
         // A coroutine's or asyncio loop function's boundary between windows (FORMAT.md 5.5): recorded for
         // the async view; the call tree leaves it out, as the other boundaries there are not recorded.
@@ -1138,9 +1285,11 @@ fn step(
                 let from = ts.clock_at.unwrap_or(t);
                 log.later.entry(seq).or_insert((from, len));
                 ts.phase = Phase::Sampled;
+                ts.window_from = from;
                 ts.window_end = from.saturating_add(len);
                 ts.calls_until = t.saturating_add(len);
                 ts.window_len = len;
+                ts.calls_from_due = false;
             }
             ts.sampling = Some(0);
         }
@@ -1185,6 +1334,13 @@ fn step(
                     pop(ts, t, tree, per, tables);
                 }
                 push(ts, id, t, off, tables, tree);
+                if at_start && ts.calls_from_due && t < ts.calls_until {
+                    // The window opened at this call's first instruction, inside its span (5.7): the call
+                    // started in the window, though no PY_START of it is recorded.
+                    per.entry(id).or_default().parts.calls[1] += 1;
+                    ts.window_funcs.entry(id).or_default()[2] += 1.0;
+                    count_call(ts, t, tree);
+                }
             }
             ts.sampling = Some(depth + 1);
         }

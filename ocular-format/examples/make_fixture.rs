@@ -1,16 +1,16 @@
-//! Writes the frozen format fixture of the current format version (`testdata/v2.9/synthetic.ocl`): every
+//! Writes the frozen format fixture of the current format version (`testdata/v2.10/synthetic.ocl`): every
 //! chunk kind, two threads, a lost record, a snapshot, a window with its stack (since 2.2), the ring file's
 //! path (since 2.3), a flight recorder's dropped range (since 2.4), counter samples (since 2.5), the run of
 //! processes it belongs to (since 2.6), calls of two C functions, one of which raised (since 2.7), a
-//! coroutine's frame id and what it awaited (since 2.8), a recorder pause (since 2.9), and a trailer.
+//! coroutine's frame id and what it awaited (since 2.8), a recorder pause (since 2.9), due windows and a counted call (since 2.10), and a trailer.
 //! Frozen files are never rewritten: this refuses to overwrite one.
 //!
-//!     cargo run -p ocular-format --example make_fixture -- testdata/v2.9/synthetic.ocl
+//!     cargo run -p ocular-format --example make_fixture -- testdata/v2.10/synthetic.ocl
 
 use ocular_format::*;
 
 fn main() -> Result<()> {
-    let path = std::env::args().nth(1).unwrap_or_else(|| "testdata/v2.9/synthetic.ocl".into());
+    let path = std::env::args().nth(1).unwrap_or_else(|| "testdata/v2.10/synthetic.ocl".into());
     if std::path::Path::new(&path).exists() {
         eprintln!("{path} exists: frozen fixtures are never rewritten; make a new version's directory instead");
         std::process::exit(1);
@@ -131,6 +131,26 @@ fn main() -> Result<()> {
             RawEvent::new(100_400, 0, 0, 3_000, EventKind::PAUSE as u8),
             RawEvent::new(100_400, 1, 8, 2, EventKind::JUMP as u8),
             RawEvent::new(104_000, 1, 10, 0, EventKind::PY_RETURN as u8),
+        ],
+    )?;
+    // Since 2.10 (FORMAT.md 5.7, 5.8): a call of `main` counted outside windows; a window that fell due
+    // while another waited (missed), with the stack at its due moment; the window that then opened, due
+    // 20 us before, with the main thread's calls counted from then, its stack at the due moment and at the
+    // opening; and `main`'s return inside it.
+    let t = 200_000;
+    w.events(
+        1001,
+        &[
+            RawEvent::new(110_000, 1, 0, 0, EventKind::COUNT as u8),
+            RawEvent::new(t, 50, 2, 100, EventKind::WINDOW as u8),
+            RawEvent::new(t, 0, event::due::MISSED, 1, EventKind::DUE as u8),
+            RawEvent::new(t, 1, 0, 0, EventKind::DUE_STACK as u8),
+            RawEvent::new(t, 0, 2, 0, EventKind::WINDOW_END as u8),
+            RawEvent::new(t, 20, 3, 100, EventKind::WINDOW as u8),
+            RawEvent::new(t, 0, event::due::CALLS_FROM_DUE, 1, EventKind::DUE as u8),
+            RawEvent::new(t, 1, 0, 0, EventKind::DUE_STACK as u8),
+            RawEvent::new(t, 1, 8, 0, EventKind::STACK as u8),
+            RawEvent::new(t + 500, 1, 10, 0, EventKind::PY_RETURN as u8),
         ],
     )?;
     w.thread(&ThreadInfo { thread_id: 1002, name: "worker-1".into(), is_main: false })?;

@@ -165,6 +165,21 @@ event_kinds! {
     STACK = 66,
     // The recorder held the thread up (FORMAT.md 5.6, since 2.9).
     PAUSE = 67,
+    // When a window was due, and each thread's stack at that moment (FORMAT.md 5.7, since 2.10).
+    DUE = 68,
+    DUE_STACK = 69,
+    // A call started outside windows, counted (FORMAT.md 5.8, since 2.10).
+    COUNT = 70,
+}
+
+/// Bits of a `DUE` event's `offset` (FORMAT.md 5.7).
+pub mod due {
+    /// No function of the thread started between the moment the window was due and its opening: its calls
+    /// count from the due moment, for the window's length.
+    pub const CALLS_FROM_DUE: u32 = 1;
+    /// The window could not open before its length had passed: nothing of it is recorded, it stands for its
+    /// length spent where its `DUE_STACK` events place the thread, and for no calls.
+    pub const MISSED: u32 = 2;
 }
 
 /// A reader's hold on the recorder's pauses of one thread (FORMAT.md 5.6): a `PAUSE` comes before the event
@@ -368,10 +383,13 @@ mod tests {
         for k in EventKind::ALL {
             assert_eq!(EventKind::from_u8(*k as u8), Some(*k));
         }
-        assert_eq!(EventKind::ALL.len(), 23);
+        assert_eq!(EventKind::ALL.len(), 26);
         assert_eq!(kind_name(66), "STACK");
         assert_eq!(kind_name(67), "PAUSE");
-        assert_eq!(kind_name(68), "UNKNOWN(68)");
+        assert_eq!(kind_name(68), "DUE");
+        assert_eq!(kind_name(69), "DUE_STACK");
+        assert_eq!(kind_name(70), "COUNT");
+        assert_eq!(kind_name(71), "UNKNOWN(71)");
         assert_eq!(kind_name(8), "BRANCH");
         assert_eq!(kind_name(200), "UNKNOWN(200)");
     }

@@ -22,7 +22,7 @@ BOUNDARIES = {"PY_START", "PY_RESUME", "PY_YIELD", "PY_RETURN", "PY_UNWIND", "PY
 # CO_ITERABLE_COROUTINE, CO_ASYNC_GENERATOR.
 COROUTINE_FLAGS = 0x80 | 0x100 | 0x200
 # Ocular's own event kinds (FORMAT.md 5.3), not sys.monitoring events.
-WINDOW_MARKERS = {"WINDOW", "WINDOW_END", "STACK"}
+WINDOW_MARKERS = {"WINDOW", "WINDOW_END", "STACK", "DUE", "DUE_STACK"}
 
 
 class Reference:
@@ -108,9 +108,13 @@ def read_ocl(path, salvage=False):
     code = f["code"]
     per_thread = collections.defaultdict(list)
     markers = collections.defaultdict(list)
+    counted = collections.defaultdict(list)
     for tid, ticks, kind, cid, off, arg in f["events"]:
         if kind in WINDOW_MARKERS:
             markers[tid].append((kind, ticks, cid, off, arg))
+            continue
+        if kind == "COUNT":  # a call counted outside windows (FORMAT.md 5.8): (function, last counted)
+            counted[tid].append((code[cid][0], arg))
             continue
         if kind == "PAUSE":  # the recorder's own (FORMAT.md 5.6): no code object
             continue
@@ -119,6 +123,7 @@ def read_ocl(path, salvage=False):
             per_thread[tid].append((kind, qual, off, arg))
     f["workload"] = per_thread
     f["markers"] = markers
+    f["counted"] = counted
     return f
 
 

@@ -1,6 +1,7 @@
 """Ocular records exactly what a plain sys.monitoring tool sees, in every mode, on every workload: counts
 per code object and kind, and the order of events per thread."""
 
+import collections
 import sys
 import time
 
@@ -73,6 +74,14 @@ def test_threshold_stops_each_location_after_n_hits_and_calls_after_the_first_wi
     assert c[("loop", "PY_START")] == 20 and c[("loop", "PY_RETURN")] == 20, "every call in the first window"
     assert c[("fib", "PY_START")] == 700 - 20, "the recording's 700th call closed the first window"
     assert c[("use_gen", "PY_START")] == c[("two_back_edges", "PY_START")] == 0, "no call after it"
+    # After it, each function's first 7 calls (the threshold) are counted (FORMAT.md 5.8), the 7th marked
+    # as the last: fib's 539 calls after the 680th, use_gen's one call, exceptions' one and fails' 40.
+    counted = collections.Counter(q for q, _ in f["counted"][tid])
+    assert counted["fib"] == 7 and counted["fails"] == 7, counted
+    assert counted["use_gen"] == counted["exceptions"] == counted["two_back_edges"] == 1, counted
+    assert counted["gen"] == 1 and counted["loop"] == 0, counted
+    last = {q for q, arg in f["counted"][tid] if arg == 1}
+    assert last == {"fib", "fails"}, last
     per_location = {}
     for kind, qual, off, dest in f["workload"][next(iter(f["workload"]))]:
         if kind in ("JUMP", *BRANCHES):

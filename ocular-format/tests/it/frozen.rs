@@ -25,9 +25,22 @@ fn check_synthetic(bytes: &[u8], version: (u16, u16)) {
     let per_thread: Vec<(u64, usize)> = all.events.iter().map(|(t, e)| (*t, e.len())).collect();
     // Since 2.2 the fixture also has a window, its stack and a return in it (FORMAT.md 5.3).
     let windows = version >= (2, 2);
-    if version >= (2, 9) {
+    if version >= (2, 10) {
+        // Since 2.10 also windows with their due moments (FORMAT.md 5.7) and a counted call (5.8).
+        assert_eq!(
+            per_thread,
+            [(1001, 43), (1002, 27), (1001, 13), (1001, 3), (1001, 6), (1001, 4), (1001, 4), (1001, 10)]
+        );
+        let d = &all.events[7].1;
+        assert_eq!(format!("{:?}", d[0]), "COUNT ticks=110000 code=1 offset=0 arg=0");
+        assert_eq!(format!("{:?}", d[2]), "DUE ticks=200000 code=0 offset=2 arg=1");
+        assert_eq!(format!("{:?}", d[3]), "DUE_STACK ticks=200000 code=1 offset=0 arg=0");
+        assert_eq!(format!("{:?}", d[6]), "DUE ticks=200000 code=0 offset=1 arg=1");
+    } else if version >= (2, 9) {
         // Since 2.9 also a recorder pause (FORMAT.md 5.6) in a call of `main`.
         assert_eq!(per_thread, [(1001, 43), (1002, 27), (1001, 13), (1001, 3), (1001, 6), (1001, 4), (1001, 4)]);
+    }
+    if version >= (2, 9) {
         let p = all.events[6].1[1];
         assert_eq!(format!("{p:?}"), "PAUSE ticks=100400 code=0 offset=0 arg=3000");
         assert_eq!(p.pause_ticks(), 3000);
@@ -77,7 +90,10 @@ fn check_synthetic(bytes: &[u8], version: (u16, u16)) {
     // Since 2.3 a RING chunk follows the header (FORMAT.md 6.7): one chunk more.
     // Since 2.4 a DROPPED chunk (FORMAT.md 6.8), since 2.5 a COUNTERS chunk (6.9), since 2.6 a PROCESS
     // chunk (6.10): one more each.
-    let want = if version >= (2, 9) {
+    let want = if version >= (2, 10) {
+        // And the EVENTS chunk of the windows with their due moments and the counted call.
+        (110, 3, 20)
+    } else if version >= (2, 9) {
         // And the EVENTS chunk of the call with the pause.
         (100, 3, 19)
     } else if version >= (2, 8) {
@@ -217,4 +233,11 @@ fn v2_9_synthetic_reads_forever() {
     let bytes = fixture("v2.9/synthetic.ocl");
     assert_eq!(bytes.len(), 2909);
     check_synthetic(&bytes, (2, 9));
+}
+
+#[test]
+fn v2_10_synthetic_reads_forever() {
+    let bytes = fixture("v2.10/synthetic.ocl");
+    assert_eq!(bytes.len(), 3048);
+    check_synthetic(&bytes, (2, 10));
 }

@@ -230,6 +230,14 @@ unsafe fn record<
             // Function boundaries are recorded inside windows only (FORMAT.md 5.3): outside one, each
             // location is switched off at its first hit, until the next window re-arms them all.
             if t >= WINDOW_END.load(Ordering::Relaxed) {
+                if KIND == EventKind::PY_START as u8 && (*cs).counted < (*ts).threshold {
+                    // A function's first calls outside windows are counted (FORMAT.md 5.8): one that is
+                    // called rarely has its exact count, which no window could estimate.
+                    (*cs).counted += 1;
+                    let last = ((*cs).counted == (*ts).threshold) as u32;
+                    (*ts).buf.push(RawEvent::new(t, (*cs).id, 0, last, EventKind::COUNT as u8), &*(*ts).sink);
+                    return if CAN_DISABLE && last != 0 { disable() } else { none() };
+                }
                 return if CAN_DISABLE { disable() } else { none() };
             }
             if KIND == EventKind::PY_START as u8 {
@@ -402,6 +410,11 @@ pub(super) fn locate_frame_field(py: Python<'_>) {
 /// The thread state's byte offset of the running frame's field, if found (for tests).
 pub(super) fn frame_field() -> Option<usize> {
     FRAME_FIELD.load(Ordering::Relaxed).checked_sub(1)
+}
+
+/// Whether [`frame_field`] points to a struct whose first field is the frame (3.12's `cframe`).
+pub(super) fn frame_indirect() -> bool {
+    FRAME_INDIRECT.load(Ordering::Relaxed)
 }
 
 /// What a coroutine yielded (FORMAT.md 5.5), by its type's name or a base type's.

@@ -11,6 +11,7 @@ mod analyze;
 mod callbacks;
 mod cfunc;
 mod cli;
+mod due;
 mod live;
 mod read;
 mod windows;
@@ -117,6 +118,8 @@ struct CodeState {
     hits: Box<[u32]>,
     /// Backward jumps per loop head (destination / 2), allocated at the code object's first one.
     heads: Box<[u32]>,
+    /// Calls started outside windows, counted with a `COUNT` event each up to the threshold (FORMAT.md 5.8).
+    counted: u32,
 }
 
 const RECORD: u8 = 1;
@@ -418,6 +421,7 @@ fn start(
     // SAFETY: GIL held; no Python call while the reference is alive.
     let st = unsafe { state() };
     st.generation += 1;
+    due::reset();
     st.recorder = Some(Box::new(rec));
     // The first window opens with the recording.
     st.window = Window { seq: 0, opened: clock::ticks(), len_us: u32::MAX };
@@ -465,6 +469,7 @@ fn stop<'py>(py: Python<'py>, names: &Bound<'py, PyDict>) -> PyResult<Bound<'py,
         // It may be waiting for the GIL: let it have it, see the recording gone, and end.
         py.detach(|| w.stop());
     }
+    due::reset();
     if let Some(c) = rec.counters.take() {
         for f in py.detach(|| c.finish()) {
             rec.errors.push(format!("counter {f}"));
@@ -682,14 +687,14 @@ unsafe fn lookup(code: *mut ffi::PyObject) -> *mut CodeState {
                     s.code(vec![c]);
                 }
             }
-            CodeState { id, flags, boundary, hits: vec![0; units].into_boxed_slice(), heads: Box::new([]) }
+            CodeState { id, flags, boundary, hits: vec![0; units].into_boxed_slice(), heads: Box::new([]), counted: 0 }
         }
         Err(e) => {
             // Never let an exception escape into the user's program: note it, skip this code object.
             if rec.errors.len() < 10 {
                 rec.errors.push(format!("cannot describe a code object: {e}"));
             }
-            CodeState { id: 0, flags: boot, boundary: 0, hits: Box::new([]), heads: Box::new([]) }
+            CodeState { id: 0, flags: boot, boundary: 0, hits: Box::new([]), heads: Box::new([]), counted: 0 }
         }
     };
     rec.keep.push(obj.unbind());
@@ -784,6 +789,9 @@ unsafe fn attach(ts: *mut ThreadState) -> *mut ThreadState {
     t.threshold = rec.threshold;
     // SAFETY: GIL held: the calling thread has a thread state, fixed while it runs Python code here.
     t.pyts = unsafe { ffi::PyThreadState_Get() } as usize;
+    if rec.windowed {
+        due::register(t.pyts);
+    }
     if let Some(c) = &rec.counters {
         c.c.open_thread(tid);
     }
@@ -858,7 +866,9 @@ unsafe fn thread_ending(ts: *mut ThreadState) {
     // SAFETY: GIL held, no Python call below.
     let Some(rec) = (unsafe { state() }).recorder.as_deref() else { return };
     // SAFETY: the calling thread's state, never freed.
-    unsafe { &mut *ts }.buf.flush(rec.out.sink());
+    let t = unsafe { &mut *ts };
+    t.buf.flush(rec.out.sink());
+    due::unregister(t.pyts);
 }
 
 extern "C" {
@@ -878,6 +888,7 @@ fn _ocular(m: &Bound<'_, PyModule>) -> PyResult<()> {
     m.add_function(wrap_pyfunction!(abandon_after_fork, m)?)?;
     m.add_function(wrap_pyfunction!(is_recording, m)?)?;
     m.add_function(wrap_pyfunction!(windows::start_windows, m)?)?;
+    m.add_function(wrap_pyfunction!(due::due_stacks_usable, m)?)?;
     m.add_function(wrap_pyfunction!(read::read, m)?)?;
     m.add_function(wrap_pyfunction!(read::file_events, m)?)?;
     m.add_function(wrap_pyfunction!(own_sigterm, m)?)?;

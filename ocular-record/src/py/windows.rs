@@ -17,8 +17,14 @@
 //! thread for a pending call when the call is added *on* the main thread, so the request travels as a
 //! real-time signal to the main thread, whose handler adds the call (what `Py_AddPendingCall` is made
 //! for). Only when the main thread does not get there within `FALLBACK` (blocked, or in a long C call)
-//! does the opener take the GIL itself. The time from the scheduled moment to the opening (the `lead`, in
-//! the marker) belongs to the window too, spent where the stack taken at the opening says.
+//! does a second thread take the GIL itself.
+//!
+//! A safe point can be far off: a long C call, an explicit collection or a sleep holds it back for as long
+//! as it lasts. So the window stands for the span from when it was due (FORMAT.md 5.7): at that moment the
+//! opener reads every thread's stack itself (`due`), the opening writes it (`DUE_STACK`) before the stack
+//! at the opening, and windows that fell due while an earlier one still waited are written as missed.
+//! Due moments follow one another on their own schedule, never from an opening: the code just after a
+//! long C call would otherwise get a window far more often than its share.
 
 use super::{lookup, state, RECORD, WINDOW_END};
 use crate::clock;
@@ -26,9 +32,9 @@ use ocular_format::{EventKind, RawEvent};
 use pyo3::exceptions::PyRuntimeError;
 use pyo3::ffi;
 use pyo3::prelude::*;
-use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::sync::mpsc;
-use std::time::Duration;
+use std::time::{Duration, Instant};
 
 /// A thread's frames, outermost first: (code object, last instruction offset in bytes).
 pub(super) type Stack = Vec<(Py<PyAny>, u32)>;
@@ -44,8 +50,6 @@ const FALLBACK: Duration = Duration::from_millis(2);
 /// The recording generation a scheduled window belongs to, while nobody has opened it yet (0: none). The
 /// pending call and the fallback both try to take it; the one that does opens the window.
 static SCHEDULED_FOR: AtomicU64 = AtomicU64::new(0);
-/// Ticks at which the scheduled window was due.
-static SCHEDULED_AT: AtomicU64 = AtomicU64::new(0);
 
 /// The signal that carries the request to the main thread, and the handler it had before (restored when
 /// the opener stops).
@@ -58,8 +62,10 @@ struct Signal {
 /// CPython allows a signal handler to do).
 extern "C" fn on_signal(_signo: libc::c_int) {
     // SAFETY: Py_AddPendingCall is async-signal-safe by design; it may fail (queue full), and the opener's
-    // fallback then opens the window.
-    unsafe { ffi::Py_AddPendingCall(Some(pending_open), std::ptr::null_mut()) };
+    // fallback then opens the window (the main thread may then have started functions before it opened).
+    if unsafe { ffi::Py_AddPendingCall(Some(pending_open), std::ptr::null_mut()) } != 0 {
+        ASKED_MAIN.store(false, Ordering::Release);
+    }
 }
 
 /// Installs `on_signal` on a real-time signal nobody else handles (from SIGRTMAX - 1 down).
@@ -101,10 +107,9 @@ impl Drop for Signal {
     }
 }
 
-/// Takes the scheduled window of `generation`, if nobody has: returns when it was due.
-fn claim(generation: u64) -> Option<u64> {
-    SCHEDULED_FOR.compare_exchange(generation, 0, Ordering::AcqRel, Ordering::Relaxed).ok()?;
-    Some(SCHEDULED_AT.load(Ordering::Acquire))
+/// Takes the scheduled window of `generation`, if nobody has.
+fn claim(generation: u64) -> bool {
+    SCHEDULED_FOR.compare_exchange(generation, 0, Ordering::AcqRel, Ordering::Relaxed).is_ok()
 }
 
 /// Run by the main thread at a safe point (`Py_AddPendingCall`), with the GIL held. Never fails: an
@@ -113,9 +118,9 @@ extern "C" fn pending_open(_arg: *mut std::os::raw::c_void) -> std::os::raw::c_i
     // SAFETY: pending calls run with the GIL held, on a thread attached to the interpreter.
     unsafe {
         let generation = state().generation;
-        if let Some(due) = claim(generation) {
+        if claim(generation) {
             let py = Python::assume_attached();
-            open(py, generation, due);
+            open(py, generation);
         }
     }
     0
@@ -141,15 +146,32 @@ impl Opener {
     }
 }
 
+/// Whether the main thread was asked, by the signal, to open the window now scheduled; cleared by the
+/// signal handler if it could not queue the request.
+static ASKED_MAIN: AtomicBool = AtomicBool::new(false);
+
 /// Starts opening a window of `length` seconds every `period` seconds (on average) in the current
 /// recording; `main_ident` is the main thread's `threading.get_ident()` (its pthread_t), which opens them.
 /// A recording without windows (calls mode, a threshold of 0) ignores it.
+///
+/// Windows fall due on a schedule of their own (FORMAT.md 5.7): each due moment is drawn from the one
+/// before, not from when the last window opened, so where they fall never depends on the program. At each,
+/// the thread reads every recording thread's stack (`due`), queues it, and asks the main thread to open
+/// the window; a second thread (`ocular-windows-gil`) takes the GIL itself when the main thread has not
+/// answered within `FALLBACK`, so that the schedule never waits for the GIL.
 #[pyfunction]
-pub(super) fn start_windows(period: f64, length: f64, main_ident: u64) -> PyResult<()> {
+pub(super) fn start_windows(py: Python<'_>, period: f64, length: f64, main_ident: u64) -> PyResult<()> {
     if !(period > 0.0 && length > 0.0 && length * 2.0 <= period && length < 1000.0) {
         return Err(PyRuntimeError::new_err(format!(
             "window length {length} s and period {period} s: both must be above 0, and the length at most half the period"
         )));
+    }
+    // Stacks at due moments are read only if this interpreter's frames read as expected here.
+    // SAFETY: GIL held (called from Python); the calling thread's state is live.
+    unsafe {
+        let me = ffi::PyThreadState_Get();
+        let frames: Vec<usize> = frames_of(py, me).iter().map(|(c, _)| c.as_ptr() as usize).collect();
+        super::due::check(me as usize, &frames);
     }
     // SAFETY: GIL held (called from Python); no Python call while the reference is alive.
     let st = unsafe { state() };
@@ -165,54 +187,84 @@ pub(super) fn start_windows(period: f64, length: f64, main_ident: u64) -> PyResu
     let handle = crate::threads::spawn("ocular-windows", move || {
         // Without a free signal every window is opened by the fallback.
         let signal = install_signal();
+        let (ftx, frx) = mpsc::channel::<Instant>();
+        let fallback = crate::threads::spawn("ocular-windows-gil", move || {
+            while let Ok(mut deadline) = frx.recv() {
+                while let Ok(d) = frx.try_recv() {
+                    deadline = d;
+                }
+                let now = Instant::now();
+                if deadline > now {
+                    std::thread::sleep(deadline - now);
+                }
+                if SCHEDULED_FOR.load(Ordering::Acquire) != generation {
+                    continue; // the main thread opened it
+                }
+                // SAFETY: `open` runs with the GIL (attach) and checks the recording is still this one.
+                let go_on = Python::attach(|py| unsafe {
+                    if claim(generation) {
+                        open(py, generation)
+                    } else {
+                        state().generation == generation
+                    }
+                });
+                if !go_on {
+                    return;
+                }
+            }
+        });
         // xorshift64*, seeded from the clock: the jitter needs no quality beyond not being periodic.
         let mut x = clock::ticks() | 1;
+        let mut next = Instant::now();
         loop {
             x ^= x >> 12;
             x ^= x << 25;
             x ^= x >> 27;
             let u = (x.wrapping_mul(0x2545_f491_4f6c_dd1d) >> 11) as f64 / (1u64 << 53) as f64;
-            let wait = Duration::from_secs_f64(period * (0.5 + u));
-            match rx.recv_timeout(wait) {
+            next += Duration::from_secs_f64(period * (0.5 + u));
+            let now = Instant::now();
+            // This thread itself ran late (the machine is busy): the schedule goes on from now.
+            next = next.max(now);
+            match rx.recv_timeout(next - now) {
                 Err(mpsc::RecvTimeoutError::Timeout) => {}
-                _ => return, // stopped
+                _ => break, // stopped
             }
-            SCHEDULED_AT.store(clock::ticks(), Ordering::Release);
+            if WINDOW_END.load(Ordering::Relaxed) == u64::MAX {
+                continue; // the first window is still open
+            }
+            if SCHEDULED_FOR.load(Ordering::Acquire) == generation {
+                // The last one has not opened yet: this one waits with it (FORMAT.md 5.7, missed).
+                super::due::queue(generation, false);
+                continue;
+            }
+            let asked = signal.is_some();
+            ASKED_MAIN.store(asked, Ordering::Release);
+            super::due::queue(generation, asked);
             SCHEDULED_FOR.store(generation, Ordering::Release);
             if let Some(sig) = &signal {
                 // SAFETY: the main thread outlives the recording (its stop joins this thread).
                 unsafe { libc::pthread_kill(main_ident as libc::pthread_t, sig.signo) };
             }
-            match rx.recv_timeout(FALLBACK) {
-                Err(mpsc::RecvTimeoutError::Timeout) => {}
-                _ => return,
-            }
-            if SCHEDULED_FOR.load(Ordering::Acquire) != generation {
-                continue; // the main thread opened it
-            }
-            // SAFETY: `open` runs with the GIL (attach) and checks the recording is still this one.
-            let go_on = Python::attach(|py| unsafe {
-                match claim(generation) {
-                    Some(due) => open(py, generation, due),
-                    None => state().generation == generation,
-                }
-            });
-            if !go_on {
-                return;
+            if ftx.send(Instant::now() + FALLBACK).is_err() {
+                break;
             }
         }
+        drop(ftx);
+        let _ = fallback.map(|h| h.join());
     })
     .map_err(|e| PyRuntimeError::new_err(format!("cannot start the ocular-windows thread: {e}")))?;
     rec.windows = Some(Opener { stop: tx, handle });
     Ok(())
 }
 
-/// Opens a window that was due at tick `due`, if the first one has closed and no other is open. Returns
-/// whether the recording that started the opener is still going.
+/// Opens the windows that fell due, if the first one has closed and no other is open: each one before
+/// the last is written as missed (FORMAT.md 5.7), the last opens. Returns whether the recording that
+/// started the opener is still going.
 ///
 /// # Safety
 /// GIL held.
-unsafe fn open(py: Python<'_>, generation: u64, due: u64) -> bool {
+unsafe fn open(py: Python<'_>, generation: u64) -> bool {
+    use ocular_format::event::due::{CALLS_FROM_DUE, MISSED};
     // SAFETY: GIL held (caller); the reference ends before any Python call.
     unsafe {
         {
@@ -222,9 +274,16 @@ unsafe fn open(py: Python<'_>, generation: u64, due: u64) -> bool {
             }
             let end = WINDOW_END.load(Ordering::Relaxed);
             if end == u64::MAX || clock::ticks() < end {
-                return true; // the first window is still open, or this one is
+                return true; // the first window is still open, or this one is (the due ones wait)
             }
         }
+        let dues = super::due::take(generation);
+        if dues.is_empty() {
+            return true;
+        }
+        // The main thread was asked when the first of these fell due and has not reached a safe point
+        // since, if the request was queued: it started no function since any of them was due.
+        let asked_main = dues.iter().any(|d| d.asked_main) && ASKED_MAIN.load(Ordering::Acquire);
         // Every thread's stack, outermost frame first: (thread state id, [(code, offset in bytes)]).
         let mut stacks: Vec<(i64, Stack)> = Vec::new();
         let mut tstate = ffi::PyInterpreterState_ThreadHead(ffi::PyInterpreterState_Get());
@@ -247,22 +306,45 @@ unsafe fn open(py: Python<'_>, generation: u64, due: u64) -> bool {
         let (len_us, len_ticks) = rec.window_len;
         let sink = rec.out.sink();
         let now = clock::ticks();
-        let lead_us = (now.saturating_sub(due) as f64 * 1e6 / rec.ticks_per_second).min(u32::MAX as f64) as u32;
-        let seq = st.window.seq + 1;
-        st.window = super::Window { seq, opened: now, len_us };
-        for &ts in &st.threads {
-            let ts = &mut *ts;
-            if ts.generation != generation {
-                continue;
-            }
-            let Some((_, frames)) = ids.iter().find(|(id, _)| *id == ts.py_id) else { continue };
-            let mut m = marker(now, EventKind::WINDOW, seq, len_us);
-            m.code.set(lead_us);
-            ts.buf.push_marker(m, sink);
-            for (depth, &(code, off)) in frames.iter().enumerate() {
-                ts.buf.push_marker(RawEvent::new(now, code, off, depth as u32, EventKind::STACK as u8), sink);
+        let lead =
+            |due: u64| (now.saturating_sub(due) as f64 * 1e6 / rec.ticks_per_second).min(u32::MAX as f64 / 2.0) as u32;
+        let mut seq = st.window.seq;
+        for (i, d) in dues.iter().enumerate() {
+            seq += 1;
+            let missed = i + 1 < dues.len();
+            for &ts in &st.threads {
+                let ts = &mut *ts;
+                if ts.generation != generation || !ids.iter().any(|(id, _)| *id == ts.py_id) {
+                    continue;
+                }
+                let mut m = marker(now, EventKind::WINDOW, seq, len_us);
+                m.code.set(lead(d.ticks));
+                ts.buf.push_marker(m, sink);
+                let frames = d
+                    .stacks
+                    .iter()
+                    .find(|(p, _)| *p == ts.pyts)
+                    .and_then(|(_, s)| s.as_deref())
+                    .map(|s| due_frames(rec, ts.py_id, s))
+                    .unwrap_or_default();
+                let mut flags = if missed { MISSED } else { 0 };
+                if !missed && asked_main && ts.buf.thread_id == rec.main_native_id {
+                    flags |= CALLS_FROM_DUE;
+                }
+                ts.buf.push_marker(RawEvent::new(now, 0, flags, frames.len() as u32, EventKind::DUE as u8), sink);
+                for (depth, &code) in frames.iter().enumerate() {
+                    ts.buf.push_marker(RawEvent::new(now, code, 0, depth as u32, EventKind::DUE_STACK as u8), sink);
+                }
+                if missed {
+                    ts.buf.push_marker(marker(now, EventKind::WINDOW_END, seq, 0), sink);
+                } else if let Some((_, frames)) = ids.iter().find(|(id, _)| *id == ts.py_id) {
+                    for (depth, &(code, off)) in frames.iter().enumerate() {
+                        ts.buf.push_marker(RawEvent::new(now, code, off, depth as u32, EventKind::STACK as u8), sink);
+                    }
+                }
             }
         }
+        st.window = super::Window { seq, opened: now, len_us };
         WINDOW_END.store(now.saturating_add(len_ticks), Ordering::Relaxed);
         // Arm every location switched off since the last window. A failure is noted, never raised.
         let restart = rec.restart.clone_ref(py);
@@ -275,6 +357,23 @@ unsafe fn open(py: Python<'_>, generation: u64, due: u64) -> bool {
         }
         true
     }
+}
+
+/// A stack read at a due moment (code object addresses, outermost first) as code ids: without the frames
+/// the recording's starting thread was in when it started, and without code objects the recording has not
+/// seen (the interpreter's own entry frames, or a frame that had not started its code yet). Looks the
+/// addresses up only: nothing read there is dereferenced.
+fn due_frames(rec: &super::Recorder, py_id: i64, codes: &[usize]) -> Vec<u32> {
+    let base: &[Py<PyAny>] = if rec.base.0 == py_id { &rec.base.1 } else { &[] };
+    let in_base = |c: usize| base.iter().any(|b| b.as_ptr() as usize == c);
+    // The interpreter's entry frames are in neither: left out before the base is matched.
+    let known: Vec<usize> = codes.iter().copied().filter(|&c| rec.codes.contains_key(&c) || in_base(c)).collect();
+    let skip = known.iter().zip(base).take_while(|(c, b)| **c == b.as_ptr() as usize).count();
+    known[skip..]
+        .iter()
+        .filter_map(|c| rec.codes.get(c))
+        .map(|cs| if cs.flags & RECORD == 0 { 0 } else { cs.id })
+        .collect()
 }
 
 /// A thread's frames, outermost first (at most 4096 of the innermost).
