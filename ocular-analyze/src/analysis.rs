@@ -355,6 +355,11 @@ struct ThreadState {
     lead_on_due: bool,
     /// This thread's calls count from the current window's due moment (FORMAT.md 5.7, calls from due).
     calls_from_due: bool,
+    /// Missed windows (5.7) in which this thread was running Python code, since its last opened window:
+    /// their calls were not recorded, and the next opened window's stand for them too.
+    missed_running: u32,
+    /// What the current window's calls stand for: itself and the missed windows before it (0: unset, 1).
+    calls_weight: f64,
     /// The loops of generator and coroutine frames that yielded, by code id, until they resume: a yield
     /// suspends a loop, it does not end it.
     suspended: HashMap<u32, Vec<LoopRun>>,
@@ -407,7 +412,9 @@ impl ThreadState {
         // span had passed (its time spent where the stack at the due moment says, no recorder cost in
         // it) must not take the cost of the calls recorded after its opening as its own.
         let factor = len / (len - self.window_cost.clamp(0.0, 0.9 * len));
-        let calls_factor = len / (len - self.window_calls_cost.clamp(0.0, 0.9 * len));
+        let weight = if self.calls_weight > 0.0 { self.calls_weight } else { 1.0 };
+        self.calls_weight = 0.0;
+        let calls_factor = weight * len / (len - self.window_calls_cost.clamp(0.0, 0.9 * len));
         for (node, x) in self.window_nodes.drain(..) {
             tree.parts[node as usize][1] += x * factor;
         }
@@ -1075,18 +1082,26 @@ pub fn analyze(path: &Path, opts: ReadOptions) -> ocular_format::Result<Analysis
 /// A `DUE` marker (FORMAT.md 5.7), after its window's `WINDOW`: how the window's calls count, and whether
 /// the stack at the due moment follows.
 fn due_marker(ts: &mut ThreadState, e: &RawEvent, log: &WindowLog) {
-    use ocular_format::event::due::{CALLS_FROM_DUE, MISSED};
+    use ocular_format::event::due::{CALLS_FROM_DUE, MISSED, RUNNING};
     if ts.phase != Phase::Sampled {
         return;
     }
     let flags = e.offset.get();
     if flags & MISSED != 0 {
-        // No stack at an opening follows: the one at the due moment is all there is.
+        // No stack at an opening follows: the one at the due moment is all there is. No call of it is
+        // recorded: a thread that was not running Python code then made none (the main thread, or one in a
+        // C call or waiting); one that was running has its calls stand in the next opened window's.
         ts.calls_until = 0;
         ts.sampling = None;
-    } else if flags & CALLS_FROM_DUE != 0 {
-        ts.calls_until = ts.window_end;
-        ts.calls_from_due = true;
+        if flags & RUNNING != 0 && flags & CALLS_FROM_DUE == 0 {
+            ts.missed_running += 1;
+        }
+    } else {
+        ts.calls_weight = 1.0 + f64::from(std::mem::take(&mut ts.missed_running));
+        if flags & CALLS_FROM_DUE != 0 {
+            ts.calls_until = ts.window_end;
+            ts.calls_from_due = true;
+        }
     }
     let _ = log;
     if e.arg.get() > 0 {

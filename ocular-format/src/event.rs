@@ -177,9 +177,13 @@ pub mod due {
     /// No function of the thread started between the moment the window was due and its opening: its calls
     /// count from the due moment, for the window's length.
     pub const CALLS_FROM_DUE: u32 = 1;
-    /// The window could not open before its length had passed: nothing of it is recorded, it stands for its
-    /// length spent where its `DUE_STACK` events place the thread, and for no calls.
+    /// The window fell due while an earlier one waited to open: nothing of it is recorded, it stands for its
+    /// length spent where its `DUE_STACK` events place the thread, and for no calls of a thread that was
+    /// not running Python code then.
     pub const MISSED: u32 = 2;
+    /// The thread was running Python code at the due moment (its current frame moved while its stack was
+    /// read): the `DUE_STACK` events are the outer frames that stayed.
+    pub const RUNNING: u32 = 4;
 }
 
 /// A reader's hold on the recorder's pauses of one thread (FORMAT.md 5.6): a `PAUSE` comes before the event

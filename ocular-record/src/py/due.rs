@@ -28,13 +28,18 @@ static USABLE: AtomicBool = AtomicBool::new(false);
 static THREADS: Mutex<Vec<usize>> = Mutex::new(Vec::new());
 
 /// A window that fell due: when, whether the main thread was asked to open it, and the stacks read then
-/// (per thread state: the code objects' addresses, outermost first; `None`: not read consistently).
+/// (per thread state: the code objects' addresses, outermost first, and whether the thread was running
+/// Python code; `None`: not read).
 pub(super) struct Due {
     pub generation: u64,
     pub ticks: u64,
     pub asked_main: bool,
-    pub stacks: Vec<(usize, Option<Vec<usize>>)>,
+    pub stacks: Vec<(usize, Option<Read>)>,
 }
+
+/// A thread's stack as read at a due moment: its code objects' addresses, outermost first, and whether the
+/// thread was running Python code meanwhile.
+pub(super) type Read = (Vec<usize>, bool);
 
 /// Windows that fell due and have not opened yet, oldest first.
 static QUEUE: Mutex<Vec<Due>> = Mutex::new(Vec::new());
@@ -122,12 +127,11 @@ fn current_frame(pyts: usize) -> Option<usize> {
     Some(p)
 }
 
-/// A thread's frames' code object addresses, outermost first, if read consistently.
-pub(super) fn read(pyts: usize) -> Option<Vec<usize>> {
-    let top = current_frame(pyts)?;
-    let mut codes = Vec::new();
+/// A thread's frames as (frame address, code object address), outermost first; `None` if unreadable.
+fn walk(top: usize) -> Option<Vec<(usize, usize)>> {
+    let mut frames = Vec::new();
     let mut f = top;
-    while f != 0 && codes.len() < MAX_DEPTH {
+    while f != 0 && frames.len() < MAX_DEPTH {
         if f % 8 != 0 {
             return None;
         }
@@ -137,21 +141,33 @@ pub(super) fn read(pyts: usize) -> Option<Vec<usize>> {
         }
         let code = usize::from_ne_bytes(b[..8].try_into().expect("8 bytes")) & !7;
         let prev = usize::from_ne_bytes(b[8..].try_into().expect("8 bytes"));
-        codes.push(code);
+        frames.push((f, code));
         f = prev;
     }
-    // The thread ran on while this was read: the same current frame before and after, or nothing.
-    if current_frame(pyts)? != top {
-        return None;
+    frames.reverse();
+    Some(frames)
+}
+
+/// A thread's frames' code object addresses, outermost first, and whether the thread was running Python
+/// code meanwhile (its current frame moved during the read). A running thread's stack is read twice, and
+/// only the outer frames both reads agree on (same frame, same code) are kept: the frames that came and
+/// went meanwhile are below the sampler's resolution anyway. `None`: nothing could be read.
+pub(super) fn read(pyts: usize) -> Option<Read> {
+    let top = current_frame(pyts)?;
+    let first = walk(top)?;
+    let again = current_frame(pyts)?;
+    if again == top {
+        return Some((first.into_iter().map(|(_, c)| c).collect(), false));
     }
-    codes.reverse();
-    Some(codes)
+    let second = walk(again)?;
+    let common = first.iter().zip(&second).take_while(|(a, b)| a == b).map(|(a, _)| a.1).collect();
+    Some((common, true))
 }
 
 /// Checks the layout on the calling thread: the frames read here, less those the interpreter does not
 /// show as frames (its own entry frames), must be the code objects of `frames`, outermost first.
 pub(super) fn check(pyts: usize, frames: &[usize]) -> bool {
-    let ok = read(pyts).is_some_and(|raw| {
+    let ok = read(pyts).is_some_and(|(raw, _)| {
         let mut want = frames.iter().peekable();
         for c in raw {
             if want.peek() == Some(&&c) {

@@ -264,7 +264,7 @@ pub(super) fn start_windows(py: Python<'_>, period: f64, length: f64, main_ident
 /// # Safety
 /// GIL held.
 unsafe fn open(py: Python<'_>, generation: u64) -> bool {
-    use ocular_format::event::due::{CALLS_FROM_DUE, MISSED};
+    use ocular_format::event::due::{CALLS_FROM_DUE, MISSED, RUNNING};
     // SAFETY: GIL held (caller); the reference ends before any Python call.
     unsafe {
         {
@@ -320,14 +320,12 @@ unsafe fn open(py: Python<'_>, generation: u64) -> bool {
                 let mut m = marker(now, EventKind::WINDOW, seq, len_us);
                 m.code.set(lead(d.ticks));
                 ts.buf.push_marker(m, sink);
-                let frames = d
-                    .stacks
-                    .iter()
-                    .find(|(p, _)| *p == ts.pyts)
-                    .and_then(|(_, s)| s.as_deref())
-                    .map(|s| due_frames(rec, ts.py_id, s))
-                    .unwrap_or_default();
+                let read = d.stacks.iter().find(|(p, _)| *p == ts.pyts).and_then(|(_, s)| s.as_ref());
+                let frames = read.map(|(s, _)| due_frames(rec, ts.py_id, s)).unwrap_or_default();
                 let mut flags = if missed { MISSED } else { 0 };
+                if read.is_some_and(|(_, running)| *running) {
+                    flags |= RUNNING;
+                }
                 if !missed && asked_main && ts.buf.thread_id == rec.main_native_id {
                     flags |= CALLS_FROM_DUE;
                 }
