@@ -360,6 +360,8 @@ struct ThreadState {
     missed_running: u32,
     /// What the current window's calls stand for: itself and the missed windows before it (0: unset, 1).
     calls_weight: f64,
+    /// The recorder's time opening the current window (FORMAT.md 5.7), taken out at the next program event.
+    open_cost: f64,
     /// The loops of generator and coroutine frames that yielded, by code id, until they resume: a yield
     /// suspends a loop, it does not end it.
     suspended: HashMap<u32, Vec<LoopRun>>,
@@ -1097,6 +1099,8 @@ fn due_marker(ts: &mut ThreadState, e: &RawEvent, log: &WindowLog) {
             ts.missed_running += 1;
         }
     } else {
+        // Only the thread that opened it spent that time; the others were waiting for the GIL.
+        ts.open_cost = if flags & CALLS_FROM_DUE != 0 { f64::from(e.code.get()) } else { 0.0 };
         ts.calls_weight = 1.0 + f64::from(std::mem::take(&mut ts.missed_running));
         if flags & CALLS_FROM_DUE != 0 {
             ts.calls_until = ts.window_end;
@@ -1242,7 +1246,11 @@ fn step(
         }
     }
     // A recorder pause (FORMAT.md 5.6) is the recorder's time, taken out as the events' own cost is.
-    let c = cost[e.kind as usize] + ts.pauses.take() as f64;
+    let mut c = cost[e.kind as usize] + ts.pauses.take() as f64;
+    if !matches!(e.event_kind(), Some(EventKind::WINDOW | EventKind::WINDOW_END | EventKind::STACK)) {
+        // A window's opening (FORMAT.md 5.7) ran just before this event, on this thread's time.
+        c += std::mem::take(&mut ts.open_cost);
+    }
     ts.cost += c;
     match ts.phase {
         Phase::Complete => ts.e[0] -= c,

@@ -156,3 +156,21 @@ def counts(per_thread):
 @pytest.fixture
 def ocl(tmp_path):
     return str(tmp_path / "run.ocl")
+
+
+@pytest.fixture(autouse=True)
+def figures_are_possible(request):
+    """Every trace a test leaves in its temporary directory must not break the figures' invariants
+    (`invariants.py`), whatever the test asserted of it."""
+    if "tmp_path" not in request.fixturenames:
+        yield
+        return
+    # Asked for before the test runs, so that it is torn down after this fixture.
+    root = request.getfixturevalue("tmp_path")
+    yield
+    import invariants
+
+    bad = []
+    for path in sorted(root.rglob("*.ocl")):
+        bad += [f"{path.name}: {v}" for v in invariants.violations(str(path))]
+    assert not bad, "impossible figures:\n" + "\n".join(bad)

@@ -265,6 +265,7 @@ pub(super) fn start_windows(py: Python<'_>, period: f64, length: f64, main_ident
 /// GIL held.
 unsafe fn open(py: Python<'_>, generation: u64) -> bool {
     use ocular_format::event::due::{CALLS_FROM_DUE, MISSED, RUNNING};
+    let began = clock::ticks();
     // SAFETY: GIL held (caller); the reference ends before any Python call.
     unsafe {
         {
@@ -298,6 +299,20 @@ unsafe fn open(py: Python<'_>, generation: u64) -> bool {
         for (tid, frames) in stacks {
             ids.push((tid, resolve(tid, frames, false)));
         }
+        let now = clock::ticks();
+        // Arm every location switched off since the last window (before the markers, so that they can say
+        // how long the opening took). A failure is noted, never raised.
+        let restart = match state().recorder.as_deref() {
+            Some(rec) if state().generation == generation => rec.restart.clone_ref(py),
+            _ => return false,
+        };
+        if let Err(e) = restart.call0(py) {
+            if let Some(rec) = state().recorder.as_deref_mut() {
+                if rec.errors.len() < 10 {
+                    rec.errors.push(format!("sys.monitoring.restart_events() failed: {e}"));
+                }
+            }
+        }
         let st = state();
         if st.generation != generation {
             return false;
@@ -305,7 +320,9 @@ unsafe fn open(py: Python<'_>, generation: u64) -> bool {
         let Some(rec) = st.recorder.as_deref() else { return false };
         let (len_us, len_ticks) = rec.window_len;
         let sink = rec.out.sink();
-        let now = clock::ticks();
+        // The opening's own time, from the safe point to the program going on (the markers are written in
+        // a moment): FORMAT.md 5.7 has readers take it out of the program's time.
+        let opening = (clock::ticks().saturating_sub(began)).min(u64::from(u32::MAX)) as u32;
         let lead =
             |due: u64| (now.saturating_sub(due) as f64 * 1e6 / rec.ticks_per_second).min(u32::MAX as f64 / 2.0) as u32;
         let mut seq = st.window.seq;
@@ -329,7 +346,8 @@ unsafe fn open(py: Python<'_>, generation: u64) -> bool {
                 if !missed && asked_main && ts.buf.thread_id == rec.main_native_id {
                     flags |= CALLS_FROM_DUE;
                 }
-                ts.buf.push_marker(RawEvent::new(now, 0, flags, frames.len() as u32, EventKind::DUE as u8), sink);
+                let cost = if missed { 0 } else { opening };
+                ts.buf.push_marker(RawEvent::new(now, cost, flags, frames.len() as u32, EventKind::DUE as u8), sink);
                 for (depth, &code) in frames.iter().enumerate() {
                     ts.buf.push_marker(RawEvent::new(now, code, 0, depth as u32, EventKind::DUE_STACK as u8), sink);
                 }
@@ -344,15 +362,6 @@ unsafe fn open(py: Python<'_>, generation: u64) -> bool {
         }
         st.window = super::Window { seq, opened: now, len_us };
         WINDOW_END.store(now.saturating_add(len_ticks), Ordering::Relaxed);
-        // Arm every location switched off since the last window. A failure is noted, never raised.
-        let restart = rec.restart.clone_ref(py);
-        if let Err(e) = restart.call0(py) {
-            if let Some(rec) = state().recorder.as_deref_mut() {
-                if rec.errors.len() < 10 {
-                    rec.errors.push(format!("sys.monitoring.restart_events() failed: {e}"));
-                }
-            }
-        }
         true
     }
 }
