@@ -616,6 +616,10 @@ struct WriterJob {
     pool: Arc<Pool>,
     /// A flight recorder's: events go into the ring's chunk region, and the file is written by dumps.
     flight: Option<Flight>,
+    /// A test hook: `OCULAR_TEST_WRITER_DELAY_US` when the recording started makes the writer that much
+    /// slower per buffer, so that tests of what a slow writer does (recorder pauses, waiting, losing)
+    /// get one on any machine instead of hoping for it.
+    delay: Option<std::time::Duration>,
 }
 
 /// What a flight recorder's writer needs to write dumps.
@@ -698,6 +702,9 @@ impl WriterJob {
                 // less than writing this one takes, and with none ready it made a ring slot itself, a
                 // millisecond of the program's time (the second switch of every recording, before).
                 self.pool.keep_spares(self.pool.spares());
+                if let Some(d) = self.delay {
+                    std::thread::sleep(d);
+                }
                 if len > 0 {
                     // A ring slot is freed only once its events are in the kernel's hands (flushed), so
                     // a process killed at any moment has each event in the file or in the ring; a flight
@@ -1054,7 +1061,12 @@ impl Session {
             pool.keep_spares(1);
         }
         let (tx, rx) = channel::<Msg>();
-        let mut job = WriterJob { writer: Some(writer), out: Outcome::default(), pool: Arc::clone(&pool), flight };
+        let delay = std::env::var("OCULAR_TEST_WRITER_DELAY_US")
+            .ok()
+            .and_then(|v| v.parse::<u64>().ok())
+            .map(std::time::Duration::from_micros);
+        let mut job =
+            WriterJob { writer: Some(writer), out: Outcome::default(), pool: Arc::clone(&pool), flight, delay };
         let handle = crate::threads::spawn("ocular-writer", move || {
             // Two more, beside the program, for its first two switches of buffers (or more threads): the
             // first comes before the writer has a buffer to write, and a thread can fill a buffer (1.3
