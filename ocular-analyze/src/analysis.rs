@@ -1069,6 +1069,13 @@ pub fn analyze(path: &Path, opts: ReadOptions) -> ocular_format::Result<Analysis
                 stats.spread_blocks(&tables.indexes[i as usize]);
             }
         }
+        if sampled {
+            // A loop is timed in real time; its function, between windows, is estimated from them, and
+            // the estimate cannot be below what its loop was measured to take.
+            if let Some(f) = a.functions.get_mut(&key.0) {
+                f.inclusive = f.inclusive.max(stats.ticks + stats.tail_ticks);
+            }
+        }
         a.loops.insert(key, stats);
     }
     crate::progress::end();
@@ -1083,7 +1090,7 @@ pub fn analyze(path: &Path, opts: ReadOptions) -> ocular_format::Result<Analysis
 
 /// A `DUE` marker (FORMAT.md 5.7), after its window's `WINDOW`: how the window's calls count, and whether
 /// the stack at the due moment follows.
-fn due_marker(ts: &mut ThreadState, e: &RawEvent, log: &WindowLog) {
+fn due_marker(ts: &mut ThreadState, e: &RawEvent) {
     use ocular_format::event::due::{CALLS_FROM_DUE, MISSED, RUNNING};
     if ts.phase != Phase::Sampled {
         return;
@@ -1099,15 +1106,14 @@ fn due_marker(ts: &mut ThreadState, e: &RawEvent, log: &WindowLog) {
             ts.missed_running += 1;
         }
     } else {
-        // Only the thread that opened it spent that time; the others were waiting for the GIL.
-        ts.open_cost = if flags & CALLS_FROM_DUE != 0 { f64::from(e.code.get()) } else { 0.0 };
+        // Written for the thread that opened it only: the others were waiting for the GIL.
+        ts.open_cost = f64::from(e.code.get());
         ts.calls_weight = 1.0 + f64::from(std::mem::take(&mut ts.missed_running));
         if flags & CALLS_FROM_DUE != 0 {
             ts.calls_until = ts.window_end;
             ts.calls_from_due = true;
         }
     }
-    let _ = log;
     if e.arg.get() > 0 {
         ts.due_sampling = Some(0);
     }
@@ -1129,9 +1135,7 @@ fn due_frame(
     }
     if !ts.stack.get(depth).is_some_and(|f| f.code == id) {
         let from = ts.window_from;
-        while ts.stack.len() > depth {
-            pop(ts, from, tree, per, tables);
-        }
+        truncate(ts, depth, from, tree, per, tables);
         push(ts, id, from, 0, tables, tree);
         ts.stack.last_mut().expect("pushed").prev = None;
     }
@@ -1197,16 +1201,13 @@ fn step(
         return;
     }
     match e.event_kind() {
-        Some(EventKind::DUE) => return due_marker(ts, e, log),
+        Some(EventKind::DUE) => return due_marker(ts, e),
         Some(EventKind::DUE_STACK) => return due_frame(ts, e, tables, tree, per),
         _ => {}
     }
     if let Some(depth) = ts.due_sampling.take() {
         // The stack at the due moment is complete: frames above what it confirmed had returned by then.
-        let from = ts.window_from;
-        while ts.stack.len() > depth {
-            pop(ts, from, tree, per, tables);
-        }
+        truncate(ts, depth, ts.window_from, tree, per, tables);
         ts.lead_on_due = true;
     }
     log.end = log.end.max(t);
@@ -1248,8 +1249,10 @@ fn step(
     // A recorder pause (FORMAT.md 5.6) is the recorder's time, taken out as the events' own cost is.
     let mut c = cost[e.kind as usize] + ts.pauses.take() as f64;
     if !matches!(e.event_kind(), Some(EventKind::WINDOW | EventKind::WINDOW_END | EventKind::STACK)) {
-        // A window's opening (FORMAT.md 5.7) ran just before this event, on this thread's time.
-        c += std::mem::take(&mut ts.open_cost);
+        // A window's opening (FORMAT.md 5.7) ran just before this event, on this thread's time (at most the
+        // whole interval: a file that says more is not believed past it).
+        let since = ts.last_ticks.max(ts.window_from);
+        c += std::mem::take(&mut ts.open_cost).min(ticks_f64(t.saturating_sub(since)));
     }
     ts.cost += c;
     match ts.phase {
@@ -1591,6 +1594,18 @@ fn finish_sample(
     tables: &mut Tables,
 ) {
     let Some(depth) = ts.sampling.take() else { return };
+    truncate(ts, depth, t, tree, per, tables);
+}
+
+/// Ends the frames above `depth` at tick `t` (a window's stack did not confirm them).
+fn truncate(
+    ts: &mut ThreadState,
+    depth: usize,
+    t: u64,
+    tree: &mut CallTree,
+    per: &mut HashMap<u32, FunctionStats>,
+    tables: &mut Tables,
+) {
     while ts.stack.len() > depth {
         pop(ts, t, tree, per, tables);
     }

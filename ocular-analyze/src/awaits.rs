@@ -358,6 +358,9 @@ fn analyze_with(
                     let t = e.ticks.get();
                     last = last.max(t);
                     let Some(kind) = e.event_kind() else { continue };
+                    if kind.is_recorder_note() {
+                        continue;
+                    }
                     let code = e.code.get();
                     let Some(fid) = e.frame_id() else {
                         // Other code ran between a coroutine's yield and its awaiter's: not an await.

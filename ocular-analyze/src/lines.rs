@@ -301,6 +301,11 @@ fn step(
     // The recorder's pauses are its time, taken out of the run they fell in as the events' own cost is.
     th.cost += th.pauses.take() as f64;
     let Some(kind) = e.event_kind() else { return };
+    if kind.is_recorder_note() {
+        // Due moments and counted calls (FORMAT.md 5.7, 5.8) change no line's time but a counted call's cost.
+        th.cost += cost[e.kind as usize];
+        return;
+    }
     if kind != EventKind::STACK {
         if let Some(depth) = th.sync.take() {
             // The window's stack is complete: frames above what it confirmed have returned.

@@ -289,6 +289,8 @@ fn step(
     let kind = EventKind::from_u8(e.kind);
     let code = e.code.get();
     match kind {
+        // Due moments and counted calls (FORMAT.md 5.7, 5.8) place no time here.
+        Some(k) if k.is_recorder_note() => return,
         Some(EventKind::WINDOW) => {
             *windowed = true;
             ts.stack.clear();

@@ -172,6 +172,14 @@ event_kinds! {
     COUNT = 70,
 }
 
+impl EventKind {
+    /// The recorder's notes that only the function view reads (FORMAT.md 5.7, 5.8): when a window was due,
+    /// the stack then, and calls counted outside windows. They change no stack of the other passes.
+    pub fn is_recorder_note(self) -> bool {
+        matches!(self, EventKind::DUE | EventKind::DUE_STACK | EventKind::COUNT)
+    }
+}
+
 /// Bits of a `DUE` event's `offset` (FORMAT.md 5.7).
 pub mod due {
     /// No function of the thread started between the moment the window was due and its opening: its calls

@@ -4,9 +4,7 @@ trace the test suite records (the `ocl` fixture), and on the known-truth program
 - No function's exclusive time above its inclusive time.
 - No function's inclusive time above its thread's wall time (merged over threads: above the threads' wall
   time added up): a function cannot run longer than the run.
-- No loop's total time above its function's inclusive time (recursion counted once in both), where the
-  function's figures are exact (in a sampled run the loop's real-time total and the function's windowed
-  estimate can still disagree: a known gap).
+- No loop's total time above its function's inclusive time (recursion counted once in both).
 
 A small tolerance (2% and 1 ms) allows for the estimates' own rounding; an impossible figure is well past
 it (the ones found so far were 105-125% of the wall time).
@@ -46,14 +44,9 @@ def violations(path: str, analyze: str | None = None) -> list[str]:
     for r in rows:
         name = f"{r['function']} ({r['file']}:{r['line']})"
         incl, excl = r["inclusive_ms"], r["exclusive_ms"]
-        if not r.get("estimated"):
-            # A loop's time is measured in real time; a function's in a sampled run is an estimate from
-            # windows, which can fall below it (loops checked against exact figures only, for now).
-            key = (r["function"], r["file"], r["line"])
-            inclusive[key] = max(incl, inclusive.get(key, 0))
-        # Estimated rows can still break this one (a known gap, 3.14: 48.9 ms exclusive for 43.3 ms
-        # inclusive once): checked on exact figures until the windows' two sums agree.
-        if not r.get("estimated") and excl > incl * TOLERANCE + SLACK_MS:
+        key = (r["function"], r["file"], r["line"])
+        inclusive[key] = max(incl, inclusive.get(key, 0))
+        if excl > incl * TOLERANCE + SLACK_MS:
             bad.append(f"{name}: exclusive {excl:.3f} ms above inclusive {incl:.3f} ms")
         limit = r["wall_ms"] * max(r.get("threads", 1), 1)
         if incl > limit * TOLERANCE + SLACK_MS:

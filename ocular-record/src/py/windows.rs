@@ -299,7 +299,9 @@ unsafe fn open(py: Python<'_>, generation: u64) -> bool {
         for (tid, frames) in stacks {
             ids.push((tid, resolve(tid, frames, false)));
         }
-        let now = clock::ticks();
+        // The markers' tick: when the opening began (nothing of the program ran since), so that all of the
+        // opening's own time lies after them.
+        let now = began;
         // Arm every location switched off since the last window (before the markers, so that they can say
         // how long the opening took). A failure is noted, never raised.
         let restart = match state().recorder.as_deref() {
@@ -323,6 +325,7 @@ unsafe fn open(py: Python<'_>, generation: u64) -> bool {
         // The opening's own time, from the safe point to the program going on (the markers are written in
         // a moment): FORMAT.md 5.7 has readers take it out of the program's time.
         let opening = (clock::ticks().saturating_sub(began)).min(u64::from(u32::MAX)) as u32;
+        let me = ffi::PyThreadState_Get() as usize;
         let lead =
             |due: u64| (now.saturating_sub(due) as f64 * 1e6 / rec.ticks_per_second).min(u32::MAX as f64 / 2.0) as u32;
         let mut seq = st.window.seq;
@@ -346,7 +349,8 @@ unsafe fn open(py: Python<'_>, generation: u64) -> bool {
                 if !missed && asked_main && ts.buf.thread_id == rec.main_native_id {
                     flags |= CALLS_FROM_DUE;
                 }
-                let cost = if missed { 0 } else { opening };
+                // Only the thread that opened it spent that time (the others waited for the GIL).
+                let cost = if missed || ts.pyts != me { 0 } else { opening };
                 ts.buf.push_marker(RawEvent::new(now, cost, flags, frames.len() as u32, EventKind::DUE as u8), sink);
                 for (depth, &code) in frames.iter().enumerate() {
                     ts.buf.push_marker(RawEvent::new(now, code, 0, depth as u32, EventKind::DUE_STACK as u8), sink);
