@@ -105,7 +105,7 @@ def release_tool_id(tool: int, names: Iterable[str]) -> None:
     # and the next tool's set_events keeps them (cProfile started afterwards saw 0 of 30,000 calls of a
     # function recorded before). Neither free_tool_id nor 3.14's clear_tool_id resets them; restart_events()
     # does, for every tool of the process: one that returns DISABLE too (coverage.py) gets one more callback
-    # per location it had switched off and meets again (README, "Tool id").
+    # per location it had switched off and meets again (docs/recording.md, "Tool id").
     mon.restart_events()
     mon.free_tool_id(tool)
 

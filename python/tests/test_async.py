@@ -358,7 +358,7 @@ GENERATOR = textwrap.dedent("""\
 
 
 def test_a_generator_s_time_is_its_own_while_it_runs_under_whoever_resumed_it(tmp_path):
-    # What README says of generators: between a resumption and its yield the time is the generator's (and
+    # What docs/costs-and-figures.md says of generators: between a resumption and its yield the time is the generator's (and
     # its callees'), on the stack of the frame that called next(); while suspended it is nobody's. Here
     # produce runs 50 x 2 ms of its own, consume 50 x 1 ms, consume's loop resumes produce: produce has
     # 1 call and ~100 ms, consume ~150 ms inclusive, and produce's spin is under consume;produce. The

@@ -79,7 +79,7 @@ def test_with_threshold_0_hits_are_the_iterations_and_line_a_costs_3x_line_b(tmp
         if mode == "precise":
             # In precise mode the ratio of these two lines' own times is not kept (n = 40: 2.6-4.7, n = 100:
             # 5.2-8.7, and line B once read 0 on 3.15, its calibrated cost above its time), so only the hits
-            # are asserted here; adaptive mode, below, keeps the 3x. README says why.
+            # are asserted here; adaptive mode, below, keeps the 3x. docs/costs-and-figures.md says why.
             break
         ratios.append(a["own_ns"] / b["own_ns"])
         if RATIO[0] <= ratios[-1] <= RATIO[1]:
