@@ -89,6 +89,12 @@ impl FunctionStats {
         self.calls_at_least = p.starts + p.counted;
         self.inclusive = p.inclusive[0] + p.inclusive[1] * scale;
         self.exclusive = p.exclusive[0] + p.exclusive[1] * scale;
+        if sampled {
+            // Between windows a frame left from before can hide that an activation was the outermost one
+            // (its inclusive time then goes uncounted, its exclusive time not): an estimate's inclusive
+            // time is at least its exclusive time.
+            self.inclusive = self.inclusive.max(self.exclusive);
+        }
         self.estimated = sampled;
         if sampled && counted_all {
             // Every call was recorded or counted.
