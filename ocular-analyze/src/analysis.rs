@@ -89,12 +89,12 @@ impl FunctionStats {
         self.calls_at_least = p.starts + p.counted;
         self.inclusive = p.inclusive[0] + p.inclusive[1] * scale;
         self.exclusive = p.exclusive[0] + p.exclusive[1] * scale;
-        if sampled {
-            // Between windows a frame left from before can hide that an activation was the outermost one
-            // (its inclusive time then goes uncounted, its exclusive time not): an estimate's inclusive
-            // time is at least its exclusive time.
-            self.inclusive = self.inclusive.max(self.exclusive);
-        }
+        // A function's inclusive time is at least its exclusive time, which the corrections can break:
+        // callees whose corrected time comes out below zero (the calibrated cost is an average, and a
+        // coroutine resumed thousands of times for microseconds has callees shorter than it) leave their
+        // caller more exclusive time than inclusive; and between windows a frame left from before can hide
+        // that an activation was the outermost one, so its inclusive time goes uncounted.
+        self.inclusive = self.inclusive.max(self.exclusive);
         self.estimated = sampled;
         if sampled && counted_all {
             // Every call was recorded or counted.
@@ -368,9 +368,10 @@ struct ThreadState {
     calls_weight: f64,
     /// The recorder's time opening the current window (FORMAT.md 5.7), taken out at the next program event.
     open_cost: f64,
-    /// The loops of generator and coroutine frames that yielded, by code id, until they resume: a yield
-    /// suspends a loop, it does not end it.
-    suspended: HashMap<u32, Vec<LoopRun>>,
+    /// The loops of generator and coroutine frames that yielded, by code id, until they resume, with the
+    /// tick and the recorder's cost sum at the yield: a yield suspends a loop, it does not end it, and the
+    /// time until the resumption is the consumer's, not the loop's.
+    suspended: HashMap<u32, (Vec<LoopRun>, u64, f64)>,
     /// The current later window's figures before its factor: exclusive ticks per call tree node, and
     /// (exclusive, inclusive, calls) per code id. See [`ThreadState::flush_window`].
     window_nodes: Vec<(u32, f64)>,
@@ -1392,7 +1393,13 @@ fn step(
                 count_call(ts, t, tree);
             }
             if kind == EventKind::PY_RESUME {
-                if let Some(loops) = ts.suspended.remove(&id) {
+                if let Some((mut loops, at, cost)) = ts.suspended.remove(&id) {
+                    // The loops' clocks stood still while the frame was suspended.
+                    let (away, away_cost) = (t.saturating_sub(at), ts.cost - cost);
+                    for l in &mut loops {
+                        l.2 = l.2.saturating_add(away);
+                        l.3 += away_cost;
+                    }
                     ts.stack.last_mut().expect("pushed").loops = loops;
                 }
             }
@@ -1444,7 +1451,7 @@ fn step(
                     let top = ts.stack.last_mut().expect("found above");
                     top.pending_tail = None;
                     let loops = std::mem::take(&mut top.loops);
-                    ts.suspended.insert(id, loops);
+                    ts.suspended.insert(id, (loops, t, ts.cost));
                 }
                 pop(ts, t, tree, per, tables);
             }
