@@ -1076,12 +1076,11 @@ pub fn analyze(path: &Path, opts: ReadOptions) -> ocular_format::Result<Analysis
                 stats.spread_blocks(&tables.indexes[i as usize]);
             }
         }
-        if sampled {
-            // A loop is timed in real time; its function, between windows, is estimated from them, and
-            // the estimate cannot be below what its loop was measured to take.
-            if let Some(f) = a.functions.get_mut(&key.0) {
-                f.inclusive = f.inclusive.max(stats.ticks + stats.tail_ticks);
-            }
+        // A loop is timed in real time, to the first sign its frame left it or the recording's end; its
+        // function's time is estimated from windows, or ends at its frame's last event when the recording
+        // stopped inside it (a signal): it cannot be below what its loop was measured to take.
+        if let Some(f) = a.functions.get_mut(&key.0) {
+            f.inclusive = f.inclusive.max(stats.ticks + stats.tail_ticks);
         }
         a.loops.insert(key, stats);
     }
