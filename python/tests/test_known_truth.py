@@ -23,7 +23,7 @@ pytestmark = pytest.mark.skipif(not ANALYZE, reason="OCULAR_ANALYZE (the analyze
 
 WORKLOAD = os.path.join(os.path.dirname(__file__), "..", "..", "testdata", "workloads", "known_truth.py")
 SECOND = {"json": "c_json", "hashlib": "c_hash", "sleep": "waiter", "gc": "churn"}
-ROUNDS = {"json": "8", "hashlib": "16", "sleep": "12", "gc": "8"}
+ROUNDS = {"json": "8", "hashlib": "48", "sleep": "24", "gc": "8"}
 
 
 def run(tmp_path, variant, traced):
