@@ -18,10 +18,20 @@ pub struct Completed {
 /// ring file adds (if anything) and a trailer, then removes the ring file. `None` when there is nothing to
 /// do: the trace ended cleanly, or its process still runs.
 pub fn complete(path: &Path) -> Result<Option<Completed>> {
-    let mut r = Reader::open_with(path, ReadOptions::default())?;
+    complete_into(path, path)
+}
+
+/// As [`complete`], reading `src` (a trace, or a ring file read alone: RING.md 5) and writing the whole
+/// trace to `dst` (which may be `src`), never over an existing file but `src`.
+pub fn complete_into(src: &Path, dst: &Path) -> Result<Option<Completed>> {
+    let mut r = Reader::open_with(src, ReadOptions::default())?;
     let header = r.header().clone();
-    let name = path.display().to_string();
-    let mut tmp = path.as_os_str().to_owned();
+    let name = dst.display().to_string();
+    if src != dst && dst.exists() {
+        let error = std::io::Error::new(std::io::ErrorKind::AlreadyExists, "a file is there already");
+        return Err(Error::Io { path: name, error });
+    }
+    let mut tmp = dst.as_os_str().to_owned();
     tmp.push(".completing");
     let tmp = std::path::PathBuf::from(tmp);
     let io = |error| Error::Io { path: name.clone(), error };
@@ -71,7 +81,7 @@ pub fn complete(path: &Path) -> Result<Option<Completed>> {
     let trailer =
         Trailer { end_unix_ns: 0, end_monotonic_ns: ns.max(0.0) as u64, end_ticks: last, events, lost, chunks: 0 };
     let done = w.finish(trailer).and_then(|bw| bw.into_inner().map_err(|e| io(e.into_error())).map(drop));
-    if let Err(e) = done.and_then(|()| std::fs::rename(&tmp, path).map_err(io)) {
+    if let Err(e) = done.and_then(|()| std::fs::rename(&tmp, dst).map_err(io)) {
         let _ = std::fs::remove_file(&tmp);
         return Err(e);
     }

@@ -137,6 +137,9 @@ pub struct Report {
     clock: Option<(u64, f64)>,
     /// What was recovered from the recording's ring file (RING.md 4), if anything.
     pub recovered: Option<Recovered>,
+    /// The ring file the trace names, when the trace did not end and that file is gone (RING.md 2): what
+    /// the recording had not yet written is lost.
+    pub ring_gone: Option<String>,
     /// Per thread, the events a flight recorder overwrote before the file was written (`DROPPED`, since
     /// 2.4), by thread id. Not damage: the file holds the newest part of the recording.
     pub dropped: std::collections::BTreeMap<u64, Dropped>,
@@ -350,6 +353,13 @@ impl Report {
             w.push(format!(
                 "{path}: {from} {} events{chunks} of {} threads and {} code objects and names from {}{dropped}",
                 r.events, r.threads, r.records, r.path
+            ));
+        } else if let (None, Some(ring)) = (&self.trailer, &self.ring_gone) {
+            w.push(format!(
+                "{path}: no trailer: the recording did not end, and its ring file {ring}, which held what it \
+                 had not yet written, is gone (removed, or the machine restarted); read up to the last whole \
+                 chunk (offset {})",
+                self.bytes
             ));
         } else if self.trailer.is_none() {
             w.push(format!(
@@ -667,9 +677,17 @@ impl<R: Read + Seek> Reader<R> {
         }
         let candidates =
             [self.ring.as_ref().map(std::path::PathBuf::from), self.file.as_deref().map(crate::ring::path_for)];
-        let ring = candidates.into_iter().flatten().filter(|p| p.exists()).find_map(|p| {
+        let found = candidates.into_iter().flatten().filter(|p| p.exists()).find_map(|p| {
             crate::ring::RingFile::open(&p).ok().filter(|r| r.pid == header.pid && r.start_ticks == header.start_ticks)
-        })?;
+        });
+        let Some(ring) = found else {
+            if let Some(named) = self.ring.as_ref().filter(|n| !std::path::Path::new(n).exists()) {
+                if !process_alive(header.pid) {
+                    self.report.ring_gone = Some(named.clone());
+                }
+            }
+            return None;
+        };
         if ring.state != crate::ring::file_state::RECORDING || process_alive(ring.pid) {
             return None;
         }

@@ -19,7 +19,10 @@ pub const MAGIC: [u8; 8] = *b"OCLRING\0";
 /// Major version: a reader refuses another.
 pub const MAJOR: u16 = 1;
 /// Minor version.
-pub const MINOR: u16 = 3;
+pub const MINOR: u16 = 4;
+/// Where the trace's path starts in the header (RING.md 3.1, since 1.4), and the most bytes it may take.
+const TRACE_AT: usize = 148;
+const TRACE_MAX: usize = HEADER_SIZE as usize - TRACE_AT;
 /// Header bytes.
 pub const HEADER_SIZE: u64 = 4096;
 /// Bytes per slot table entry.
@@ -163,9 +166,10 @@ pub fn path_for_recording(ocl: &Path, pid: u32, n: u64) -> PathBuf {
     }
 }
 
-/// Removes ring files in `dir` left by processes that are gone: those last written more than `age` ago,
+/// Settles ring files in `dir` left by processes that are gone: those last written more than `age` ago,
 /// and all but the `keep` newest (RING.md 2: a killed recording's ring stays for its trace to be read, in
-/// memory, so their number is bounded). Returns how many it removed.
+/// memory, so their number is bounded). Settling one first completes its trace from it ([`settle`]); a ring
+/// whose events could not be put in a trace is kept. Returns how many it removed.
 pub fn sweep(dir: &Path, age: std::time::Duration, keep: usize) -> usize {
     let Ok(entries) = std::fs::read_dir(dir) else { return 0 };
     let mut dead: Vec<(std::time::SystemTime, PathBuf)> = entries
@@ -179,11 +183,78 @@ pub fn sweep(dir: &Path, age: std::time::Duration, keep: usize) -> usize {
     let mut removed = 0;
     for (i, (when, p)) in dead.iter().enumerate() {
         let old = when.elapsed().is_ok_and(|a| a > age);
-        if (i >= keep || old) && std::fs::remove_file(p).is_ok() {
+        if (i >= keep || old) && settle(p).is_ok() {
             removed += 1;
         }
     }
     removed
+}
+
+/// What [`settle`] did with a dead recording's ring file.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub enum Settled {
+    /// Its trace was completed from it (RING.md 4), and the ring removed.
+    Completed(PathBuf),
+    /// Its trace was gone or is another recording's now: the ring alone (RING.md 5) was written as a trace
+    /// of its own at this path, and the ring removed.
+    Written(PathBuf),
+    /// Its trace already had everything (it ended cleanly): the ring was removed.
+    Stale,
+    /// A ring of a version before 1.4, which does not name its trace: removed, as those always were.
+    Unnamed,
+}
+
+/// Puts what the ring file at `ring` holds of a dead recording into a trace, then removes the ring: its
+/// trace (named in its header since 1.4) completed from it, or, if the trace is gone or belongs to another
+/// recording now, a trace of its own beside where the trace was (`run.ocl.PID-N.recovered.ocl`). An error
+/// (the trace's directory is gone or unwritable, the disk is full) leaves the ring where it was: it may
+/// hold the only copy of what the recording did.
+pub fn settle(ring: &Path) -> crate::Result<Settled> {
+    let r = RingFile::open(ring)?;
+    if crate::reader::process_alive(r.pid) {
+        return Err(crate::Error::Corrupt {
+            path: ring.display().to_string(),
+            offset: 0,
+            what: format!("its recording (pid {}) still runs", r.pid),
+        });
+    }
+    let remove = |what: Settled| {
+        std::fs::remove_file(ring)
+            .map(|()| what)
+            .map_err(|error| crate::Error::Io { path: ring.display().to_string(), error })
+    };
+    let Some(trace) = r.trace.clone() else { return remove(Settled::Unnamed) };
+    if r.state == file_state::ENDED {
+        return remove(Settled::Stale);
+    }
+    let (pid, start) = (r.pid, r.start_ticks);
+    drop(r);
+    // Its own trace: the same recording's header.
+    let ours = crate::Reader::open_with(&trace, crate::ReadOptions { skip_events: true, ..Default::default() })
+        .is_ok_and(|t| t.header().pid == pid && t.header().start_ticks == start);
+    if ours {
+        crate::complete::complete(&trace)?;
+        let closed = crate::Reader::open_with(&trace, crate::ReadOptions::default()).is_ok_and(|mut t| {
+            while let Ok(Some(_)) = t.next_chunk() {}
+            t.report().trailer.is_some()
+        });
+        if !closed {
+            return Err(crate::Error::Corrupt {
+                path: trace.display().to_string(),
+                offset: 0,
+                what: format!("could not be completed from {}", ring.display()),
+            });
+        }
+        return if ring.exists() { remove(Settled::Completed(trace)) } else { Ok(Settled::Completed(trace)) };
+    }
+    let name = ring.file_name().map_or_else(|| "trace".into(), |n| n.to_string_lossy().into_owned());
+    let own = trace.with_file_name(format!("{}.recovered.ocl", name.trim_end_matches(".ring")));
+    crate::complete::complete_into(ring, &own)?;
+    if ring.exists() {
+        remove(Settled::Written(own))
+    } else {
+        Ok(Settled::Written(own))
+    }
 }
 
 /// The recording's side of a ring file.
@@ -345,6 +416,24 @@ impl RingWriter {
         h[136..144].copy_from_slice(&layout.ext_offset().to_le_bytes());
         w.u32_at(20).store(file_state::RECORDING, Ordering::Release);
         w
+    }
+
+    /// Names the trace this ring completes (RING.md 3.1, since 1.4): an absolute path, so that whoever
+    /// finds the ring after the recording's death can complete the trace from it. A path longer than the
+    /// header's room is not written (the ring is then settled as a 1.3 one).
+    pub fn set_trace(&self, trace: &Path) {
+        #[cfg(unix)]
+        let bytes = std::os::unix::ffi::OsStrExt::as_bytes(trace.as_os_str()).to_vec();
+        #[cfg(not(unix))]
+        let bytes = trace.to_string_lossy().into_owned().into_bytes();
+        if bytes.is_empty() || bytes.len() > TRACE_MAX {
+            return;
+        }
+        // SAFETY: the header lies within the mapping; the recording writes these bytes once, before any
+        // reader can have a reason to read them (they are read after the recording's death).
+        let h = unsafe { std::slice::from_raw_parts_mut(self.map.as_mut_ptr(), HEADER_SIZE as usize) };
+        h[TRACE_AT..TRACE_AT + bytes.len()].copy_from_slice(&bytes);
+        h[144..148].copy_from_slice(&(bytes.len() as u32).to_le_bytes());
     }
 
     /// The file (empty for an anonymous ring).
@@ -712,6 +801,8 @@ pub struct RingFile {
     pub meta_dropped: u64,
     /// Chunk records overwritten (a flight recorder's, since 1.1).
     pub chunks_evicted: u64,
+    /// The trace it completes (since 1.4; `None` before, or when its path did not fit).
+    pub trace: Option<PathBuf>,
 }
 
 impl RingFile {
@@ -765,7 +856,17 @@ impl RingFile {
                 layout.meta_capacity
             )));
         }
+        let trace_len = u32_at(144) as usize;
+        let trace = (trace_len > 0 && trace_len <= TRACE_MAX).then(|| {
+            let bytes = &map[TRACE_AT..TRACE_AT + trace_len];
+            #[cfg(unix)]
+            let p = PathBuf::from(<std::ffi::OsStr as std::os::unix::ffi::OsStrExt>::from_bytes(bytes));
+            #[cfg(not(unix))]
+            let p = PathBuf::from(String::from_utf8_lossy(bytes).into_owned());
+            p
+        });
         Ok(RingFile {
+            trace,
             pid: u32_at(16),
             state: u32_at(20),
             start_ticks: u64_at(24),

@@ -1124,7 +1124,11 @@ impl Session {
         let n = RECORDINGS.fetch_add(1, Ordering::Relaxed) as u64;
         let ring_path = ocular_format::ring::path_for_recording(path, header.pid, n);
         RingWriter::create(&ring_path, header.pid, header.start_ticks, header.ticks_per_second, layout)
-            .map(Arc::new)
+            .map(|w| {
+                // Named absolutely: whoever settles the ring after a kill (RING.md 2) runs elsewhere.
+                w.set_trace(&std::path::absolute(path).unwrap_or_else(|_| path.to_owned()));
+                Arc::new(w)
+            })
             .map_err(|e| format!("cannot make the ring file {}: {e}", ring_path.display()))
     }
 

@@ -398,6 +398,38 @@ def test_a_killed_recording_keeps_every_call_made_before_the_kill(tmp_path, mode
     assert len(c.filter(c["function"] == "f")) == calls
 
 
+def test_a_killed_recordings_ring_goes_into_its_trace_before_later_recordings_remove_it(tmp_path, monkeypatch):
+    # Rings of dead recordings are bounded (the newest 8 stay). Before, the 9th later kill deleted the first
+    # recording's ring, and its trace read only what the writer had written (here: nothing of its 5,000
+    # calls). Now a later recording completes that trace from the ring, then removes the ring.
+    run = tmp_path / "run"
+    run.mkdir(mode=0o700)
+    monkeypatch.setenv("XDG_RUNTIME_DIR", str(run))  # a ring directory of this test's own
+    killed = tmp_path / "killed.py"
+    killed.write_text("import os, signal\ndef f():\n    return 1\nfor _ in range(5000):\n    f()\n"
+                      "os.kill(os.getpid(), signal.SIGKILL)\n")
+    for i in range(10):
+        r = _python(["-m", "ocular", "run", "-q", "--mode", "calls", "-o", str(tmp_path / f"t{i}.ocl"), str(killed)],
+                    tmp_path)
+        assert r.returncode == -signal.SIGKILL, r.stderr
+    assert len(list((run / "ocular").glob("*.ring"))) == 10
+    ended = tmp_path / "ended.py"
+    ended.write_text("pass\n")
+    r = _python(["-m", "ocular", "run", "-q", "-o", str(tmp_path / "last.ocl"), str(ended)], tmp_path)
+    assert r.returncode == 0, r.stderr
+    left = sorted(p.name for p in (run / "ocular").glob("*.ring"))
+    assert len(left) == 8 and not any(n.startswith(("t0.", "t1.")) for n in left), left
+    import warnings
+    for i in range(10):
+        with warnings.catch_warnings(record=True) as w:
+            warnings.simplefilter("always")
+            c = ocular.load(tmp_path / f"t{i}.ocl").calls()
+        assert len(c.filter(c["function"] == "f")) == 5000, i
+        said = " ".join(str(x.message) for x in w)
+        # The two settled traces are whole files now; the others still read their rings.
+        assert ("recovered" in said) == (i >= 2), (i, said)
+
+
 def _ring_dir():
     """Where ring files go (RING.md 2): the user's runtime directory."""
     xdg = os.environ.get("XDG_RUNTIME_DIR")

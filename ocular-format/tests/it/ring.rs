@@ -50,11 +50,15 @@ fn the_header_and_slot_table_are_where_ring_md_says() {
     w.filling(2, 77, 5000, 123_456);
     w.full(2, 6);
     assert!(w.append_meta(0x0004, b"abc"));
+    w.set_trace(std::path::Path::new("/t/run.ocl"));
     let bytes = std::fs::read(&path).unwrap();
     let u32_at = |o: usize| u32::from_le_bytes(bytes[o..o + 4].try_into().unwrap());
     let u64_at = |o: usize| u64::from_le_bytes(bytes[o..o + 8].try_into().unwrap());
     assert_eq!(&bytes[0..8], b"OCLRING\0");
-    assert_eq!((u16::from_le_bytes([bytes[8], bytes[9]]), u16::from_le_bytes([bytes[10], bytes[11]])), (1, 3));
+    assert_eq!((u16::from_le_bytes([bytes[8], bytes[9]]), u16::from_le_bytes([bytes[10], bytes[11]])), (1, 4));
+    // Since 1.4: the trace's path, its length at 144 and its bytes from 148.
+    assert_eq!((u32_at(144), &bytes[148..158]), (10, &b"/t/run.ocl"[..]));
+    assert_eq!(bytes[158], 0);
     assert_eq!((u32_at(12), u32_at(16), u32_at(20)), (4096, 4242, 1));
     assert_eq!((u64_at(24), f64::from_le_bytes(bytes[32..40].try_into().unwrap())), (1000, 3.0e9));
     assert_eq!((u32_at(40), u32_at(44), u64_at(48)), (8, 4, 4096));
@@ -131,7 +135,7 @@ fn a_foreign_truncated_or_oversized_ring_file_is_a_clear_error() {
     bytes[8] = 2;
     std::fs::write(&p, &bytes).unwrap();
     let e = RingFile::open(&p).unwrap_err().to_string();
-    assert!(e.contains("ring file version 2.3, this Ocular reads 1.x"), "{e}");
+    assert!(e.contains("ring file version 2.4, this Ocular reads 1.x"), "{e}");
     std::fs::write(&p, &bytes[..100]).unwrap();
     assert!(RingFile::open(&p).is_err());
 }
@@ -140,11 +144,21 @@ fn a_foreign_truncated_or_oversized_ring_file_is_a_clear_error() {
 /// chunk; its ring has that chunk's slot (written, not yet freed), a full slot and a filling one, code
 /// objects 1 and 2 and a thread name.
 fn killed_trace(dir: &std::path::Path, pid: u32) -> std::path::PathBuf {
+    killed_trace_with(dir, pid, false)
+}
+
+/// As [`killed_trace`]; with `header_record`, the ring starts with the trace's header (RING.md 5: it can be
+/// read alone).
+fn killed_trace_with(dir: &std::path::Path, pid: u32, header_record: bool) -> std::path::PathBuf {
     let ocl = dir.join("run.ocl");
     let ring_path = path_for(&ocl);
     let mut header = testing::header();
     header.pid = pid;
     let ring = RingWriter::create(&ring_path, pid, header.start_ticks, header.ticks_per_second, LAYOUT).unwrap();
+    ring.set_trace(&ocl);
+    if header_record {
+        assert!(ring.append_meta(0x0001, &postcard::to_allocvec(&header).unwrap()));
+    }
     let mut w =
         Writer::new(std::fs::File::create(&ocl).unwrap(), "run.ocl", &header, WriterOptions::default()).unwrap();
     w.ring(&RingInfo { path: ring_path.display().to_string() }).unwrap();
@@ -254,6 +268,75 @@ fn a_sweep_keeps_the_newest_rings_of_gone_processes_and_every_live_one() {
     left.sort();
     assert_eq!(left, ["d3.ring", "d4.ring", "live.ring", "other.ring"]);
     assert_eq!(ocular_format::ring::sweep(dir.path(), std::time::Duration::ZERO, 8), 2, "old ones go whatever");
+}
+
+fn read_all(path: &std::path::Path) -> (Vec<u64>, Reader<ocular_format::Source>) {
+    let mut r = Reader::open(path).unwrap();
+    let mut ticks = Vec::new();
+    while let Some(c) = r.next_chunk().unwrap() {
+        if let Body::Events(e) = c.body {
+            ticks.extend(e.iter().map(|e| e.ticks.get()));
+        }
+    }
+    (ticks, r)
+}
+
+const ALL_TICKS: [u64; 7] = [2000, 2010, 3000, 3005, 3009, 4000, 4001];
+
+#[test]
+fn a_sweep_completes_a_dead_recordings_trace_before_it_removes_the_ring() {
+    let dir = tempfile::tempdir().unwrap();
+    let ocl = killed_trace(dir.path(), dead_pid());
+    let ring = path_for(&ocl);
+    assert_eq!(RingFile::open(&ring).unwrap().trace.as_deref(), Some(ocl.as_path()));
+    // Beyond the newest 0: settled.
+    assert_eq!(ocular_format::ring::sweep(dir.path(), std::time::Duration::from_secs(3600), 0), 1);
+    assert!(!ring.exists());
+    let (mut ticks, r) = read_all(&ocl);
+    ticks.sort();
+    assert_eq!(ticks, ALL_TICKS, "every event the ring held is in the trace");
+    assert!(r.report().trailer.is_some() && r.report().warnings("run.ocl").is_empty(), "{:?}", r.report());
+}
+
+#[test]
+fn a_ring_whose_trace_is_gone_becomes_a_trace_of_its_own_or_stays() {
+    let dir = tempfile::tempdir().unwrap();
+    let ocl = killed_trace(dir.path(), dead_pid());
+    let ring = path_for(&ocl);
+    std::fs::remove_file(&ocl).unwrap();
+    // This ring has no HEADER record (RING.md 5), so it cannot be read alone: it is the only copy of the
+    // recording's events, and stays.
+    assert_eq!(ocular_format::ring::sweep(dir.path(), std::time::Duration::ZERO, 0), 0);
+    assert!(ring.exists());
+    let e = ocular_format::ring::settle(&ring).unwrap_err().to_string();
+    assert!(e.contains("run.ocl.ring"), "{e}");
+    // With its header, it is written as a trace beside where its own was, and then removed.
+    let dir2 = tempfile::tempdir().unwrap();
+    let ocl2 = killed_trace_with(dir2.path(), dead_pid(), true);
+    let ring2 = path_for(&ocl2);
+    std::fs::remove_file(&ocl2).unwrap();
+    let settled = ocular_format::ring::settle(&ring2).unwrap();
+    let own = dir2.path().join("run.ocl.recovered.ocl");
+    assert_eq!(settled, ocular_format::ring::Settled::Written(own.clone()));
+    assert!(!ring2.exists());
+    let (mut ticks, r) = read_all(&own);
+    ticks.sort();
+    assert_eq!(ticks, ALL_TICKS);
+    assert!(r.report().trailer.is_some());
+}
+
+#[test]
+fn a_trace_whose_ring_is_gone_says_so() {
+    let dir = tempfile::tempdir().unwrap();
+    let ocl = killed_trace(dir.path(), dead_pid());
+    let ring = path_for(&ocl);
+    std::fs::remove_file(&ring).unwrap();
+    let (ticks, r) = read_all(&ocl);
+    assert_eq!(ticks, [2000, 2010]);
+    let w = r.report().warnings("run.ocl");
+    let want =
+        format!("run.ocl: no trailer: the recording did not end, and its ring file {}, which held", ring.display());
+    assert!(w.iter().any(|w| w.starts_with(&want)), "{w:?}");
 }
 
 #[test]
