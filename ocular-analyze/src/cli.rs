@@ -325,7 +325,9 @@ fn run(cli: Cli) -> anyhow::Result<()> {
     match cli.command {
         Command::Info { file, json, salvage } => {
             let opts = ReadOptions::with_salvage(salvage);
-            let run = open_run(&file, opts)?;
+            // `info` says what any file holds, an empty or cut off one too.
+            let (run, warnings) = crate::procs::open(&file, opts)?;
+            warn(&warnings);
             if run.single() {
                 let info = crate::info::summarize(&file, opts)?;
                 warn(&info.warnings);
@@ -521,7 +523,46 @@ fn run(cli: Cli) -> anyhow::Result<()> {
 fn open_run(file: &std::path::Path, opts: ReadOptions) -> anyhow::Result<crate::procs::Run> {
     let (run, warnings) = crate::procs::open(file, opts)?;
     warn(&warnings);
+    for p in &run.processes {
+        has_events(&p.path, opts)?;
+    }
     Ok(run)
+}
+
+/// A trace that holds no event and did not end (cut off inside its first chunk of events, or killed
+/// before it wrote one, its ring gone) is an error that says what is missing, not an empty run: an empty
+/// table looks like a program that did nothing. A recording that still runs, and one that ended having
+/// recorded nothing, are not.
+fn has_events(path: &std::path::Path, opts: ReadOptions) -> anyhow::Result<()> {
+    use ocular_format::{Body, Reader};
+    let mut r = Reader::open_with(path, ReadOptions { skip_events: true, ..opts })?;
+    let mut events = 0u64;
+    while let Some(c) = r.next_chunk()? {
+        if matches!(c.body, Body::Events(_)) {
+            events += u64::from(c.info.count);
+        }
+    }
+    let pid = r.header().pid;
+    let rep = r.report();
+    if events > 0 || rep.trailer.is_some() || ocular_format::process_alive(pid) {
+        return Ok(());
+    }
+    let why = if let Some((offset, bytes)) = rep.truncated {
+        format!(
+            "it is cut off at offset {offset}, inside a chunk of {bytes} bytes (the writer stopped mid-chunk: \
+             the disk filled, the recording was killed, or the file was copied while it was written)"
+        )
+    } else if let Some(d) = rep.damage.first() {
+        format!("{} bytes at offset {} are damaged: {}", d.len, d.offset, d.reason)
+    } else if let Some(ring) = &rep.ring_gone {
+        format!("the recording did not end, and its ring file {ring}, which held its events, is gone")
+    } else {
+        "the recording did not end before it wrote any (killed or crashed)".into()
+    };
+    anyhow::bail!(
+        "{} holds no events: {why}; nothing to show (`ocular-analyze info` says what it holds)",
+        path.display()
+    )
 }
 
 /// Each process of `run` analyzed, its reader's warnings said (named by process in a run of several).

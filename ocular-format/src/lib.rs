@@ -47,7 +47,8 @@ pub use meta::{
     Dropped, Header, Lost, Mode, OpcodeTable, Options, Position, ProcessInfo, RingInfo, ThreadInfo, Trailer,
 };
 pub use reader::{
-    Body, Chunk, ChunkInfo, Damage, Mismatch, ReadOptions, Reader, Report, Source, ThreadLoss, MAX_LOSS_RANGES,
+    process_alive, Body, Chunk, ChunkInfo, Damage, Mismatch, ReadOptions, Reader, Report, Source, ThreadLoss,
+    MAX_LOSS_RANGES,
 };
 pub use writer::{frame_c_function, frame_code, Writer, WriterOptions};
 

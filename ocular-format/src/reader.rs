@@ -356,9 +356,9 @@ impl Report {
             ));
         } else if let (None, Some(ring)) = (&self.trailer, &self.ring_gone) {
             w.push(format!(
-                "{path}: no trailer: the recording did not end, and its ring file {ring}, which held what it \
-                 had not yet written, is gone (removed, or the machine restarted); read up to the last whole \
-                 chunk (offset {})",
+                "{path}: no trailer: the recording did not end, and its ring file {ring} is gone (removed, or \
+                 the machine restarted): what it had not yet written is lost; read up to the last whole chunk \
+                 (offset {})",
                 self.bytes
             ));
         } else if self.trailer.is_none() {
@@ -570,7 +570,7 @@ pub(crate) fn decode_code_record(framed: &[u8]) -> std::result::Result<CodeObjec
 /// Whether process `pid` still runs (then its trace is still being written, not to be completed).
 /// A killed process stays a zombie until its parent reaps it, which a killed parent (`timeout -s KILL`)
 /// or a slow supervisor can delay for a long time: it no longer writes anything, so it does not count.
-pub(crate) fn process_alive(pid: u32) -> bool {
+pub fn process_alive(pid: u32) -> bool {
     // Linux: the state after the command name in /proc/PID/stat; Z (zombie) and X (dead) are gone.
     if let Ok(stat) = std::fs::read_to_string(format!("/proc/{pid}/stat")) {
         if let Some(state) = stat.rfind(')').and_then(|i| stat[i + 1..].split_whitespace().next()) {

@@ -218,11 +218,18 @@ fn help_teaches_with_examples() {
 /// `worker-1` (8) runs `run`, which calls `fib` (7.9 ms), which calls `helper` three times (1 ms each).
 /// Merged, `fib` has 13.8 ms of inclusive time: more than the wall time.
 fn two_threads() -> (tempfile::TempDir, std::path::PathBuf) {
+    two_threads_in(ocular_format::testing::header().options.mode)
+}
+
+/// [`two_threads`] as recorded in `mode`.
+fn two_threads_in(mode: ocular_format::Mode) -> (tempfile::TempDir, std::path::PathBuf) {
     use ocular_format::{testing, CodeObject, EventKind, Position, RawEvent, ThreadInfo, Trailer, Writer};
     let mut header = testing::header();
+    header.options.mode = mode;
     header.ticks_per_second = 1e6;
     header.event_cost_ticks = 0.0;
     header.start_ticks = 0;
+    header.pid = 0x3fff_fff0; // above any pid Linux hands out: a process that is gone
     let code = |id: u32, qualname: &str, first_line: u32| CodeObject {
         id,
         name: qualname.rsplit('.').next().unwrap().into(),
@@ -378,5 +385,90 @@ fn a_closed_pipe_ends_stats_and_info_quietly() {
     ] {
         let out = run_into_closed_pipe(args);
         assert_eq!((out.status.code(), text(&out.stderr).as_str()), (Some(0), ""), "{args:?}");
+    }
+}
+
+#[test]
+fn a_trace_cut_off_before_any_events_is_an_error_not_an_empty_run() {
+    // The two-thread trace without its trailer, of a process that is gone, cut inside its first chunk of
+    // events: `stats` used to print an empty table (`wall 0.000 ms, 0 threads`) and exit 0.
+    let (dir, path) = two_threads();
+    let mut r = ocular_format::Reader::open(&path).unwrap();
+    let mut first_events = None;
+    while let Some(c) = r.next_chunk().unwrap() {
+        if matches!(c.body, ocular_format::Body::Events(_)) && first_events.is_none() {
+            first_events = Some(c.info.offset);
+        }
+    }
+    let cut_at = first_events.unwrap() as usize + 20;
+    let bytes = std::fs::read(&path).unwrap();
+    let cut = dir.path().join("cut.ocl");
+    std::fs::write(&cut, &bytes[..cut_at]).unwrap();
+    // The fixture's pid must be a process that is gone: above any pid Linux hands out.
+    let header = ocular_format::Reader::open(&cut).unwrap().header().clone();
+    assert!(!ocular_format::process_alive(header.pid), "pid {}", header.pid);
+    let c = cut.to_str().unwrap();
+    let html = dir.path().join("cut.html");
+    for args in [vec!["stats", c], vec!["hot", c], vec!["report", c, "-o", html.to_str().unwrap()]] {
+        let out = run(&args);
+        assert_eq!(out.status.code(), Some(2), "{args:?}: {}", text(&out.stdout));
+        let err = text(&out.stderr);
+        assert!(
+            err.contains(&format!("error: {c} holds no events: it is cut off at offset {}", first_events.unwrap())),
+            "{args:?}: {err}"
+        );
+        assert!(text(&out.stdout).is_empty(), "{args:?}");
+    }
+    assert!(!html.exists());
+    // `info` still says what it holds.
+    let out = run(&["info", c]);
+    assert!(out.status.success(), "{}", text(&out.stderr));
+    assert!(text(&out.stdout).contains("events        0"), "{}", text(&out.stdout));
+}
+
+#[test]
+fn good_files_read_without_a_word_on_stderr() {
+    // A false alarm on a good file teaches users to ignore the real ones: every command on every frozen
+    // fixture, and on a calls-mode trace, says nothing on stderr (`stats --lines` on a calls-mode file
+    // printed "no trailer" before its refusal).
+    let dir = tempfile::tempdir().unwrap();
+    let (_d, threads) = two_threads();
+    let (_c, calls) = two_threads_in(ocular_format::Mode::Calls);
+    let mut files: Vec<std::path::PathBuf> = std::fs::read_dir(testdata(""))
+        .unwrap()
+        .flatten()
+        .map(|e| e.path().join("synthetic.ocl"))
+        .filter(|p| p.exists())
+        .collect();
+    files.extend([threads, calls]);
+    assert!(files.len() >= 12, "{files:?}");
+    let out = dir.path().join("out");
+    let o = out.to_str().unwrap();
+    for f in &files {
+        let f = f.to_str().unwrap();
+        for args in [
+            vec!["info", f],
+            vec!["stats", f],
+            vec!["hot", f],
+            vec!["specialize", f],
+            vec!["flamegraph", f, "-o", o],
+            vec!["report", f, "-o", o],
+            vec!["export", "--perfetto", f, "-o", o],
+            vec!["dump", f],
+        ] {
+            let r = run(&args);
+            // The fixtures record losses on purpose (LOST chunks): saying so is true, any other warning is
+            // not. (A command may refuse a fixture it has nothing to show for, with its error.)
+            let said: Vec<String> = text(&r.stderr)
+                .lines()
+                .filter(|l| l.starts_with("warning") && !l.contains(" events ("))
+                .map(String::from)
+                .collect();
+            assert!(said.is_empty(), "{args:?}: {said:?}");
+        }
+        // Refused or not, no warning before.
+        let r = run(&["stats", "--lines", f]);
+        let e = text(&r.stderr);
+        assert!(!e.lines().any(|l| l.starts_with("warning") && !l.contains(" events (")), "{f}: {e}");
     }
 }

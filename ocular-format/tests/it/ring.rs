@@ -334,8 +334,7 @@ fn a_trace_whose_ring_is_gone_says_so() {
     let (ticks, r) = read_all(&ocl);
     assert_eq!(ticks, [2000, 2010]);
     let w = r.report().warnings("run.ocl");
-    let want =
-        format!("run.ocl: no trailer: the recording did not end, and its ring file {}, which held", ring.display());
+    let want = format!("run.ocl: no trailer: the recording did not end, and its ring file {} is gone", ring.display());
     assert!(w.iter().any(|w| w.starts_with(&want)), "{w:?}");
 }
 
