@@ -74,8 +74,9 @@ test-python: check-python
 	    scripts/pythons.sh run $$v env OCULAR_ANALYZE=$(abspath $(ANALYZE_BIN)) $$venv/bin/python -m pytest -q python/tests; \
 	done
 
-stress: check-python ## ways to lose a trace (threads, signals, exit, exec, fork, one path twice): calls made, recorded, lost
-	@venv=$$(scripts/venv.sh $(firstword $(PYTHONS)) | tail -n 1); $$venv/bin/python bench/stress.py
+stress: check-python ## ways to lose a trace (threads, signals, exit, exec, fork, one path twice), then the crash campaign (300 random SIGKILLs) and the I/O faults
+	@venv=$$(scripts/venv.sh $(firstword $(PYTHONS)) | tail -n 1); $$venv/bin/python bench/stress.py && \
+	    $$venv/bin/python bench/crash_campaign.py --runs 300
 
 pythons: ## make (once) the Debian unstable root with CPython 3.14 and 3.15 that make test uses
 	scripts/pythons.sh root

@@ -90,3 +90,36 @@ pub fn complete_into(src: &Path, dst: &Path) -> Result<Option<Completed>> {
     }
     Ok(Some(Completed { recovered: recovered.events + recovered.chunk_events, events }))
 }
+
+/// Closes the trace at `path` whose writer failed (the disk filled, an I/O error) while its recording went
+/// on: cut at its last whole chunk, then `lost` (the events that came after the failure, per thread: LOST
+/// chunks, FORMAT.md 6.3) and a trailer, in place. It then reads cleanly, the failure's range counted as
+/// lost. The few hundred bytes this writes fit where the cut chunk was. Returns whether it was sealed
+/// (`false`: it already had a trailer).
+pub fn seal(path: &Path, lost: &[crate::Lost], end_ticks: u64, end_monotonic_ns: u64) -> Result<bool> {
+    let mut r = Reader::open_with(path, ReadOptions::default())?;
+    while r.next_chunk()?.is_some() {}
+    let header = r.header().clone();
+    let report = r.report().clone();
+    drop(r);
+    if report.trailer.is_some() {
+        return Ok(false);
+    }
+    let name = path.display().to_string();
+    let io = |error| Error::Io { path: name.clone(), error };
+    let file = std::fs::OpenOptions::new().write(true).open(path).map_err(io)?;
+    let len = file.metadata().map_err(io)?.len();
+    let cut = report.truncated.map_or(len, |(offset, _)| offset);
+    file.set_len(cut).map_err(io)?;
+    let mut file = file;
+    std::io::Seek::seek(&mut file, std::io::SeekFrom::Start(cut)).map_err(io)?;
+    let mut w =
+        Writer::resume(std::io::BufWriter::new(file), &name, &header, report.chunks, report.events, report.lost)?;
+    for l in lost.iter().filter(|l| l.count > 0) {
+        w.lost(l)?;
+    }
+    let trailer = Trailer { end_unix_ns: 0, end_monotonic_ns, end_ticks, events: 0, lost: 0, chunks: 0 };
+    let out = w.finish(trailer)?;
+    out.into_inner().map_err(|e| io(e.into_error()))?.sync_data().map_err(io)?;
+    Ok(true)
+}

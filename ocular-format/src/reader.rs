@@ -224,8 +224,8 @@ impl Report {
                     format!("in {stretches} stretches between {} and {}", ms(a), ms(b))
                 };
                 format!(
-                    "thread {} lost {} of its {} events ({:.1}%) {when} after the start: the recorder had no free \
-                     buffer (its writer fell behind), so that thread's figures miss them",
+                    "thread {} lost {} of its {} events ({:.1}%) {when} after the start: the recorder could not keep \
+                     them (its writer fell behind, or could not write the file), so that thread's figures miss them",
                     l.thread_id,
                     l.count,
                     made,

@@ -133,6 +133,33 @@ impl<W: Write> Writer<W> {
         Ok(w)
     }
 
+    /// A writer that goes on after the whole chunks of an existing file: `out` is positioned after them,
+    /// which hold `chunks` chunks (the header's included), `events` events and `lost` lost ones. Writes
+    /// nothing itself.
+    pub fn resume(out: W, path: &str, header: &Header, chunks: u64, events: u64, lost: u64) -> Result<Self> {
+        let zstd = zstd::bulk::Compressor::new(WriterOptions::default().level).map_err(|e| io_err(path, e))?;
+        Ok(Writer {
+            out,
+            path: path.to_owned(),
+            opts: WriterOptions::default(),
+            seq: chunks,
+            events,
+            lost,
+            zstd,
+            snapshot_zstd: None,
+            raw: Vec::new(),
+            stored: Vec::new(),
+            encoder: Default::default(),
+            frame: Vec::new(),
+            bytes: 0,
+            bases: HashMap::new(),
+            cache_entries: header.opcodes.cache_entries.clone(),
+            code: PendingCode::default(),
+            tee: None,
+            divert: None,
+        })
+    }
+
     /// Events written so far.
     pub fn events_written(&self) -> u64 {
         self.events

@@ -606,6 +606,8 @@ pub struct Outcome {
     pub dump_errors: Vec<String>,
     /// A flight recorder's: events its ring overwrote (not in the file; FORMAT.md 6.8).
     pub dropped: u64,
+    /// What else the user should know of the file (it was deleted while written, and written again).
+    pub notes: Vec<String>,
 }
 
 /// The writer thread's state. After a write error the writer is dropped: later events are counted as
@@ -616,6 +618,14 @@ struct WriterJob {
     pool: Arc<Pool>,
     /// A flight recorder's: events go into the ring's chunk region, and the file is written by dumps.
     flight: Option<Flight>,
+    /// The trace, whether it is a regular file, and the header's start ticks and tick rate (to say when
+    /// a write failed).
+    path: PathBuf,
+    regular: bool,
+    clock: (u64, f64),
+    /// After a write error: per thread, the events that could not be written (LOST chunks at the stop,
+    /// once the file is sealed: [`ocular_format::complete::seal`]).
+    unwritten: std::collections::HashMap<u64, Lost>,
     /// A test hook: `OCULAR_TEST_WRITER_DELAY_US` when the recording started makes the writer that much
     /// slower per buffer, so that tests of what a slow writer does (recorder pauses, waiting, losing)
     /// get one on any machine instead of hoping for it.
@@ -689,7 +699,16 @@ impl WriterJob {
             Msg::Dump { file, name, at, reply } => {
                 let out = self.dump(file, &name, at, None);
                 if let Some(e) = &out.error {
-                    self.out.dump_errors.push(format!("{name}: {e}"));
+                    // A dump cut off (a full disk) would read as a trace that ends early: it goes, and the
+                    // ring, which still holds everything, can be dumped again.
+                    let partial = std::fs::metadata(&name).is_ok_and(|m| m.is_file());
+                    let gone = partial && std::fs::remove_file(&name).is_ok();
+                    let then = if gone {
+                        "; the partial file was removed: the ring still holds its events, dump again where there is room"
+                    } else {
+                        ""
+                    };
+                    self.out.dump_errors.push(format!("{name}: {e}{then}"));
                 }
                 let _ = reply.send(out);
             }
@@ -725,6 +744,8 @@ impl WriterJob {
                         self.out.events += len as u64;
                     } else {
                         self.out.lost += len as u64;
+                        let (first, last) = (buf[0].ticks.get(), buf[len - 1].ticks.get());
+                        self.unwritten_add(thread_id, len as u64, first, last);
                     }
                 }
                 if let (Some(slot), Some(ring)) = (buf.slot(), self.pool.ring()) {
@@ -734,7 +755,9 @@ impl WriterJob {
             }
             Msg::Lost(l) => {
                 self.out.lost += l.count;
-                self.write(|w| w.lost(&l));
+                if !self.write(|w| w.lost(&l)) {
+                    self.unwritten_add(l.thread_id, l.count, l.first_ticks, l.last_ticks);
+                }
             }
             Msg::Snapshots(s) => {
                 self.write(|w| w.snapshots(&s));
@@ -752,14 +775,18 @@ impl WriterJob {
                     // Handed to the kernel, not fsynced: the file then outlives the process, as any file
                     // the program writes does. An fsync made the program wait for the disk at its exit,
                     // 0.5-2 ms on an idle disk and 11-15 ms while other writes were in flight.
-                    let closed = w.finish(t).map_err(|e| e.to_string()).and_then(|bw| {
+                    let closed = w.finish(t.clone()).map_err(|e| e.to_string()).and_then(|bw| {
                         let f = bw.into_inner().map_err(|e| e.into_error().to_string())?;
+                        self.keep_if_deleted(&f);
                         f.metadata().map(|m| m.len()).map_err(|e| e.to_string())
                     });
                     match closed {
                         Ok(len) => self.out.bytes = len,
                         Err(e) => self.fail(e),
                     }
+                }
+                if self.out.error.is_some() {
+                    self.seal(&t);
                 }
                 return true;
             }
@@ -769,6 +796,91 @@ impl WriterJob {
 }
 
 impl WriterJob {
+    fn unwritten_add(&mut self, thread_id: u64, count: u64, first: u64, last: u64) {
+        let l = self.unwritten.entry(thread_id).or_insert(Lost {
+            thread_id,
+            count: 0,
+            first_ticks: first,
+            last_ticks: last,
+        });
+        l.count += count;
+        l.first_ticks = l.first_ticks.min(first);
+        l.last_ticks = l.last_ticks.max(last);
+    }
+
+    /// After a write error: the trace cut at its last whole chunk and closed with the events that could
+    /// not be written counted as lost (a full disk has room for that once the cut chunk's bytes are
+    /// freed), and the error says from when.
+    fn seal(&mut self, t: &Trailer) {
+        if !self.regular || self.flight.is_some() {
+            return;
+        }
+        let mut lost: Vec<Lost> = self.unwritten.values().cloned().collect();
+        lost.sort_by_key(|l| l.first_ticks);
+        let from = lost.first().map(|l| l.first_ticks);
+        let n: u64 = lost.iter().map(|l| l.count).sum();
+        let when = from.map_or(String::new(), |f| {
+            format!(
+                " from {:.3} s into the recording on",
+                f.saturating_sub(self.clock.0) as f64 / self.clock.1.max(1.0)
+            )
+        });
+        let said = match ocular_format::complete::seal(&self.path, &lost, t.end_ticks, t.end_monotonic_ns) {
+            Ok(_) => {
+                self.out.bytes = std::fs::metadata(&self.path).map_or(self.out.bytes, |m| m.len());
+                format!(
+                    "; the program went on unharmed, and the trace holds what came before: the {n} events{when} \
+                     are counted in it as lost"
+                )
+            }
+            Err(e) => format!(
+                "; the {n} events{when} are lost, and the trace could not be closed either ({e}): it reads up to \
+                 its last whole chunk"
+            ),
+        };
+        if let Some(err) = self.out.error.as_mut() {
+            err.push_str(&said);
+        }
+    }
+
+    /// A trace deleted (or replaced) while it was written is written again at its path from the open file,
+    /// which still holds it: nothing of the recording is lost because a cleanup ran during it.
+    fn keep_if_deleted(&mut self, f: &File) {
+        #[cfg(unix)]
+        {
+            use std::os::unix::fs::MetadataExt;
+            if !self.regular {
+                return;
+            }
+            let Ok(ours) = f.metadata() else { return };
+            let same = std::fs::metadata(&self.path).is_ok_and(|m| m.dev() == ours.dev() && m.ino() == ours.ino());
+            if same {
+                return;
+            }
+            use std::os::fd::AsRawFd;
+            let src = format!("/proc/self/fd/{}", f.as_raw_fd());
+            let (dst, how) = if self.path.exists() {
+                let mut p = self.path.as_os_str().to_owned();
+                p.push(".recovered.ocl");
+                (PathBuf::from(p), "was replaced by another file while it was written: the recording is in")
+            } else {
+                (self.path.clone(), "was deleted while it was written: written again at")
+            };
+            let copied = std::fs::OpenOptions::new()
+                .write(true)
+                .create_new(true)
+                .open(&dst)
+                .and_then(|mut out| std::io::copy(&mut File::open(&src)?, &mut out));
+            self.out.notes.push(match copied {
+                Ok(_) => format!("{} {how} {}", self.path.display(), dst.display()),
+                Err(e) => format!(
+                    "{} was deleted while it was written, and could not be written again: {e}",
+                    self.path.display()
+                ),
+            });
+        }
+    }
+
     /// A flight recorder's events into the ring's chunk region; false if they could not be (a write error
     /// of the file, where code objects go, or a chunk larger than the ring).
     fn ring_events(&mut self, thread_id: u64, events: &[RawEvent]) -> bool {
@@ -1065,8 +1177,17 @@ impl Session {
             .ok()
             .and_then(|v| v.parse::<u64>().ok())
             .map(std::time::Duration::from_micros);
-        let mut job =
-            WriterJob { writer: Some(writer), out: Outcome::default(), pool: Arc::clone(&pool), flight, delay };
+        let mut job = WriterJob {
+            writer: Some(writer),
+            out: Outcome::default(),
+            pool: Arc::clone(&pool),
+            flight,
+            path: path.to_owned(),
+            regular: is_file,
+            clock: (header.start_ticks, header.ticks_per_second),
+            unwritten: std::collections::HashMap::new(),
+            delay,
+        };
         let handle = crate::threads::spawn("ocular-writer", move || {
             // Two more, beside the program, for its first two switches of buffers (or more threads): the
             // first comes before the writer has a buffer to write, and a thread can fill a buffer (1.3
@@ -1265,9 +1386,23 @@ impl Session {
             Some(Err(_)) => Outcome { error: Some("the ocular-writer thread panicked".into()), ..Outcome::default() },
             None => Outcome::default(),
         };
-        // The trace is complete: its ring file has nothing the trace lacks.
+        let mut out = out;
         if let Some(ring) = self.ring.take() {
-            let _ = ring.finish();
+            if out.error.is_some() && ring.is_file() && ring.layout().chunks_capacity > 0 {
+                // A flight recorder whose trace could not be written (a full disk): its ring file holds
+                // everything and stays, as a killed recording's does; the trace is read from it, and a
+                // later recording completes the trace from it (RING.md 2).
+                if let Some(e) = out.error.as_mut() {
+                    e.push_str(&format!(
+                        "; its ring file {} keeps what the recording held: every command reading the trace takes \
+                         it from there, and the next recording writes it into the trace",
+                        ring.path().display()
+                    ));
+                }
+            } else {
+                // The trace is complete: its ring file has nothing the trace lacks.
+                let _ = ring.finish();
+            }
         }
         out
     }

@@ -556,7 +556,8 @@ class Recording:
         self.code_objects = out["code_objects"]
         self.error = out["error"]
         self.dropped = out.get("dropped", 0)
-        errors = out["errors"] + [f"a dump failed: {e}" for e in out.get("dump_errors", ())]
+        errors = (out["errors"] + [f"a dump failed: {e}" for e in out.get("dump_errors", ())]
+                  + list(out.get("notes", ())))
         if errors or self.error or self.lost:
             self._warn(errors)
         return self
@@ -625,14 +626,14 @@ class Recording:
         if self.error:
             warnings.warn(f"Ocular could not write {self.path}: {self.error}", RuntimeWarning,
                           skip_file_prefixes=(_OWN_CODE,))
-        if self.lost:
+        # After a write error, the error says how many events were lost and from when: one warning.
+        if self.lost and not self.error:
             warnings.warn(
-                f"Ocular dropped {self.lost:,} events: " + (
-                    "they came after the write error. " if self.error else
-                    f"the writer thread fell {self.max_buffers} buffers behind the program (compressing and "
-                    f"writing); the file records how many and when. Pass on_full='wait' (the program waits "
-                    f"for the writer instead), raise max_buffers, or record less (a higher "
-                    f"deinstrument_threshold, include_only)."),
+                f"Ocular dropped {self.lost:,} events: "
+                f"the writer thread fell {self.max_buffers} buffers behind the program (compressing and "
+                f"writing); the file records how many and when. Pass on_full='wait' (the program waits "
+                f"for the writer instead), raise max_buffers, or record less (a higher "
+                f"deinstrument_threshold, include_only).",
                 RuntimeWarning,
                 skip_file_prefixes=(_OWN_CODE,),
             )

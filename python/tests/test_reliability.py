@@ -467,3 +467,96 @@ def test_a_ring_file_that_cannot_be_made_is_said_and_the_recording_goes_on(tmp_p
     assert "cannot make the ring file" in r.stdout and "File too large" in r.stdout, r.stdout
     assert "each thread's last buffer of events is lost | 1" in r.stdout, r.stdout
     assert ocular.load(str(tmp_path / "t.ocl")).info()["closed_cleanly"]
+
+
+# -- I/O faults: the disk fills, the trace is deleted while written -----------------------------------------
+
+
+def test_a_full_disk_leaves_the_program_unharmed_and_a_closed_trace_that_counts_the_rest_as_lost(tmp_path):
+    # A real write failure, partial chunk included: the process may write files of 200 kB at most
+    # (RLIMIT_FSIZE: the kernel fails the write that crosses it, as a full disk does). Before, the trace
+    # ended without a trailer and read as a killed recording whose ring was gone, and two warnings said
+    # "could not write" and "dropped N events".
+    out = tmp_path / "t.ocl"
+    script = tmp_path / "w.py"
+    script.write_text(textwrap.dedent(f"""
+        import resource, signal, warnings, ocular
+        signal.signal(signal.SIGXFSZ, signal.SIG_IGN)
+        resource.setrlimit(resource.RLIMIT_FSIZE, (200_000, 200_000))
+        def f(x):
+            return x + 1
+        with warnings.catch_warnings(record=True) as w:
+            warnings.simplefilter("always")
+            with ocular.record({str(out)!r}, mode="calls", ring_file=False):
+                for i in range(1_500_000):
+                    f(i)
+        print("done")
+        for x in w:
+            print("WARNING", x.message)
+    """))
+    r = _python([str(script)], tmp_path)
+    assert r.returncode == 0 and "done" in r.stdout, r.stderr
+    said = [line for line in r.stdout.splitlines() if line.startswith("WARNING")]
+    assert len(said) == 1, said
+    assert re.search(r"could not write .*t\.ocl: .*File too large.*the program went on unharmed, and the trace "
+                     r"holds what came before: the \d+ events from \d+\.\d+ s into the recording on are counted "
+                     r"in it as lost", said[0]), said[0]
+    assert os.path.getsize(out) <= 200_000
+    info = json.loads(subprocess.run([sys.executable, "-m", "ocular", "info", "--json", str(out)], capture_output=True,
+                                     text=True, check=True).stdout)
+    assert info["closed_cleanly"] and info["lost_events"] > 0, info
+    # Nothing silent: the events in the file and those counted lost are every event of the 1.5 M calls.
+    assert info["events"] + info["lost_events"] >= 2 * 1_500_000, info
+
+
+def test_a_trace_deleted_while_it_is_written_is_written_again_at_the_stop(tmp_path):
+    out = tmp_path / "t.ocl"
+
+    def f(x):
+        return x + 1
+
+    with pytest.warns(RuntimeWarning, match=r"t\.ocl was deleted while it was written: written again at .*t\.ocl"):
+        with ocular.record(out, mode="calls"):
+            for i in range(200_000):
+                f(i)
+                if i == 100_000:
+                    os.remove(out)  # a cleanup job, or a user's rm
+    c = ocular.load(out).calls()
+    assert sum(1 for name in c["function"].to_list() if name.endswith(".f")) == 200_000
+
+
+def test_a_flight_recorder_that_cannot_write_keeps_its_ring_and_a_cut_dump_is_removed(tmp_path):
+    # Files of at most 100 kB (RLIMIT_FSIZE, as a full disk): the dump fails, and so does the trace at the
+    # stop. Before, the dump was left cut off (it read as a trace that ended early) and the trace kept its
+    # metadata only: every event of the run was gone with the ring.
+    run = tmp_path / "run"
+    run.mkdir(mode=0o700)
+    out = tmp_path / "t.ocl"
+    script = tmp_path / "w.py"
+    script.write_text(textwrap.dedent(f"""
+        import resource, signal, warnings, ocular
+        signal.signal(signal.SIGXFSZ, signal.SIG_IGN)
+        def f(x):
+            return x + 1
+        with warnings.catch_warnings(record=True) as w:
+            warnings.simplefilter("always")
+            with ocular.record({str(out)!r}, mode="calls", ring="8MB") as rec:
+                for i in range(300_000):
+                    f(i)
+                resource.setrlimit(resource.RLIMIT_FSIZE, (100_000, 100_000))
+                rec.dump()
+                for i in range(1000):
+                    f(i)
+        for x in w:
+            print("WARNING", x.message)
+    """))
+    env = {**os.environ, "XDG_RUNTIME_DIR": str(run)}
+    r = subprocess.run([sys.executable, str(script)], capture_output=True, text=True, env=env, cwd=tmp_path)
+    assert r.returncode == 0, r.stderr
+    assert re.search(r"a dump failed: .*t\.1\.ocl: .*the partial file was removed", r.stdout), r.stdout
+    assert re.search(r"could not write .*t\.ocl: .*its ring file .* keeps what the recording held", r.stdout), r.stdout
+    assert not (tmp_path / "t.1.ocl").exists()
+    d = subprocess.run([sys.executable, "-c", "import sys, ocular; c = ocular.load(sys.argv[1]).calls(); "
+                        "print(sum(1 for n in c['function'].to_list() if n == 'f'))", str(out)],
+                       capture_output=True, text=True, env=env)
+    assert d.stdout.strip() == "301000", d.stderr

@@ -534,6 +534,7 @@ fn stop<'py>(py: Python<'py>, names: &Bound<'py, PyDict>) -> PyResult<Bound<'py,
             result.set_item("error", out.error)?;
             result.set_item("dropped", out.dropped)?;
             result.set_item("dump_errors", out.dump_errors)?;
+            result.set_item("notes", out.notes)?;
         }
         Output::Discard(_) => {
             result.set_item("events", pushed)?;
