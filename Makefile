@@ -76,7 +76,7 @@ test-python: check-python
 
 stress: check-python ## ways to lose a trace (threads, signals, exit, exec, fork, one path twice), then the crash campaign (300 random SIGKILLs) and the I/O faults
 	@venv=$$(scripts/venv.sh $(firstword $(PYTHONS)) | tail -n 1); $$venv/bin/python bench/stress.py && \
-	    $$venv/bin/python bench/crash_campaign.py --runs 300
+	    $$venv/bin/python bench/crash_campaign.py --runs 300 && $$venv/bin/python bench/io_faults.py
 
 pythons: ## make (once) the Debian unstable root with CPython 3.14 and 3.15 that make test uses
 	scripts/pythons.sh root
