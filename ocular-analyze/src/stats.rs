@@ -59,6 +59,9 @@ pub struct Row {
     /// Half the width of a 95% interval around `calls` when it is an estimate (0 when exact): the truth
     /// lies in `calls ± calls_ci95` 19 times in 20, as far as the windows can tell.
     pub calls_ci95: f64,
+    /// `calls` is only a lower bound: more calls were made outside windows than were counted, and no
+    /// window saw one (text: `>=N`, no interval).
+    pub calls_lower_bound: bool,
     /// The share of its thread's events (of every thread's, merged) that the recorder dropped: above 0,
     /// the figures miss those stretches (the reader's warnings say when).
     pub lost_share: f64,
@@ -96,6 +99,7 @@ pub fn rows(a: &Analysis, per_thread: bool, sort: SortBy) -> Vec<Row> {
                 calls_estimated: s.calls_estimated,
                 observed_calls: s.observed_calls,
                 calls_ci95: s.calls_ci,
+                calls_lower_bound: s.calls_lower_bound,
                 lost_share: a.lost_share(tid),
                 counters: a
                     .counters
@@ -296,6 +300,7 @@ pub fn report_run(
                     m.calls += r.calls;
                     m.observed_calls += r.observed_calls;
                     m.calls_ci95 = m.calls_ci95.hypot(r.calls_ci95);
+                    m.calls_lower_bound |= r.calls_lower_bound;
                     m.inclusive_ms += r.inclusive_ms;
                     m.exclusive_ms += r.exclusive_ms;
                     m.estimated |= r.estimated;
@@ -517,15 +522,21 @@ impl fmt::Display for Report {
                     .collect();
                 // No call seen (an estimate of none, or frames entered before the recording): no mean.
                 let mean = if r.calls > 0 { format!("{:.3}", r.mean_us) } else { "-".into() };
-                let interval = match (ci, r.calls_estimated) {
-                    (false, _) => String::new(),
-                    (true, false) => format!(" {:>9}", "exact"),
-                    (true, true) => format!(" {:>9}", format!("±{}", round2(r.calls_ci95))),
+                let interval = match (ci, r.calls_estimated, r.calls_lower_bound) {
+                    (false, ..) => String::new(),
+                    (true, false, _) => format!(" {:>9}", "exact"),
+                    (true, true, true) => format!(" {:>9}", "unknown"),
+                    (true, true, false) => format!(" {:>9}", format!("±{}", round2(r.calls_ci95))),
+                };
+                let calls_mark = match (r.calls_estimated, r.calls_lower_bound) {
+                    (_, true) => ">=",
+                    (true, false) => "~",
+                    (false, false) => "",
                 };
                 writeln!(
                     f,
                     "{:>10}{interval} {:>12} {share:>7} {:>12} {mean:>11}{counts}  {}  {}:{}",
-                    format!("{}{}", if r.calls_estimated { "~" } else { "" }, r.calls),
+                    format!("{calls_mark}{}", r.calls),
                     format!("{m}{:.3}", r.inclusive_ms),
                     format!("{m}{:.3}", r.exclusive_ms),
                     r.function,

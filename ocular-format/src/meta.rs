@@ -344,6 +344,22 @@ pub struct Calibration {
 }
 
 impl Calibration {
+    /// Pseudo-kinds (FORMAT.md 6.6, since 2.11): the interpreter's cost of instrumenting a code object at
+    /// its first call after events were re-armed, per code object and per byte of its bytecode.
+    pub const INSTRUMENT_CODE: u8 = 250;
+    /// See [`Calibration::INSTRUMENT_CODE`].
+    pub const INSTRUMENT_BYTE: u8 = 251;
+
+    /// (per code object, per byte) instrumenting cost in ticks; (0, 0) in files before 2.11. An environment
+    /// override (`OCULAR_INSTRUMENT_TICKS=A,B`) is for experiments.
+    pub fn instrument(&self) -> (f64, f64) {
+        let get = |k: u8| self.costs.iter().find(|&&(kind, _)| kind == k).map_or(0.0, |&(_, t)| t.max(0.0));
+        if let Some((a, b)) = std::env::var("OCULAR_INSTRUMENT_TICKS").ok().as_deref().and_then(|v| v.split_once(',')) {
+            return (a.parse().unwrap_or(0.0), b.parse().unwrap_or(0.0));
+        }
+        (get(Self::INSTRUMENT_CODE), get(Self::INSTRUMENT_BYTE))
+    }
+
     /// Cost in ticks of each of the 256 event kinds, `default` where none was measured.
     pub fn table(&self, default: f64) -> [f64; 256] {
         let mut t = [default; 256];

@@ -204,7 +204,76 @@ def calibration(mode: str, tool: int, threshold: int, buffer_events: int,
     c_call = _calibrate("c_calls", tool, threshold, buffer_events, rec_mode=mode) if c_calls else call
     costs = [(_KIND[n], call if n in _CALL_EVENTS else c_call if n in _C_EVENTS else location)
              for n in event_names(mode, c_calls) if n in _KIND]
+    if mode != "calls" and threshold > 0:
+        # Windows re-arm every code object: the cost of instrumenting one again (FORMAT.md 6.6).
+        per_code, per_byte = _calibrate_instrument(mode, tool, threshold, buffer_events)
+        costs += [(_INSTRUMENT_CODE, per_code), (_INSTRUMENT_BYTE, per_byte)]
     return location, costs
+
+
+# Pseudo-kinds of the calibration (FORMAT.md 6.6, since 2.11): instrumenting a code object, per object and
+# per byte of bytecode.
+_INSTRUMENT_CODE = 250
+_INSTRUMENT_BYTE = 251
+
+
+def _calibrate_instrument(mode: str, tool: int, threshold: int, buffer_events: int) -> tuple[float, float]:
+    """What the interpreter spends, in ticks, instrumenting a code object at its first call after its events
+    were re-armed (a window's sys.monitoring.restart_events() re-arms every code object, and each one the
+    window calls is instrumented again then, before its first event), as per object + per byte of
+    bytecode: the first call less the second of fresh copies of a small and a large function, with the
+    recording's events and callbacks on, less the same difference with them off."""
+    nat = _native()
+    mon = sys.monitoring
+    ns: dict[str, Any] = {}
+    exec(compile("def small(x):\n    return x\n"
+                 # Ordinary code: a branch every few statements, as most functions have.
+                 "def large(x):\n" + "".join(f"    a = x + {i}\n    b = (a, x)\n    c = len(b) * a\n"
+                                               f"    if c > {i}:\n        x = x - 1\n" for i in range(16))
+                 + "    return x\n", "<ocular calibration>", "exec"), ns)
+    function = type(_calibrate_instrument)
+    ticks = nat.ticks
+
+    def fresh(f: Callable[[int], int], k: int) -> Callable[[int], int]:
+        return function(f.__code__.replace(co_name=f"{f.__name__}{k}"), {})
+
+    def differences(k0: int) -> list[list[int]]:
+        out: list[list[int]] = [[], []]
+        for k in range(k0, k0 + 15):
+            for j, f in enumerate((ns["small"], ns["large"])):
+                g = fresh(f, k)
+                t0 = ticks()
+                g(0)
+                t1 = ticks()
+                g(0)
+                t2 = ticks()
+                out[j].append((t1 - t0) - (t2 - t1))
+        return out
+
+    names = [n for n in event_names(mode) if n in _KIND]
+    callbacks = _callbacks(2**32 - 1, mode)
+    off = differences(0)
+    nat.start(None, {}, mode, 2**32 - 1, [], [], min(buffer_events, 8192), 2, 0.0, _interp.boot_thread_name,
+              _interp.boot_thread_name.__code__, threading.get_native_id(), "", [])
+    try:
+        for n in names:
+            mon.register_callback(tool, getattr(mon.events, n), callbacks[n])
+        mon.set_events(tool, _mask(names))
+        on = differences(100)
+    finally:
+        mon.set_events(tool, 0)
+        nat.stop({})
+        for n in names:
+            mon.register_callback(tool, getattr(mon.events, n), None)
+
+    def median(xs: list[int]) -> float:
+        xs = sorted(xs)
+        return float(xs[len(xs) // 2])
+
+    small, large = (max(0.0, median(on[j]) - median(off[j])) for j in (0, 1))
+    sizes = len(ns["small"].__code__.co_code), len(ns["large"].__code__.co_code)
+    per_byte = max(0.0, (large - small) / (sizes[1] - sizes[0]))
+    return max(0.0, small - per_byte * sizes[0]), per_byte
 
 
 def _calibrate(mode: str, tool: int, threshold: int, buffer_events: int, c_calls: bool = False,

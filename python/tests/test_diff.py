@@ -106,7 +106,8 @@ def test_diff_names_the_function_made_twice_as_slow(tmp_path):
     assert (work["calls_before"], work["calls_after"]) == (400, 400)
     for row in (steady, other, main):
         assert row["calls_before"] == row["calls_after"], row
-    assert 1.5 <= work["factor"] / steady["factor"] <= 2.5, (work, steady)  # 1.9-2.1 mostly; 1.6 once in 30
+    # 1.9-2.1 mostly; 1.6 once in 30, 2.53 once on a machine busy with other work: far from 1 either way.
+    assert 1.4 <= work["factor"] / steady["factor"] <= 2.8, (work, steady)
     # the unchanged functions alike
     assert 0.85 <= steady["factor"] / other["factor"] <= 1.18, (steady, other)
     # main's own time is unchanged, but it includes work(): its inclusive time grows (by ~25%) more than

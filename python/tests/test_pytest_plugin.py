@@ -210,9 +210,10 @@ def test_both_options_is_a_usage_error(pytester: pytest.Pytester):
     result.stderr.fnmatch_lines(["ERROR: --ocular and --ocular-session record one at a time: give one of them"])
 
 
-def test_trace_lost_during_the_test_is_reported(pytester: pytest.Pytester):
+def test_trace_deleted_during_the_test_is_written_again_and_said(pytester: pytest.Pytester):
     # A test that removes its own trace while it records (as a test cleaning a directory might): the stop
-    # finds no file, and says so.
+    # writes it again from the open file, and says so (it said "wrote no file" before, the test's trace
+    # lost).
     pytester.makepyfile(test_removes="""
         import os
         import ocular
@@ -224,7 +225,9 @@ def test_trace_lost_during_the_test_is_reported(pytester: pytest.Pytester):
     result = pytester.runpytest(*plugin_args(), "--ocular", str(out))
     result.assert_outcomes(passed=1)
     result.stdout.fnmatch_lines([
-        "recording errors (1; the tests' outcomes are their own):",
-        "  test_removes.py::test_removes_its_trace: the recording stopped but wrote no file",
+        "  note: test_removes.py::test_removes_its_trace: Ocular: */test_removes.py_test_removes_its_trace-*.ocl "
+        "was deleted while it was written: written again at */test_removes.py_test_removes_its_trace-*.ocl",
     ])
-    assert "0 tests recorded into" in result.stdout.str()
+    assert "1 test recorded into" in result.stdout.str()
+    (trace,) = out.glob("test_removes.py_test_removes_its_trace-*.ocl")
+    assert any(r["function"] == "test_removes_its_trace" for r in ocular.load(trace).stats())

@@ -151,8 +151,10 @@ fn stats_add_the_complete_part_to_the_windows_scaled_by_the_time_they_stand_for(
         ]
     );
     let text = stats::report(&a, Default::default(), false, stats::SortBy::Exclusive, 10).to_string();
-    // Every figure is an estimate once part of the run was seen through windows only: f's one call too.
-    assert!(text.contains("~51") && text.contains("        ~1 "), "{text}");
+    // Every figure is an estimate once part of the run was seen through windows only: f's one call too,
+    // and since no window saw a call of f (and this file, of a format before counting, cannot say whether
+    // it was called again), its count is a lower bound without an interval.
+    assert!(text.contains("~51") && text.contains("       >=1   unknown "), "{text}");
     assert!(
         text.contains(
             "calls recorded completely for the first 1.0 ms (9% of the run), then in 10 windows (1.0 ms, 10.0% of \

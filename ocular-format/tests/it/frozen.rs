@@ -90,7 +90,10 @@ fn check_synthetic(bytes: &[u8], version: (u16, u16)) {
     // Since 2.3 a RING chunk follows the header (FORMAT.md 6.7): one chunk more.
     // Since 2.4 a DROPPED chunk (FORMAT.md 6.8), since 2.5 a COUNTERS chunk (6.9), since 2.6 a PROCESS
     // chunk (6.10): one more each.
-    let want = if version >= (2, 10) {
+    let want = if version >= (2, 11) {
+        // And the CALIBRATION chunk.
+        (110, 3, 21)
+    } else if version >= (2, 10) {
         // And the EVENTS chunk of the windows with their due moments and the counted call.
         (110, 3, 20)
     } else if version >= (2, 9) {
@@ -233,6 +236,22 @@ fn v2_9_synthetic_reads_forever() {
     let bytes = fixture("v2.9/synthetic.ocl");
     assert_eq!(bytes.len(), 2909);
     check_synthetic(&bytes, (2, 9));
+}
+
+#[test]
+fn v2_11_synthetic_reads_forever() {
+    let bytes = fixture("v2.11/synthetic.ocl");
+    assert_eq!(bytes.len(), 3132);
+    check_synthetic(&bytes, (2, 11));
+    // The calibration's instrumenting cost (FORMAT.md 6.6).
+    let mut r = ocular_format::Reader::new(std::io::Cursor::new(&bytes[..]), "v2.11", Default::default()).unwrap();
+    let mut cal = None;
+    while let Some(c) = r.next_chunk().unwrap() {
+        if let ocular_format::Body::Calibration(c) = c.body {
+            cal = Some(c);
+        }
+    }
+    assert_eq!(cal.unwrap().instrument(), (1700.0, 8.5));
 }
 
 #[test]
