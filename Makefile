@@ -102,12 +102,13 @@ bench-analyze: check-python ## analyzer throughput: info, stats, hot, export on 
 	$(CARGO) build --release --locked -p ocular-analyze $(ANALYZE_FEATURES)
 	@venv=$$(scripts/venv.sh $(firstword $(PYTHONS)) | tail -n 1); $$venv/bin/python bench/analyze_bench.py
 
-bench-truth: check-python ## is the default mode true? hot's loops next to their untraced time; top functions next to calls mode's
+bench-truth: check-python ## is the default mode true? hot's loops next to their untraced time; top functions next to calls mode's; five packages against calls mode and py-spy
 	$(CARGO) build --release --locked -p ocular-analyze $(ANALYZE_FEATURES)
 	@venv=$$(scripts/venv.sh $(firstword $(PYTHONS)) | tail -n 1); \
 	    $$venv/bin/python -m pip install -q --disable-pip-version-check -r bench/truth-requirements.txt; \
 	    $$venv/bin/python bench/truth_bench.py; \
-	    $$venv/bin/python bench/function_truth.py $(TRUTH_ARGS)
+	    $$venv/bin/python bench/function_truth.py $(TRUTH_ARGS); \
+	    $$venv/bin/python bench/truth_packages.py
 
 bench-record: check-python ## recorder overhead: ns/event per mode vs the native floor, no-op callbacks, cProfile (each Python)
 	@venv=$$(scripts/venv.sh $(firstword $(PYTHONS)) | tail -n 1); $$venv/bin/python bench/record_bench.py

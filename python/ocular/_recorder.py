@@ -221,8 +221,8 @@ def _calibrate_instrument(mode: str, tool: int, threshold: int, buffer_events: i
     """What the interpreter spends, in ticks, instrumenting a code object at its first call after its events
     were re-armed (a window's sys.monitoring.restart_events() re-arms every code object, and each one the
     window calls is instrumented again then, before its first event), as per object + per byte of
-    bytecode: the first call less the second of fresh copies of a small and a large function, with the
-    recording's events and callbacks on, less the same difference with them off."""
+    bytecode: after a restart, the first call less the second of copies of a small and a large function
+    already run with the recording's events and callbacks on, less the same difference with them off."""
     nat = _native()
     mon = sys.monitoring
     ns: dict[str, Any] = {}
@@ -242,6 +242,10 @@ def _calibrate_instrument(mode: str, tool: int, threshold: int, buffer_events: i
         for k in range(k0, k0 + 15):
             for j, f in enumerate((ns["small"], ns["large"])):
                 g = fresh(f, k)
+                # Instrumented once (its monitoring data made), then re-armed as a window re-arms it.
+                g(0)
+                g(0)
+                mon.restart_events()
                 t0 = ticks()
                 g(0)
                 t1 = ticks()
