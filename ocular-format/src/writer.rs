@@ -105,8 +105,18 @@ impl<W: Write> std::fmt::Debug for Writer<W> {
 impl<W: Write> Writer<W> {
     /// Writes the preamble and the header chunk. `path` names the destination in error messages.
     pub fn new(out: W, path: &str, header: &Header, opts: WriterOptions) -> Result<Self> {
+        let mut w = Self::blank(out, path, header, opts)?;
+        let pre = Preamble { magic: MAGIC, major: U16::new(MAJOR), minor: U16::new(MINOR), flags: U32::new(0) };
+        w.out.write_all(pre.as_bytes()).map_err(|e| io_err(path, e))?;
+        w.bytes += 16;
+        w.record(Place::meta(kind::HEADER, 0, 1), header, "header")?;
+        Ok(w)
+    }
+
+    /// A writer that has written nothing.
+    fn blank(out: W, path: &str, header: &Header, opts: WriterOptions) -> Result<Self> {
         let zstd = zstd::bulk::Compressor::new(opts.level).map_err(|e| io_err(path, e))?;
-        let mut w = Writer {
+        Ok(Writer {
             out,
             path: path.to_owned(),
             opts,
@@ -125,39 +135,16 @@ impl<W: Write> Writer<W> {
             code: PendingCode::default(),
             tee: None,
             divert: None,
-        };
-        let pre = Preamble { magic: MAGIC, major: U16::new(MAJOR), minor: U16::new(MINOR), flags: U32::new(0) };
-        w.out.write_all(pre.as_bytes()).map_err(|e| io_err(path, e))?;
-        w.bytes += 16;
-        w.record(Place::meta(kind::HEADER, 0, 1), header, "header")?;
-        Ok(w)
+        })
     }
 
     /// A writer that goes on after the whole chunks of an existing file: `out` is positioned after them,
     /// which hold `chunks` chunks (the header's included), `events` events and `lost` lost ones. Writes
     /// nothing itself.
     pub fn resume(out: W, path: &str, header: &Header, chunks: u64, events: u64, lost: u64) -> Result<Self> {
-        let zstd = zstd::bulk::Compressor::new(WriterOptions::default().level).map_err(|e| io_err(path, e))?;
-        Ok(Writer {
-            out,
-            path: path.to_owned(),
-            opts: WriterOptions::default(),
-            seq: chunks,
-            events,
-            lost,
-            zstd,
-            snapshot_zstd: None,
-            raw: Vec::new(),
-            stored: Vec::new(),
-            encoder: Default::default(),
-            frame: Vec::new(),
-            bytes: 0,
-            bases: HashMap::new(),
-            cache_entries: header.opcodes.cache_entries.clone(),
-            code: PendingCode::default(),
-            tee: None,
-            divert: None,
-        })
+        let mut w = Self::blank(out, path, header, WriterOptions::default())?;
+        (w.seq, w.events, w.lost) = (chunks, events, lost);
+        Ok(w)
     }
 
     /// Events written so far.
