@@ -1103,6 +1103,10 @@ pub fn analyze(path: &Path, opts: ReadOptions) -> ocular_format::Result<Analysis
     // (the run's span), merged over threads at the span times the threads. The windows' scale can carry a
     // top-level frame a few percent past it (a window's length stands for the run's time around it, and
     // the last one is cut by the run's end).
+    // As `stats` counts the wall time: to the stop when the recording ended (frames open then end there).
+    if log.end > last_tick && first_tick != u64::MAX {
+        last_tick = log.end;
+    }
     let span = ticks_f64(last_tick.saturating_sub(first_tick));
     for per in a.per_thread.values_mut() {
         for (id, s) in per.iter_mut() {

@@ -595,7 +595,12 @@ fn stats_report(
     sort: crate::stats::SortBy,
     top: usize,
 ) -> anyhow::Result<crate::stats::Report> {
-    let spans = run.processes.iter().map(|p| crate::stats::span(&p.path, opts)).collect::<Result<Vec<_>, _>>()?;
+    let spans = run
+        .processes
+        .iter()
+        .zip(analyses)
+        .map(|(p, a)| crate::stats::span(&p.path, opts).map(|s| s.to_the_stop(a)))
+        .collect::<Result<Vec<_>, _>>()?;
     Ok(if run.single() {
         crate::stats::report(
             &analyses[0],

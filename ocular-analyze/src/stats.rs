@@ -144,6 +144,22 @@ pub struct Span {
     pub last_ns: f64,
 }
 
+impl Span {
+    /// With windows, the run lasted until its stop, which can come long after its last event (nothing is
+    /// recorded between windows): frames still open then end at the stop, as the analysis ends them, so the
+    /// wall time runs to the stop too (a 6 ms run read "wall 0.334 ms" beside a frame of 5.7 ms).
+    pub fn to_the_stop(mut self, a: &Analysis) -> Span {
+        if let (Some(w), Some(h)) = (&a.windows, &a.header) {
+            let end_ns = h.start_monotonic_ns as f64 + a.ns((w.complete_ticks + w.sampled_ticks) as f64);
+            if self.wall_ms > 0.0 && end_ns > self.last_ns {
+                self.last_ns = end_ns;
+                self.wall_ms = (self.last_ns - self.first_ns) / 1e6;
+            }
+        }
+        self
+    }
+}
+
 /// Reads the [`Span`] of `path` from its chunk headers: EVENTS chunks are checked but not decompressed,
 /// so this costs a small part of the analysis pass. (The analysis does not keep timestamps.)
 pub fn span(path: &Path, opts: ReadOptions) -> ocular_format::Result<Span> {

@@ -123,7 +123,7 @@ pub(super) fn stats(
                 let mut parts = Vec::new();
                 for p in &run.processes {
                     let a = ocular_analyze::analysis::analyze(&p.path, opts)?;
-                    let span = ocular_analyze::stats::span(&p.path, opts)?;
+                    let span = ocular_analyze::stats::span(&p.path, opts)?.to_the_stop(&a);
                     parts.push((a, span));
                 }
                 Ok::<_, ocular_format::Error>(parts)
