@@ -178,7 +178,7 @@ bench-peers: check-python ## Ocular next to cProfile, VizTracer, pyinstrument, t
 fuzz: ## fuzz the .ocl reader for FUZZ_SECONDS (default 60) from the kept corpus; installs cargo-fuzz if missing
 	@command -v cargo-fuzz >/dev/null || $(CARGO) install cargo-fuzz --locked
 	mkdir -p ocular-format/fuzz/corpus/reader
-	cp testdata/v*/*.ocl ocular-format/fuzz/corpus/reader/
+	for f in testdata/v*/*.ocl; do cp "$$f" "ocular-format/fuzz/corpus/reader/$$(basename $$(dirname $$f))-$$(basename $$f)"; done
 	cd ocular-format/fuzz && RUSTC_BOOTSTRAP=1 cargo fuzz run reader -- -max_total_time=$${FUZZ_SECONDS:-60} \
 	    -rss_limit_mb=1024 -max_len=16384
 
