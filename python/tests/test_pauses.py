@@ -90,9 +90,10 @@ def test_the_time_a_thread_waited_for_the_recorder_is_not_the_programs(tmp_path)
     # twice as long as the work itself runs. With the pauses taken out, the work reads the same; left in,
     # it would read 3x or more. Adaptive mode: its corrected times are most of what it measures (in precise
     # mode the recorder's cost is ~85% of this loop's traced time, and a start-up calibration 2 ns high
-    # reads it as 0). A preemption of the machine lands on one run: up to 5 tries.
+    # reads it as 0). A preemption of the machine lands on one run: up to 8 tries (5 all failed once, pinned to
+    # one core with the rest of the suite).
     tries = []
-    for k in range(5):
+    for k in range(8):
         plain = work_ms(record(tmp_path / f"plain{k}.ocl", "adaptive"))
         waited = record(tmp_path / f"wait{k}.ocl", "adaptive", **WAIT)
         paused = json.loads(analyze("info", "--json", waited))["recorder_pause_ms"]
@@ -100,4 +101,4 @@ def test_the_time_a_thread_waited_for_the_recorder_is_not_the_programs(tmp_path)
         if plain > 0 and paused > 2 * plain and 0.5 <= tries[-1][1] / plain <= 2:
             break
     else:
-        pytest.fail(f"(work without waits, with waits, pauses) in ms, 5 tries: {tries}")
+        pytest.fail(f"(work without waits, with waits, pauses) in ms, 8 tries: {tries}")
