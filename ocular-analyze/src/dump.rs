@@ -109,12 +109,11 @@ pub fn dump(path: &Path, opts: ReadOptions, out: &mut dyn Write) -> anyhow::Resu
                 t.events, t.lost, t.chunks, t.end_ticks, t.end_monotonic_ns, t.end_unix_ns
             )?,
             Body::Calibration(c) => {
-                let name = |k: u8| match k {
-                    ocular_format::Calibration::INSTRUMENT_CODE => "INSTRUMENT_CODE".to_string(),
-                    ocular_format::Calibration::INSTRUMENT_BYTE => "INSTRUMENT_BYTE".to_string(),
-                    _ => kind_name(k).to_string(),
-                };
-                let costs: Vec<String> = c.costs.iter().map(|(k, v)| format!("{}={v:.1}", name(*k))).collect();
+                let costs: Vec<String> = c
+                    .costs
+                    .iter()
+                    .map(|(k, v)| format!("{}={v:.1}", ocular_format::Calibration::cost_name(*k)))
+                    .collect();
                 writeln!(out, "  calibration ticks per event: {}", costs.join(" "))?
             }
             Body::Ring(r) => writeln!(out, "  ring path={:?}", r.path)?,

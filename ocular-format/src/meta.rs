@@ -350,6 +350,15 @@ impl Calibration {
     /// See [`Calibration::INSTRUMENT_CODE`].
     pub const INSTRUMENT_BYTE: u8 = 251;
 
+    /// The name of a cost's kind: an event kind's, or `instrument_code` / `instrument_byte`.
+    pub fn cost_name(kind: u8) -> std::borrow::Cow<'static, str> {
+        match kind {
+            Self::INSTRUMENT_CODE => "instrument_code".into(),
+            Self::INSTRUMENT_BYTE => "instrument_byte".into(),
+            _ => crate::kind_name(kind),
+        }
+    }
+
     /// (per code object, per byte) instrumenting cost in ticks; (0, 0) in files before 2.11. An environment
     /// override (`OCULAR_INSTRUMENT_TICKS=A,B`) is for experiments.
     pub fn instrument(&self) -> (f64, f64) {

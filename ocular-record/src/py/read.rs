@@ -78,12 +78,7 @@ pub(super) fn read<'py>(py: Python<'py>, path: std::path::PathBuf, salvage: bool
             Body::Calibration(c) => {
                 let d = PyDict::new(py);
                 for (k, v) in c.costs {
-                    // The instrumenting costs are not event kinds (FORMAT.md 6.6).
-                    match k {
-                        ocular_format::Calibration::INSTRUMENT_CODE => d.set_item("instrument_code", v)?,
-                        ocular_format::Calibration::INSTRUMENT_BYTE => d.set_item("instrument_byte", v)?,
-                        _ => d.set_item(kind_name(k), v)?,
-                    }
+                    d.set_item(ocular_format::Calibration::cost_name(k), v)?;
                 }
                 out.set_item("calibration", d)?;
             }
