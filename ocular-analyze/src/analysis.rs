@@ -41,12 +41,20 @@ pub struct FunctionStats {
     /// Half the width of a 95% interval around an estimated `calls` (0 when exact), from how the later
     /// windows' counts of it vary.
     pub calls_ci: f64,
+    /// Half the width of 95% intervals around an estimated `inclusive` and `exclusive` (ticks; 0 when exact),
+    /// from how the later windows' times of the function vary: the truth lies within them 19 times in 20,
+    /// as far as the windows can tell.
+    pub inclusive_ci: f64,
+    pub exclusive_ci: f64,
     /// Calls known to have happened: recorded anywhere or counted (FORMAT.md 5.8). An estimate is never
     /// below it.
     pub calls_at_least: u64,
     /// The count is a lower bound only: calls were made beyond what was counted outside windows, and no
     /// window saw one, so nothing says how many (`calls` is `calls_at_least`; no interval).
     pub calls_lower_bound: bool,
+    /// The times are lower bounds only: the function was called after the part recorded completely and no
+    /// window saw it run, so nothing says how long it ran then.
+    pub times_lower_bound: bool,
     /// [complete part, window part] of calls, inclusive and exclusive ticks, before scaling.
     parts: Parts,
 }
@@ -61,6 +69,16 @@ struct Parts {
     window_calls_sq: f64,
     /// The part of `window_calls` that the recorder's cost put there: calls times (factor less weight).
     window_calls_for_cost: f64,
+    /// The sums of the squares of the later windows' times (inclusive, exclusive), each window's times its
+    /// factor: their spread across windows.
+    window_times_sq: [f64; 2],
+    /// The later windows in which the function had time (inclusive, exclusive).
+    window_times_seen: [u64; 2],
+    /// Threads merged: the sums of the threads' squared interval half widths (calls, inclusive, exclusive).
+    /// Each thread's windows vary on their own, so the merged intervals add in quadrature; summing the
+    /// threads' squares into one spread would not (a function in every window of three threads has no
+    /// spread in each, and its merged sum none across them either, yet each thread's share of it does).
+    merged_ci_sq: Option<[f64; 3]>,
     /// Every PY_START recorded, in or out of windows, and calls counted outside windows (FORMAT.md 5.8).
     starts: u64,
     counted: u64,
@@ -78,6 +96,14 @@ impl FunctionStats {
         self.parts.window_calls += o.parts.window_calls;
         self.parts.window_calls_sq += o.parts.window_calls_sq;
         self.parts.window_calls_for_cost += o.parts.window_calls_for_cost;
+        self.parts.window_times_sq[0] += o.parts.window_times_sq[0];
+        self.parts.window_times_sq[1] += o.parts.window_times_sq[1];
+        self.parts.window_times_seen[0] += o.parts.window_times_seen[0];
+        self.parts.window_times_seen[1] += o.parts.window_times_seen[1];
+        let sq = self.parts.merged_ci_sq.get_or_insert([0.0; 3]);
+        sq[0] += o.calls_ci * o.calls_ci;
+        sq[1] += o.inclusive_ci * o.inclusive_ci;
+        sq[2] += o.exclusive_ci * o.exclusive_ci;
         self.parts.starts += o.parts.starts;
         self.parts.counted += o.parts.counted;
     }
@@ -88,6 +114,8 @@ impl FunctionStats {
         if self.estimated && limit > 0.0 {
             self.inclusive = self.inclusive.min(limit);
             self.exclusive = self.exclusive.min(self.inclusive);
+            self.inclusive_ci = self.inclusive_ci.min(limit);
+            self.exclusive_ci = self.exclusive_ci.min(limit);
         }
     }
 
@@ -97,7 +125,9 @@ impl FunctionStats {
     ///
     /// `windows`: the number of later windows; `counted_all`: every call of the function outside windows
     /// was counted (FORMAT.md 5.8: it never reached the recorder's limit), so its calls are exact.
-    fn finish(&mut self, scale: f64, sampled: bool, windows: u64, counted_all: bool) {
+    ///
+    /// `window_len`: the later windows' mean length in ticks.
+    fn finish(&mut self, scale: f64, sampled: bool, windows: u64, counted_all: bool, window_len: f64) {
         let p = &self.parts;
         self.observed_calls = p.calls[0] + p.calls[1];
         self.calls_at_least = p.starts + p.counted;
@@ -110,6 +140,28 @@ impl FunctionStats {
         // that an activation was the outermost one, so its inclusive time goes uncounted.
         self.inclusive = self.inclusive.max(self.exclusive);
         self.estimated = sampled;
+        // The time a window stands for is spent where the program was in it (or where it was when the
+        // window fell due): over many windows an unbiased sample of the run's time, whose error is the
+        // spread of a function's time across them, its zeros included. A function few windows saw has a
+        // spread that chance makes small as often as large (3 windows where 8 were due read 21 ms +-26 for
+        // a true 57; 1 of 8 windows, a sliver of it, 1 ms +-4 for 15): two more windows spent wholly in it
+        // are added to the variance, as the Agresti-Coull interval of a proportion adds two successes.
+        let windows_f = windows as f64;
+        let spread = |sum: f64, sq: f64, seen: u64| {
+            if !sampled || windows < 2 {
+                return 0.0;
+            }
+            let mean = sum / windows_f;
+            let var = ((sq - windows_f * mean * mean) / (windows_f - 1.0)).max(0.0);
+            let pseudo = if seen > 0 { 2.0 * window_len * window_len } else { 0.0 };
+            1.96 * scale * (windows_f * var + pseudo).sqrt()
+        };
+        self.inclusive_ci = spread(p.inclusive[1], p.window_times_sq[0], p.window_times_seen[0]);
+        self.exclusive_ci = spread(p.exclusive[1], p.window_times_sq[1], p.window_times_seen[1]);
+        if let Some([_, inclusive, exclusive]) = p.merged_ci_sq {
+            self.inclusive_ci = inclusive.sqrt();
+            self.exclusive_ci = exclusive.sqrt();
+        }
         if sampled && counted_all {
             // Every call was recorded or counted.
             self.calls = self.calls_at_least;
@@ -121,6 +173,10 @@ impl FunctionStats {
         self.calls = (estimate.round() as u64).max(self.calls_at_least);
         self.calls_estimated = sampled;
         self.calls_lower_bound = sampled && p.window_calls == 0.0 && self.calls_at_least > 0;
+        self.times_lower_bound = self.calls_lower_bound
+            && p.inclusive[1] == 0.0
+            && p.exclusive[1] == 0.0
+            && self.calls_at_least > p.calls[0];
         // The windows are a sample of the run's time: the spread of a function's count across them (its
         // zeros included) gives the standard error of their sum, times what they stand for. To that the
         // recorder's cost adds an error of its own, the same in every window: a window holds as many of
@@ -129,7 +185,9 @@ impl FunctionStats {
         // instrumented, unspecialized forms there too). Measured against every call recorded, the counts
         // read 0.9-1.0 of the truth in call-dense loops and 0.6-1.0 on five packages' work: the correction
         // is taken to be uncertain by as much as itself (`COST_UNCERTAINTY`).
-        self.calls_ci = if sampled && windows > 1 {
+        self.calls_ci = if let Some([calls, ..]) = p.merged_ci_sq {
+            calls.sqrt()
+        } else if sampled && windows > 1 {
             let n = windows as f64;
             let mean = p.window_calls / n;
             let var = ((p.window_calls_sq - n * mean * mean) / (n - 1.0)).max(0.0);
@@ -468,6 +526,10 @@ impl ThreadState {
             p.window_calls += calls * calls_factor;
             p.window_calls_sq += (calls * calls_factor).powi(2);
             p.window_calls_for_cost += calls * (calls_factor - weight);
+            p.window_times_sq[0] += (inclusive * factor).powi(2);
+            p.window_times_sq[1] += (exclusive * factor).powi(2);
+            p.window_times_seen[0] += u64::from(inclusive > 0.0);
+            p.window_times_seen[1] += u64::from(exclusive > 0.0);
         }
         self.window_cost = 0.0;
         self.window_calls_cost = 0.0;
@@ -1095,6 +1157,7 @@ pub fn analyze(path: &Path, opts: ReadOptions) -> ocular_format::Result<Analysis
     a.counter_totals = tally.totals(scale);
     a.tree.finish(scale);
     let n_windows = a.windows.as_ref().map_or(0, |w| w.windows);
+    let window_len = a.windows.as_ref().map_or(0.0, |w| w.window_ticks as f64 / w.windows.max(1) as f64);
     let ended = std::mem::take(&mut tables.count_ended);
     // Since 2.10 a recording with windows counts every function's calls outside them up to its limit: one
     // that made calls outside windows has COUNT events (a file without is read as 2.9 was).
@@ -1110,7 +1173,7 @@ pub fn analyze(path: &Path, opts: ReadOptions) -> ocular_format::Result<Analysis
     let span = ticks_f64(last_tick.saturating_sub(first_tick));
     for per in a.per_thread.values_mut() {
         for (id, s) in per.iter_mut() {
-            s.finish(scale, sampled, n_windows, counting && !ended.contains(id));
+            s.finish(scale, sampled, n_windows, counting && !ended.contains(id), window_len);
             s.cap(span);
         }
     }
@@ -1123,7 +1186,7 @@ pub fn analyze(path: &Path, opts: ReadOptions) -> ocular_format::Result<Analysis
     }
     let threads_run = a.per_thread.values().filter(|p| !p.is_empty()).count().max(1) as f64;
     for (id, s) in a.functions.iter_mut() {
-        s.finish(scale, sampled, n_windows, counting && !ended.contains(id));
+        s.finish(scale, sampled, n_windows, counting && !ended.contains(id), window_len);
         s.cap(span * threads_run);
     }
     for (key, mut stats) in tables.loop_keys.into_iter().zip(tables.loops) {

@@ -122,7 +122,8 @@ enum Command {
     /// function, file, line, offset, opcode, specialized, ...), calls.parquet (one row per function call:
     /// start_ns, end_ns, depth, parent, ...), code.parquet, lost.parquet (one row per stretch of events
     /// the recorder dropped; empty when none were), counter_samples.parquet, lines.parquet,
-    /// coroutines.parquet (per coroutine function: running_ns, awaiting_ns, ready_ns, as stats --async)
+    /// functions.parquet (per function, as stats: calls, inclusive_ns, exclusive_ns, and the 95% intervals
+    /// of estimates), coroutines.parquet (per coroutine function: running_ns, awaiting_ns, ready_ns, as stats --async)
     /// and tasks.parquet (one row per asyncio task), for polars or pandas:
     /// pl.read_parquet("run.parquet/events.parquet"). (Needs a build with `--features parquet`.)
     ///
@@ -774,8 +775,8 @@ fn export_parquet(file: &std::path::Path, opts: ReadOptions, dir: &std::path::Pa
     let rows = |t: &str| summary.rows.get(t).copied().unwrap_or(0);
     eprintln!(
         "wrote {}: events.parquet ({} rows), calls.parquet ({} rows), code.parquet ({} rows), lost.parquet ({} rows), \
-         counter_samples.parquet ({} rows), lines.parquet ({} rows), coroutines.parquet ({} rows), tasks.parquet \
-         ({} rows) from {} recorded events",
+         counter_samples.parquet ({} rows), lines.parquet ({} rows), functions.parquet ({} rows), coroutines.parquet \
+         ({} rows), tasks.parquet ({} rows) from {} recorded events",
         dir.display(),
         rows("events"),
         rows("calls"),
@@ -783,6 +784,7 @@ fn export_parquet(file: &std::path::Path, opts: ReadOptions, dir: &std::path::Pa
         rows("lost"),
         rows("counter_samples"),
         rows("lines"),
+        rows("functions"),
         rows("coroutines"),
         rows("tasks"),
         summary.events_read

@@ -59,9 +59,16 @@ pub struct Row {
     /// Half the width of a 95% interval around `calls` when it is an estimate (0 when exact): the truth
     /// lies in `calls ± calls_ci95` 19 times in 20, as far as the windows can tell.
     pub calls_ci95: f64,
+    /// Half the widths of 95% intervals around `inclusive_ms` and `exclusive_ms` when they are estimates (0
+    /// when exact), from how the windows' times of the function vary.
+    pub inclusive_ci95_ms: f64,
+    pub exclusive_ci95_ms: f64,
     /// `calls` is only a lower bound: more calls were made outside windows than were counted, and no
     /// window saw one (text: `>=N`, no interval).
     pub calls_lower_bound: bool,
+    /// The times are only lower bounds: the function was called after the part of the run recorded
+    /// completely, and no window saw it run (text: `>=`, no interval).
+    pub times_lower_bound: bool,
     /// The share of its thread's events (of every thread's, merged) that the recorder dropped: above 0,
     /// the figures miss those stretches (the reader's warnings say when).
     pub lost_share: f64,
@@ -99,7 +106,10 @@ pub fn rows(a: &Analysis, per_thread: bool, sort: SortBy) -> Vec<Row> {
                 calls_estimated: s.calls_estimated,
                 observed_calls: s.observed_calls,
                 calls_ci95: s.calls_ci,
+                inclusive_ci95_ms: a.ns(s.inclusive_ci) / 1e6,
+                exclusive_ci95_ms: a.ns(s.exclusive_ci) / 1e6,
                 calls_lower_bound: s.calls_lower_bound,
+                times_lower_bound: s.times_lower_bound,
                 lost_share: a.lost_share(tid),
                 counters: a
                     .counters
@@ -316,7 +326,10 @@ pub fn report_run(
                     m.calls += r.calls;
                     m.observed_calls += r.observed_calls;
                     m.calls_ci95 = m.calls_ci95.hypot(r.calls_ci95);
+                    m.inclusive_ci95_ms = m.inclusive_ci95_ms.hypot(r.inclusive_ci95_ms);
+                    m.exclusive_ci95_ms = m.exclusive_ci95_ms.hypot(r.exclusive_ci95_ms);
                     m.calls_lower_bound |= r.calls_lower_bound;
+                    m.times_lower_bound |= r.times_lower_bound;
                     m.inclusive_ms += r.inclusive_ms;
                     m.exclusive_ms += r.exclusive_ms;
                     m.estimated |= r.estimated;
@@ -509,16 +522,20 @@ impl fmt::Display for Report {
                 .iter()
                 .map(|n| if *n == "task-clock" { format!(" {:>14}", "task-clock ms") } else { format!(" {n:>12}") })
                 .collect();
-            // Estimated counts carry their interval, in a column of its own.
+            // Estimated counts and times carry their intervals, each in a column of its own.
             let ci = t.rows.iter().any(|r| r.row.calls_estimated);
+            let time_ci = t.rows.iter().any(|r| r.row.estimated);
+            let ci_head = |on: bool| if on { format!(" {:>9}", "±95%") } else { String::new() };
             writeln!(
                 f,
-                "{:>10}{} {:>12} {:>7} {:>12} {:>11}{heads}  function  file:line",
+                "{:>10}{} {:>12}{} {:>7} {:>12}{} {:>11}{heads}  function  file:line",
                 "calls",
-                if ci { format!(" {:>9}", "±95%") } else { String::new() },
+                ci_head(ci),
                 "incl ms",
+                ci_head(time_ci),
                 "incl %",
                 "excl ms",
+                ci_head(time_ci),
                 "mean us"
             )?;
             for ShareRow { row: r, wall_share, .. } in &t.rows {
@@ -544,6 +561,15 @@ impl fmt::Display for Report {
                     (true, true, true) => format!(" {:>9}", "unknown"),
                     (true, true, false) => format!(" {:>9}", format!("±{}", round2(r.calls_ci95))),
                 };
+                // A function no window saw, though it ran after the part recorded completely: its time is
+                // what that part holds, at least, and how much more nothing says.
+                let time_interval = |x: f64| match (time_ci, r.estimated, r.times_lower_bound) {
+                    (false, ..) => String::new(),
+                    (true, false, _) => format!(" {:>9}", "exact"),
+                    (true, true, true) => format!(" {:>9}", "unknown"),
+                    (true, true, false) => format!(" {:>9}", format!("±{}", round_ms(x))),
+                };
+                let m = if r.times_lower_bound { ">=" } else { m };
                 let calls_mark = match (r.calls_estimated, r.calls_lower_bound) {
                     (_, true) => ">=",
                     (true, false) => "~",
@@ -551,10 +577,12 @@ impl fmt::Display for Report {
                 };
                 writeln!(
                     f,
-                    "{:>10}{interval} {:>12} {share:>7} {:>12} {mean:>11}{counts}  {}  {}:{}",
+                    "{:>10}{interval} {:>12}{} {share:>7} {:>12}{} {mean:>11}{counts}  {}  {}:{}",
                     format!("{calls_mark}{}", r.calls),
                     format!("{m}{:.3}", r.inclusive_ms),
+                    time_interval(r.inclusive_ci95_ms),
                     format!("{m}{:.3}", r.exclusive_ms),
+                    time_interval(r.exclusive_ci95_ms),
                     r.function,
                     r.file,
                     r.line
@@ -569,6 +597,20 @@ impl fmt::Display for Report {
         }
         Ok(())
     }
+}
+
+/// An interval's half width in ms, to two significant digits, rounded up (at least 0.001).
+fn round_ms(x: f64) -> String {
+    if x <= 0.0 {
+        return "0".into();
+    }
+    if x <= 0.001 {
+        return "0.001".into();
+    }
+    let digits = x.log10().floor() as i32 - 1;
+    let p = 10f64.powi(digits);
+    let v = (x / p).ceil() * p;
+    format!("{v:.*}", (-digits).max(0) as usize)
 }
 
 /// `x` to two significant digits, as a whole number (an interval's width is no more exact than that).

@@ -63,6 +63,9 @@ pub enum Table {
     CounterSamples,
     /// One row per source line (and function) that ran: hits and own time ([`crate::lines`]).
     Lines,
+    /// One row per function: calls, inclusive and exclusive time, and the intervals of estimates, as
+    /// `stats` gives them (threads merged).
+    Functions,
     /// One row per coroutine function: running, awaiting and ready time ([`crate::awaits`]).
     Coroutines,
     /// One row per asyncio task ([`crate::awaits`]).
@@ -79,6 +82,7 @@ impl Table {
             Table::Lost => "lost",
             Table::CounterSamples => "counter_samples",
             Table::Lines => "lines",
+            Table::Functions => "functions",
             Table::Coroutines => "coroutines",
             Table::Tasks => "tasks",
         }
@@ -257,6 +261,22 @@ pub fn columns(table: Table) -> &'static [&'static str] {
         Table::Lost => &["pid", "thread_id", "thread_lost", "thread_recorded", "start_ns", "end_ns"],
         Table::CounterSamples => &["pid", "thread_id", "ts_ns", "counter", "value", "call_id", "function"],
         Table::Lines => &["pid", "file", "line", "function", "hits", "own_ns", "estimated"],
+        Table::Functions => &[
+            "pid",
+            "function",
+            "file",
+            "line",
+            "calls",
+            "calls_ci95",
+            "calls_estimated",
+            "calls_lower_bound",
+            "inclusive_ns",
+            "inclusive_ci95_ns",
+            "exclusive_ns",
+            "exclusive_ci95_ns",
+            "estimated",
+            "times_lower_bound",
+        ],
         Table::Coroutines => {
             &["pid", "function", "file", "line", "calls", "steps", "tasks", "running_ns", "awaiting_ns", "ready_ns"]
         }
@@ -796,6 +816,38 @@ fn lines_table(mut l: crate::lines::Lines, d: &mut Dictionaries) -> Batch {
     }
 }
 
+/// The functions of one process, threads merged, by exclusive time ([`crate::stats::rows`]).
+fn functions_table(a: &crate::analysis::Analysis, d: &mut Dictionaries) -> Batch {
+    let rows = crate::stats::rows(a, false, crate::stats::SortBy::Exclusive);
+    let n = rows.len();
+    let (mut file, mut function) = (Vec::with_capacity(n), Vec::with_capacity(n));
+    for r in &rows {
+        file.push(d.file.code(&r.file));
+        function.push(d.function.code(&r.function));
+    }
+    let ns = |ms: f64| (ms * 1e6).round() as i64;
+    let pid = a.header.as_ref().map_or(0, |h| h.pid);
+    Batch {
+        rows: n,
+        columns: vec![
+            ("pid", Column::U32(vec![pid; n])),
+            ("function", Column::Dict(function, d.function.snapshot())),
+            ("file", Column::Dict(file, d.file.snapshot())),
+            ("line", Column::U32(rows.iter().map(|r| r.line).collect())),
+            ("calls", Column::U64(rows.iter().map(|r| r.calls).collect())),
+            ("calls_ci95", Column::U64(rows.iter().map(|r| r.calls_ci95.ceil() as u64).collect())),
+            ("calls_estimated", Column::Bool(rows.iter().map(|r| r.calls_estimated).collect())),
+            ("calls_lower_bound", Column::Bool(rows.iter().map(|r| r.calls_lower_bound).collect())),
+            ("inclusive_ns", Column::I64(rows.iter().map(|r| ns(r.inclusive_ms)).collect())),
+            ("inclusive_ci95_ns", Column::I64(rows.iter().map(|r| ns(r.inclusive_ci95_ms)).collect())),
+            ("exclusive_ns", Column::I64(rows.iter().map(|r| ns(r.exclusive_ms)).collect())),
+            ("exclusive_ci95_ns", Column::I64(rows.iter().map(|r| ns(r.exclusive_ci95_ms)).collect())),
+            ("estimated", Column::Bool(rows.iter().map(|r| r.estimated).collect())),
+            ("times_lower_bound", Column::Bool(rows.iter().map(|r| r.times_lower_bound).collect())),
+        ],
+    }
+}
+
 /// The coroutine functions and the tasks of one process ([`crate::awaits`]), by wall time, most first;
 /// times of tasks from the first process's start (`offset_ns` is this process's start from it).
 fn async_tables(a: crate::awaits::Awaits, offset_ns: i64, d: &mut Dictionaries) -> (Batch, Batch) {
@@ -939,6 +991,15 @@ pub fn build_selected(
             let b = lines_table(l, &mut d);
             count(&mut summary, Table::Lines, &b);
             sink.batch(Table::Lines, b)?;
+        }
+    }
+    if tables.contains(&Table::Functions) {
+        // A pass of its own per process, as lines.
+        for p in &run.processes {
+            let a = crate::analysis::analyze(&p.path, opts)?;
+            let b = functions_table(&a, &mut d);
+            count(&mut summary, Table::Functions, &b);
+            sink.batch(Table::Functions, b)?;
         }
     }
     if tables.contains(&Table::Coroutines) || tables.contains(&Table::Tasks) {

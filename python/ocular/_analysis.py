@@ -167,6 +167,19 @@ class Trace:
         lines (polars DataFrame)."""
         return self._polars("lines")
 
+    def functions(self):
+        """One row per function, most exclusive time first, threads merged: pid, function, file, line,
+        calls, inclusive_ns, exclusive_ns, and for estimates (the default mode's figures past its first
+        window: ``estimated``, ``calls_estimated``) the half widths of their 95% intervals calls_ci95,
+        inclusive_ci95_ns and exclusive_ci95_ns; calls_lower_bound and times_lower_bound mark figures that
+        are only lower bounds (no window saw the function). What ``ocular-analyze stats`` shows (polars
+        DataFrame)."""
+        return self._polars("functions")
+
+    def functions_pandas(self):
+        """:meth:`functions` as a pandas DataFrame (needs pandas and pyarrow)."""
+        return self._pandas("functions")
+
     def coroutines(self):
         """One row per coroutine function (``async def``), longest first: pid, function, file, line, calls,
         steps (starts and resumptions), tasks (instances the event loop ran as a task's coroutine), and its

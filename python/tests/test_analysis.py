@@ -153,13 +153,13 @@ def test_python_m_ocular_mirrors_ocular_analyze(tmp_path):
     r = _pyocular("export", "--parquet", "-o", str(out), LOOPS)
     assert r.returncode == 0, r.stderr
     assert r.stderr.startswith(f"wrote {out}: events.parquet (4241 rows), calls.parquet (304 rows)"), r.stderr
-    # The same eight tables as the Rust binary writes.
+    # The same nine tables as the Rust binary writes.
     rust = tmp_path / "pq-rust"
     r = subprocess.run([ANALYZE, "export", "--parquet", "-o", str(rust), LOOPS], capture_output=True, text=True)
     assert r.returncode == 0, r.stderr
     assert sorted(os.listdir(out)) == sorted(os.listdir(rust)) == [
         "calls.parquet", "code.parquet", "coroutines.parquet", "counter_samples.parquet", "events.parquet",
-        "lines.parquet", "lost.parquet", "tasks.parquet"]
+        "functions.parquet", "lines.parquet", "lost.parquet", "tasks.parquet"]
     r = _pyocular("export", "--perfetto", "-o", str(tmp_path / "t.json"), LOOPS)
     assert r.returncode == 0 and (tmp_path / "t.json").exists(), r.stderr
 

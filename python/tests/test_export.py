@@ -221,3 +221,58 @@ def test_parquet_of_a_recording_without_calls_is_read_back_empty(tmp_path):
     events = pl.read_parquet(out / "events.parquet")
     assert events.height == info["events"] and events.columns == EVENT_COLUMNS
     assert pq.read_table(out / "events.parquet").num_rows == info["events"]
+
+
+WINDOWED = """
+def light():
+    return sum(range(60))
+
+def heavy():
+    return sum(range(300))
+
+for _ in range(60000):
+    heavy()
+    light()
+    light()
+"""
+
+
+def test_parquet_functions_table_is_stats_with_the_intervals_of_its_estimates(tmp_path):
+    """functions.parquet, read by polars, holds what `stats --json` says of each
+    function, the 95% intervals of the default mode's estimates included; `ocular.load().functions()` is the
+    same table."""
+    import json
+    import math
+    import sys
+
+    pl = pytest.importorskip("polars")
+    import ocular
+
+    script = tmp_path / "windowed.py"
+    script.write_text(WINDOWED)
+    ocl = tmp_path / "windowed.ocl"
+    subprocess.run([sys.executable, "-m", "ocular", "run", "-q", "-o", str(ocl), str(script)], check=True)
+    out = tmp_path / "windowed.parquet"
+    r = subprocess.run([ANALYZE, "export", "--parquet", "-o", str(out), str(ocl)], capture_output=True, text=True)
+    assert r.returncode == 0, r.stderr
+    fn = pl.read_parquet(out / "functions.parquet")
+    assert f"functions.parquet ({fn.height} rows)" in r.stderr, r.stderr
+    stats = subprocess.run([ANALYZE, "stats", "--json", "--top", "100000", str(ocl)], capture_output=True,
+                           text=True, check=True)
+    want = {(x["function"], x["file"], x["line"]): x for x in json.loads(stats.stdout)}
+    assert fn.height == len(want)
+    for got in fn.iter_rows(named=True):
+        w = want[(got["function"], got["file"], got["line"])]
+        assert (got["calls"], got["calls_ci95"]) == (w["calls"], math.ceil(w["calls_ci95"])), (got, w)
+        for col in ("inclusive", "exclusive"):
+            assert got[f"{col}_ns"] == pytest.approx(w[f"{col}_ms"] * 1e6, abs=1), (got, w)
+            assert got[f"{col}_ci95_ns"] == pytest.approx(w[f"{col}_ci95_ms"] * 1e6, abs=1), (got, w)
+        for col in ("estimated", "calls_estimated", "calls_lower_bound", "times_lower_bound"):
+            assert got[col] == w[col], (col, got, w)
+    # heavy was called 60,000 times, past the first window: its count and times are estimates, each with
+    # an interval that holds it.
+    (heavy,) = fn.filter(pl.col("function") == "heavy").to_dicts()
+    assert heavy["calls_estimated"] and heavy["estimated"]
+    assert 0 < heavy["calls_ci95"] and abs(heavy["calls"] - 60000) <= max(6000, 2 * heavy["calls_ci95"]), heavy
+    assert 0 < heavy["inclusive_ci95_ns"] < heavy["inclusive_ns"], heavy
+    assert ocular.load(ocl).functions().to_dicts() == fn.to_dicts()

@@ -244,7 +244,8 @@ def test_recordings_carry_a_cost_per_event_kind(ocl):
     cal = _ocular.read(ocl)["calibration"]
     # And, with windows, what instrumenting a code object again costs (FORMAT.md 6.6): per object, per byte.
     assert set(cal) == set(event_names("adaptive")) | {"instrument_code", "instrument_byte"}
-    assert cal["instrument_code"] > 0 and cal["instrument_byte"] > 0, cal
+    # Per object it is close to nothing beside the per-byte part (a regression of two sizes: often 0).
+    assert cal["instrument_code"] >= 0 and cal["instrument_byte"] > 0, cal
     assert cal["PY_START"] == cal["PY_RETURN"] > 0, "call events share the calls-mode measurement"
     branches = [cal[k] for k in BRANCHES]
     assert cal["JUMP"] > 0 and branches == [cal["JUMP"]] * len(BRANCHES)

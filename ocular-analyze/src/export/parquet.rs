@@ -364,7 +364,8 @@ impl Pipe {
 }
 
 /// Exports `path` into `dir` (created if missing) as events.parquet, calls.parquet, code.parquet,
-/// lost.parquet, counter_samples.parquet, lines.parquet, coroutines.parquet and tasks.parquet. On an error, the files it created are removed (and `dir`, if it created that too).
+/// lost.parquet, counter_samples.parquet, lines.parquet, functions.parquet, coroutines.parquet and
+/// tasks.parquet. On an error, the files it created are removed (and `dir`, if it created that too).
 pub fn export(path: &Path, opts: ReadOptions, dir: &Path) -> anyhow::Result<Summary> {
     crate::output::refuse_input(path, dir)?;
     for t in [
@@ -374,6 +375,7 @@ pub fn export(path: &Path, opts: ReadOptions, dir: &Path) -> anyhow::Result<Summ
         Table::Lost,
         Table::CounterSamples,
         Table::Lines,
+        Table::Functions,
         Table::Coroutines,
         Table::Tasks,
     ] {
@@ -408,6 +410,7 @@ pub fn export(path: &Path, opts: ReadOptions, dir: &Path) -> anyhow::Result<Summ
             Table::Events,
             Table::CounterSamples,
             Table::Lines,
+            Table::Functions,
             Table::Coroutines,
             Table::Tasks,
         ],

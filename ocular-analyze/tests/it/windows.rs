@@ -150,7 +150,29 @@ fn stats_add_the_complete_part_to_the_windows_scaled_by_the_time_they_stand_for(
             ("g", 51, 6, 2600.0, 2600.0, true, true),
         ]
     );
+    // Each time's interval is the spread of its windows' parts (zeros included) over the 10 windows, with
+    // two more windows spent wholly in it (100 ticks each), times the scale: f and g are each in 5 of them
+    // (100 and 50 ticks); main's inclusive is in all alike (100), its exclusive in the 5 others (50).
+    let half_width = |x: f64, seen: f64| {
+        let (n, mean) = (10.0, x * seen / 10.0);
+        let var = (seen * x * x - n * mean * mean) / (n - 1.0);
+        1.96 * 10.0 * (n * var + 2.0 * 100.0 * 100.0).sqrt() / 1e3
+    };
+    let ci: Vec<(&str, f64, f64)> = rows
+        .iter()
+        .map(|r| (r.function.as_str(), (r.inclusive_ci95_ms * 1e6).round(), (r.exclusive_ci95_ms * 1e6).round()))
+        .collect();
+    let round = |x: f64| (x * 1e6).round();
+    assert_eq!(
+        ci,
+        [
+            ("f", round(half_width(100.0, 5.0)), round(half_width(100.0, 5.0))),
+            ("main", round(half_width(100.0, 10.0)), round(half_width(50.0, 5.0))),
+            ("g", round(half_width(50.0, 5.0)), round(half_width(50.0, 5.0))),
+        ]
+    );
     let text = stats::report(&a, Default::default(), false, stats::SortBy::Exclusive, 10).to_string();
+    assert!(text.contains("      ~5.300      ±4.3 ") && text.contains("      ~2.600      ±3.3 "), "{text}");
     // Every figure is an estimate once part of the run was seen through windows only: f's one call too,
     // and since no window saw a call of f (and this file, of a format before counting, cannot say whether
     // it was called again), its count is a lower bound without an interval.

@@ -286,11 +286,12 @@ pub(super) fn table(
         "lost" => Table::Lost,
         "counter_samples" => Table::CounterSamples,
         "lines" => Table::Lines,
+        "functions" => Table::Functions,
         "coroutines" => Table::Coroutines,
         "tasks" => Table::Tasks,
         other => {
             return Err(PyValueError::new_err(format!(
-                "no table {other:?}: events, calls, code, lost, counter_samples, lines, coroutines or tasks"
+                "no table {other:?}: events, calls, code, lost, counter_samples, lines, functions, coroutines or tasks"
             )))
         }
     };
