@@ -79,7 +79,8 @@ struct Parts {
     /// threads' squares into one spread would not (a function in every window of three threads has no
     /// spread in each, and its merged sum none across them either, yet each thread's share of it does).
     merged_ci_sq: Option<[f64; 3]>,
-    /// Every PY_START recorded, in or out of windows, and calls counted outside windows (FORMAT.md 5.8).
+    /// Every PY_START recorded, in or out of windows (and each call a window opened at the start of, whose
+    /// PY_START is not recorded), and calls counted outside windows (FORMAT.md 5.8).
     starts: u64,
     counted: u64,
     inclusive: [f64; 2],
@@ -1512,7 +1513,10 @@ fn step(
                 if at_start && ts.calls_from_due && t < ts.calls_until {
                     // The window opened at this call's first instruction, inside its span (5.7): the call
                     // started in the window, though no PY_START of it is recorded.
-                    per.entry(id).or_default().parts.calls[1] += 1;
+                    // Known to have happened, as a recorded one: no COUNT of it either.
+                    let p = &mut per.entry(id).or_default().parts;
+                    p.calls[1] += 1;
+                    p.starts += 1;
                     ts.window_funcs.entry(id).or_default()[2] += 1.0;
                     count_call(ts, t, tree);
                 }

@@ -108,7 +108,10 @@ struct Loop {
     head: u32,
     iterations: u64,
     sampled: bool,
-    ns_per_iteration: f64,
+    /// None where nothing was measured ([`crate::hot::HotLoop::ns_per_iteration`]).
+    ns_per_iteration: Option<f64>,
+    /// Iterations behind `ns_per_iteration` (those of the processes that measured it).
+    measured: u64,
     total_ms: f64,
 }
 
@@ -175,13 +178,15 @@ impl Side {
                 // iterations.
                 match loops.iter_mut().find(|x| x.key == key && x.head == l.head_offset && x.line == l.first_line) {
                     Some(x) => {
-                        let n = x.iterations + l.iterations;
-                        if n > 0 {
-                            x.ns_per_iteration = (x.ns_per_iteration * x.iterations as f64
-                                + l.ns_per_iteration * l.iterations as f64)
-                                / n as f64;
+                        if let Some(ns) = l.ns_per_iteration {
+                            let m = x.measured + l.iterations;
+                            if m > 0 {
+                                let before = x.ns_per_iteration.unwrap_or(0.0) * x.measured as f64;
+                                x.ns_per_iteration = Some((before + ns * l.iterations as f64) / m as f64);
+                            }
+                            x.measured = m;
                         }
-                        x.iterations = n;
+                        x.iterations += l.iterations;
                         x.sampled |= l.sampled;
                         x.total_ms += total_ms;
                     }
@@ -192,6 +197,7 @@ impl Side {
                         iterations: l.iterations,
                         sampled: l.sampled,
                         ns_per_iteration: l.ns_per_iteration,
+                        measured: if l.ns_per_iteration.is_some() { l.iterations } else { 0 },
                         total_ms,
                     }),
                 }
@@ -315,9 +321,9 @@ pub struct LoopChange {
     /// (`>=` in the text); its time in all still counts them (`hot`'s unrecorded time).
     pub sampled_before: bool,
     pub sampled_after: bool,
-    /// Time per iteration, ns, as `hot` gives it.
-    pub ns_per_iteration_before: f64,
-    pub ns_per_iteration_after: f64,
+    /// Time per iteration, ns, as `hot` gives it (null where nothing was measured; `-` in the text).
+    pub ns_per_iteration_before: Option<f64>,
+    pub ns_per_iteration_after: Option<f64>,
     /// Change of the time per iteration, %.
     pub change_pct: Option<f64>,
     /// Time in the loop, ms, and its change: the rows' order.
@@ -339,8 +345,8 @@ pub struct LoopOnly {
     pub iterations: u64,
     /// The threshold stopped recording the loop: it ran more iterations than recorded.
     pub sampled: bool,
-    /// Time per iteration, ns.
-    pub ns_per_iteration: f64,
+    /// Time per iteration, ns (null where nothing was measured).
+    pub ns_per_iteration: Option<f64>,
     /// Time in the loop, ms.
     pub total_ms: f64,
 }
@@ -442,6 +448,11 @@ fn compare(b: &Recording, a: &Recording, force: bool) -> anyhow::Result<Vec<Stri
 }
 
 /// `(after - before) / before` in %, if `before` is above 0.
+/// A time per iteration, ns, or `-` where nothing was measured (never a 0.0 that looks measured).
+fn per_iteration(ns: Option<f64>) -> String {
+    ns.map_or_else(|| "-".to_string(), |ns| format!("{ns:.1}"))
+}
+
 fn change_pct(before: Option<f64>, after: Option<f64>) -> Option<f64> {
     match (before, after) {
         (Some(b), Some(a)) if b > 0.0 => Some((a - b) / b * 100.0),
@@ -705,7 +716,7 @@ fn match_loops(before: &Side, after: &Side) -> (Vec<LoopChange>, Vec<LoopOnly>, 
             sampled_after: a.sampled,
             ns_per_iteration_before: b.ns_per_iteration,
             ns_per_iteration_after: a.ns_per_iteration,
-            change_pct: change_pct(Some(b.ns_per_iteration), Some(a.ns_per_iteration)),
+            change_pct: change_pct(b.ns_per_iteration, a.ns_per_iteration),
             total_ms_before: b.total_ms,
             total_ms_after: a.total_ms,
             total_ms_change: a.total_ms - b.total_ms,
@@ -877,11 +888,11 @@ impl fmt::Display for Diff {
                     };
                     writeln!(
                         f,
-                        "{:>10} {:>10} {:>11.1} {:>11.1} {:>9} {:>12}  {}  {}:{line}",
+                        "{:>10} {:>10} {:>11} {:>11} {:>9} {:>12}  {}  {}:{line}",
                         iterations(l.iterations_before, l.sampled_before),
                         iterations(l.iterations_after, l.sampled_after),
-                        l.ns_per_iteration_before,
-                        l.ns_per_iteration_after,
+                        per_iteration(l.ns_per_iteration_before),
+                        per_iteration(l.ns_per_iteration_after),
                         pct(l.change_pct),
                         format!("{:+.3}", l.total_ms_change),
                         l.function,
@@ -902,9 +913,9 @@ impl fmt::Display for Diff {
                 for l in rows {
                     writeln!(
                         f,
-                        "{:>10} {:>11.1} {:>12.3}  {}  {}:{}",
+                        "{:>10} {:>11} {:>12.3}  {}  {}:{}",
                         iterations(l.iterations, l.sampled),
-                        l.ns_per_iteration,
+                        per_iteration(l.ns_per_iteration),
                         l.total_ms,
                         l.function,
                         l.file,

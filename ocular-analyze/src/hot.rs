@@ -27,14 +27,17 @@ pub struct HotLoop {
     /// the number recorded, not the number run).
     pub sampled: bool,
     /// Mean time per iteration, recorder cost subtracted: of the quiet iterations when there are at least
-    /// [`MIN_QUIET`] (see `timing`), else of all timed ones.
-    pub ns_per_iteration: f64,
+    /// [`MIN_QUIET`] (see `timing`), else of all timed ones. None (null) when no iteration was timed, or
+    /// what they took was no more than the recorder's cost: nothing was measured.
+    pub ns_per_iteration: Option<f64>,
     /// Which iterations `ns_per_iteration` averages: "quiet" (only the loop's backward jump was recorded:
     /// the loop ran specialized, as it does unrecorded) or "instrumented" (every branch and call recorded:
     /// CPython runs the loop's branches de-specialized, so this overstates the unrecorded time).
     pub timing: String,
     /// Quiet iterations measured.
     pub quiet_iterations: u64,
+    /// Iterations timed (each but the first of a run of them).
+    pub timed_iterations: u64,
     /// The same in ticks.
     pub ticks_per_iteration: f64,
     /// Time in the loop, ns: the measured iterations plus `unrecorded_ns`.
@@ -245,9 +248,10 @@ pub fn report(a: &Analysis, top: usize) -> HotReport {
             end_offset: end,
             iterations: s.iterations,
             sampled: threshold > 0 && s.iterations >= threshold,
-            ns_per_iteration: a.ns(per),
+            ns_per_iteration: (per > 0.0).then(|| a.ns(per)),
             timing: timing.into(),
             quiet_iterations: s.quiet,
+            timed_iterations: s.timed,
             ticks_per_iteration: per,
             total_ns: a.ns(s.ticks + s.tail_ticks),
             unrecorded_ns: a.ns(s.tail_ticks),
@@ -332,10 +336,9 @@ impl std::fmt::Display for HotReport {
             writeln!(f)?;
             let sampled = if l.sampled { " (first ones only: de-instrumented at the threshold)" } else { "" };
             let unrecorded = if l.unrecorded_ns > 0.0 && l.sampled {
-                let all = if l.ns_per_iteration > 0.0 {
-                    format!("; ~{:.0} iterations in all at that rate", l.total_ns / l.ns_per_iteration)
-                } else {
-                    String::new()
+                let all = match l.ns_per_iteration {
+                    Some(ns) => format!("; ~{:.0} iterations in all at that rate", l.total_ns / ns),
+                    None => String::new(),
                 };
                 format!(
                     " ({:.3} ms of it after the threshold stopped recording the loop, timed from its last recorded \
@@ -345,11 +348,11 @@ impl std::fmt::Display for HotReport {
             } else {
                 String::new()
             };
-            // No iteration timed (every one was the first of its run): say so rather than print 0 ns.
-            let per = if l.ticks_per_iteration > 0.0 {
+            // No iteration timed (every one was the first of its run), or none took longer than recording it
+            // costs: say so rather than print 0 ns.
+            let per = if let Some(ns) = l.ns_per_iteration {
                 format!(
-                    "{:.1} ns/iteration ({:.0} ticks{})",
-                    l.ns_per_iteration,
+                    "{ns:.1} ns/iteration ({:.0} ticks{})",
                     l.ticks_per_iteration,
                     if l.timing == "quiet" {
                         format!(", from {} quiet iterations", l.quiet_iterations)
@@ -357,8 +360,14 @@ impl std::fmt::Display for HotReport {
                         String::new()
                     }
                 )
-            } else {
+            } else if l.timed_iterations == 0 {
                 "no iteration timed".to_string()
+            } else {
+                format!(
+                    "no time per iteration measured (its {} timed iterations took no longer than the recorder's cost \
+                     of their events)",
+                    l.timed_iterations
+                )
             };
             let pid = if self.processes > 0 { format!(" (pid {})", l.pid) } else { String::new() };
             writeln!(

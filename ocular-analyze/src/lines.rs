@@ -117,6 +117,11 @@ struct Frame {
     callee: Option<(u64, f64)>,
     /// The run began between windows (calls in it were not recorded).
     in_gap: bool,
+    /// A frame of the same code is open below this one (recursion, direct or through other functions):
+    /// the outer frame's run that made the call holds this frame's whole time with callees, on the line it
+    /// called from, so this frame's runs add none (recursion counted once, as a function's inclusive time;
+    /// their own time still counts, and a line's time with callees is at least its own).
+    nested: bool,
 }
 
 impl Frame {
@@ -131,7 +136,13 @@ impl Frame {
             tainted: false,
             callee: None,
             in_gap: false,
+            nested: false,
         }
+    }
+
+    /// A frame of `code` pushed onto `stack`.
+    fn on(stack: &[Frame], code: u32, start: Option<u32>, t: u64, now: f64) -> Self {
+        Frame { nested: stack.iter().any(|f| f.code == code), ..Frame::new(code, start, t, now) }
     }
 
     /// Adds the time from the mark to `t` to the run.
@@ -188,7 +199,9 @@ impl Pass {
                 let key = (f.code, start, end, f.prev_last, flags | if gap || f.in_gap { GAP } else { 0 });
                 let r = self.runs.entry(key).or_default();
                 r.0 += f.own;
-                r.1 += f.total;
+                if !f.nested {
+                    r.1 += f.total;
+                }
                 r.2 += 1;
                 f.prev_last = if flags & SINGLE != 0 {
                     start
@@ -347,14 +360,14 @@ fn step(
             if let Some(top) = th.stack.last_mut() {
                 top.tainted = true;
             }
-            th.stack.push(Frame::new(id, None, t, now));
+            th.stack.push(Frame::on(&th.stack, id, None, t, now));
         }
         EventKind::PY_START | EventKind::PY_RESUME | EventKind::PY_THROW => {
             if let Some(top) = th.stack.last_mut() {
                 top.catch_up(t, now);
                 top.callee = Some((t, now));
             }
-            th.stack.push(Frame::new(id, Some(off), t, now));
+            th.stack.push(Frame::on(&th.stack, id, Some(off), t, now));
         }
         EventKind::PY_RETURN | EventKind::PY_YIELD | EventKind::PY_UNWIND => {
             let Some(pos) = th.stack.iter().rposition(|f| f.code == id) else { return };
@@ -394,7 +407,7 @@ fn step(
                             top.catch_up(t, now);
                             top.tainted = true;
                         }
-                        th.stack.push(Frame::new(id, None, t, now));
+                        th.stack.push(Frame::on(&th.stack, id, None, t, now));
                     }
                 }
             }

@@ -406,11 +406,13 @@ def trace_html(trace: "Trace") -> str:
         out.append(f'<div style="margin-top:6px"><b>Hottest loop{"s" if len(loops) > 1 else ""}</b></div>')
         for i, lp in enumerate(loops, 1):
             first = " (first ones only)" if lp.get("sampled") else ""
+            per = ("no time per iteration measured" if lp.get("ns_per_iteration") is None
+                   else f'{_e(_ns(lp["ns_per_iteration"]))}/iteration')
             out.append(
                 f'<div style="margin:2px 0">#{i} <b>{_e(lp["function"])}</b> '
                 f'<span style="{_MUTED}" title="{_e(lp["file"])}">{_e(_short(lp["file"]))}:{lp["first_line"]}-'
                 f'{lp["last_line"]}</span>: {lp["iterations"]:,} iterations{first}, '
-                f'{_e(_ns(lp["ns_per_iteration"]))}/iteration, {_e(_ns(lp["total_ns"]))} in total</div>')
+                f'{per}, {_e(_ns(lp["total_ns"]))} in total</div>')
             ops = []
             for ins in (lp.get("instructions") or [])[:_OPCODES_SHOWN]:
                 op = _e(ins["base"])

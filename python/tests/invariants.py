@@ -5,6 +5,12 @@ trace the test suite records (the `ocl` fixture), and on the known-truth program
 - No function's inclusive time above its thread's wall time (merged over threads: above the threads' wall
   time added up): a function cannot run longer than the run.
 - No loop's total time above its function's inclusive time (recursion counted once in both).
+- Intervals where estimates are, and only there: an exact figure has none (0), an estimated count or time
+  a non-negative one, and no estimated count below the calls recorded.
+- The lines view places at most the run's time: no line's time with its callees, and not all lines' own
+  times together, above the threads' wall time; a line's own time within its time with callees.
+- No per-iteration cost that was not measured: a loop's time per iteration is above 0 or null (nothing
+  measured), in `hot` and in `diff` (here of the trace against itself, which must also find nothing changed).
 
 A small tolerance (2% and 1 ms) allows for the estimates' own rounding; an impossible figure is well past
 it (the ones found so far were 105-125% of the wall time).
@@ -21,6 +27,8 @@ SLACK_MS = 1.0
 # The test suite's analyzer is a debug build: traces above this (a few stress tests' tens of millions of
 # events) would each take it tens of seconds, and are checked by the tests that make them.
 MAX_BYTES = 4 << 20
+# The lines view and a diff are two more passes each: on traces up to this size (most of the suite's).
+MAX_BYTES_MORE = 1 << 20
 
 
 def _json(analyze: str, *args: str):
@@ -51,6 +59,28 @@ def violations(path: str, analyze: str | None = None) -> list[str]:
         limit = r["wall_ms"] * max(r.get("threads", 1), 1)
         if incl > limit * TOLERANCE + SLACK_MS:
             bad.append(f"{name}: inclusive {incl:.3f} ms above the wall time of its threads, {limit:.3f} ms")
+        cis = (r["calls_ci95"], r["inclusive_ci95_ms"], r["exclusive_ci95_ms"])
+        if min(cis) < 0:
+            bad.append(f"{name}: a negative interval {cis}")
+        if not r["estimated"] and any(cis):
+            bad.append(f"{name}: exact figures with an interval {cis}")
+        if not r["calls_estimated"] and r["calls_ci95"]:
+            bad.append(f"{name}: an exact count with an interval ±{r['calls_ci95']}")
+        if r["calls"] < r["observed_calls"]:
+            bad.append(f"{name}: {r['calls']} calls, fewer than the {r['observed_calls']} recorded")
+    wall = max((r["wall_ms"] * max(r.get("threads", 1), 1) for r in rows), default=0.0)
+    more = os.path.getsize(path) <= MAX_BYTES_MORE
+    lines = _json(analyze, "stats", path, "--lines", "--top", "1000000") if more else None
+    if rows and isinstance(lines, list):
+        own = sum(x["own_ms"] for x in lines)
+        if own > wall * TOLERANCE + SLACK_MS:
+            bad.append(f"lines: {own:.3f} ms placed in all, above the wall time of the threads, {wall:.3f} ms")
+        for x in lines:
+            where = f"line {x['line']} of {x['function']} ({x['file']})"
+            if x["with_callees_ms"] > wall * TOLERANCE + SLACK_MS:
+                bad.append(f"{where}: {x['with_callees_ms']:.3f} ms with callees, above {wall:.3f} ms")
+            if x["own_ms"] > x["with_callees_ms"] * TOLERANCE + SLACK_MS:
+                bad.append(f"{where}: own {x['own_ms']:.3f} ms above {x['with_callees_ms']:.3f} ms with callees")
     hot = _json(analyze, "hot", path, "--top", "1000000")
     for loop in (hot or {}).get("loops", []):
         key = (loop["function"], loop["file"], loop["first_line"])
@@ -60,4 +90,20 @@ def violations(path: str, analyze: str | None = None) -> list[str]:
         incl = max((v for (f, fi, _), v in inclusive.items() if f == key[0] and fi == key[1]), default=None)
         if incl is not None and total > incl * TOLERANCE + SLACK_MS:
             bad.append(f"loop of {key[0]} at line {key[2]}: {total:.3f} ms, above its function's {incl:.3f} ms")
+        if loop["iterations"] > 0 and loop["ns_per_iteration"] is not None and loop["ns_per_iteration"] <= 0:
+            bad.append(f"loop of {key[0]} at line {key[2]}: {loop['ns_per_iteration']} ns per iteration over "
+                       f"{loop['iterations']} iterations")
+    # Only where there are loops to compare (its functions are stats' rows, checked above).
+    diff = _json(analyze, "diff", path, path) if more and (hot or {}).get("loops") else None
+    for loop in (diff or {}).get("loops", []):
+        for side in ("before", "after"):
+            n, ns = loop[f"iterations_{side}"], loop[f"ns_per_iteration_{side}"]
+            if n and ns is not None and ns <= 0:
+                bad.append(f"diff: loop of {loop['function']} at line {loop[f'line_{side}']}: {ns} ns per "
+                           f"iteration {side} over {n} iterations")
+    for f in (diff or {}).get("functions", []):
+        if f["calls_before"] != f["calls_after"] or f["exclusive_ms_change"] != 0:
+            bad.append(f"diff of the trace with itself: {f['function']} changed ({f})")
+    if diff and (diff.get("new_functions") or diff.get("vanished_functions")):
+        bad.append("diff of the trace with itself: functions new or vanished")
     return bad

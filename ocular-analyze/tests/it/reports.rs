@@ -13,7 +13,7 @@ fn loops(fixture: &str) -> Vec<(String, u64, usize, bool)> {
         .iter()
         .map(|l| {
             let measured = l.instructions.iter().filter(|i| i.ticks.is_some()).count();
-            (l.function.clone(), l.iterations, measured, l.ns_per_iteration > 0.0)
+            (l.function.clone(), l.iterations, measured, l.ns_per_iteration.is_some_and(|ns| ns > 0.0))
         })
         .collect();
     v.sort();
