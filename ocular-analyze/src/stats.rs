@@ -554,7 +554,14 @@ impl fmt::Display for Report {
                     })
                     .collect();
                 // No call seen (an estimate of none, or frames entered before the recording): no mean.
-                let mean = if r.calls > 0 { format!("{:.3}", r.mean_us) } else { "-".into() };
+                let mean = if r.calls > 0 {
+                    // As uncertain as its two parts together.
+                    let rel = |ci: f64, x: f64| if x > 0.0 { ci / x } else { 0.0 };
+                    let spread = rel(r.inclusive_ci95_ms, r.inclusive_ms).hypot(rel(r.calls_ci95, r.calls as f64));
+                    to_interval(r.mean_us, r.estimated, spread * r.mean_us)
+                } else {
+                    "-".into()
+                };
                 let interval = match (ci, r.calls_estimated, r.calls_lower_bound) {
                     (false, ..) => String::new(),
                     (true, false, _) => format!(" {:>9}", "exact"),
@@ -578,10 +585,14 @@ impl fmt::Display for Report {
                 writeln!(
                     f,
                     "{:>10}{interval} {:>12}{} {share:>7} {:>12}{} {mean:>11}{counts}  {}  {}:{}",
-                    format!("{calls_mark}{}", r.calls),
-                    format!("{m}{:.3}", r.inclusive_ms),
+                    if r.calls_estimated && r.calls_ci95 > 0.0 {
+                        format!("{calls_mark}{}", to_interval(r.calls as f64, true, r.calls_ci95))
+                    } else {
+                        format!("{calls_mark}{}", r.calls)
+                    },
+                    format!("{m}{}", to_interval(r.inclusive_ms, r.estimated, r.inclusive_ci95_ms)),
                     time_interval(r.inclusive_ci95_ms),
-                    format!("{m}{:.3}", r.exclusive_ms),
+                    format!("{m}{}", to_interval(r.exclusive_ms, r.estimated, r.exclusive_ci95_ms)),
                     time_interval(r.exclusive_ci95_ms),
                     r.function,
                     r.file,
@@ -597,6 +608,23 @@ impl fmt::Display for Report {
         }
         Ok(())
     }
+}
+
+/// A figure with as many digits as its interval leaves meaningful (`~1273 ±58` ms, `~0.86 ±0.54` ms,
+/// `~810000 ±850000` calls): an estimate printed to the microsecond or the last call would look exact.
+/// Exact figures, and estimates with no spread, keep three decimals.
+fn to_interval(ms: f64, estimated: bool, ci: f64) -> String {
+    if !estimated || ci <= 0.0 {
+        return format!("{ms:.3}");
+    }
+    let digits = ci.log10().floor() as i32 - 1;
+    if digits > 0 {
+        // Whole units past the interval's second digit are noise too: 141498 +-6500 reads 141500.
+        let unit = 10f64.powi(digits);
+        return format!("{:.0}", (ms / unit).round() * unit);
+    }
+    let decimals = (-digits).min(3) as usize;
+    format!("{ms:.decimals$}")
 }
 
 /// An interval's half width in ms, to two significant digits, rounded up (at least 0.001).

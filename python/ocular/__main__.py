@@ -291,6 +291,11 @@ def main(argv: list[str] | None = None, prog: str = "python -m ocular") -> int:
     argv = sys.argv[1:] if argv is None else argv
     if argv and argv[0] in ANALYZE_COMMANDS:
         return _analyze(argv, prog)
+    if argv in (["--version"], ["-V"]):
+        from ._recorder import VERSION
+
+        print(f"ocular {VERSION} (Python {sys.version.split()[0]})")
+        return 0
     from ._interp import check_supported
     from ._recorder import _native
 

@@ -14,6 +14,7 @@ IPython is imported only by ``load_ipython_extension``: the summary works in any
 from __future__ import annotations
 
 import html
+import math
 import os
 import re
 import sys
@@ -310,7 +311,10 @@ def _merge_threads(rows: Any) -> list[dict[str, Any]]:
             continue
         for k in ("calls", "exclusive_ms", "inclusive_ms"):
             m[k] += r[k]
-        for k in ("estimated", "calls_estimated"):
+        # Each thread's windows vary on their own: their intervals add in quadrature, as stats() adds them.
+        for k in ("calls_ci95", "inclusive_ci95_ms", "exclusive_ci95_ms"):
+            m[k] = math.hypot(m.get(k) or 0.0, r.get(k) or 0.0)
+        for k in ("estimated", "calls_estimated", "calls_lower_bound", "times_lower_bound"):
             m[k] = m.get(k) or r.get(k)
     return list(merged.values())
 
@@ -378,14 +382,20 @@ def trace_html(trace: "Trace") -> str:
                        (("function", _TDL), ("calls", _TD), ("exclusive", _TD), ("inclusive", _TD),
                         ("file:line", _TDL)))
         body = []
+        def pm(ci: float, text: str) -> str:
+            # An estimate's 95% interval beside it, muted.
+            return f' <span style="{_MUTED}">±{_e(text)}</span>' if ci else ""
+
         for r in shown:
-            calls_est = "~" if r.get("calls_estimated") else ""
-            est = "~" if r.get("estimated") else ""
+            calls_est = ">=" if r.get("calls_lower_bound") else "~" if r.get("calls_estimated") else ""
+            est = ">=" if r.get("times_lower_bound") else "~" if r.get("estimated") else ""
+            calls_ci = r.get("calls_ci95") or 0.0
+            excl_ci, incl_ci = r.get("exclusive_ci95_ms") or 0.0, r.get("inclusive_ci95_ms") or 0.0
             body.append(
                 f'<tr><td style="{_TDL}">{_e(r["function"])}</td>'
-                f'<td style="{_TD}">{calls_est}{r["calls"]:,}</td>'
-                f'<td style="{_TD}">{est}{_e(_ns(r["exclusive_ms"] * 1e6))}</td>'
-                f'<td style="{_TD}">{est}{_e(_ns(r["inclusive_ms"] * 1e6))}</td>'
+                f'<td style="{_TD}">{calls_est}{r["calls"]:,}{pm(calls_ci, f"{calls_ci:,.0f}")}</td>'
+                f'<td style="{_TD}">{est}{_e(_ns(r["exclusive_ms"] * 1e6))}{pm(excl_ci, _ns(excl_ci * 1e6))}</td>'
+                f'<td style="{_TD}">{est}{_e(_ns(r["inclusive_ms"] * 1e6))}{pm(incl_ci, _ns(incl_ci * 1e6))}</td>'
                 f'<td style="{_TDL};{_MUTED}" title="{_e(r["file"])}:{r["line"]}">'
                 f'{_e(_short(r["file"]))}:{r["line"]}</td></tr>')
         more = len(rows) - len(shown)

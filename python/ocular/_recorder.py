@@ -760,7 +760,8 @@ class Recording:
                 children += f", {len(self.unrecorded_children)} not recorded: " + "; ".join(self.unrecorded_children)
         return (
             f"{self.path}: {self.events:,} events ({self.mode} mode), {self.lost:,} lost, "
-            f"{self.threads} threads, {self.code_objects} code objects, {self.bytes:,} bytes{per}{ring}{children}"
+            f"{self.threads} thread{'' if self.threads == 1 else 's'}, {self.code_objects} code objects, "
+            f"{self.bytes:,} bytes{per}{ring}{children}"
         )
 
     def __repr__(self) -> str:

@@ -69,6 +69,13 @@ def test_ocular_help_names_itself_and_every_command():
     assert "python -m ocular" not in r.stdout
 
 
+def test_ocular_version_names_ocular_and_the_python():
+    for flag in ("--version", "-V"):
+        r = command("ocular", flag)
+        assert r.returncode == 0, r.stderr
+        assert r.stdout == f"ocular 0.1.0 (Python {sys.version.split()[0]})\n", r.stdout
+
+
 def test_ocular_without_arguments_prints_its_help():
     r = command("ocular")
     assert r.returncode == 2
