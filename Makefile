@@ -102,10 +102,11 @@ bench-analyze: check-python ## analyzer throughput: info, stats, hot, export on 
 	$(CARGO) build --release --locked -p ocular-analyze $(ANALYZE_FEATURES)
 	@venv=$$(scripts/venv.sh $(firstword $(PYTHONS)) | tail -n 1); $$venv/bin/python bench/analyze_bench.py
 
-bench-truth: check-python ## is the default mode true? hot's loops next to their untraced time; top functions next to calls mode's; five packages against calls mode and py-spy
+bench-truth: check-python ## is the default mode true? programs that measure themselves; hot's loops next to their untraced time; top functions next to calls mode's; five packages against calls mode and py-spy
 	$(CARGO) build --release --locked -p ocular-analyze $(ANALYZE_FEATURES)
 	@venv=$$(scripts/venv.sh $(firstword $(PYTHONS)) | tail -n 1); \
 	    $$venv/bin/python -m pip install -q --disable-pip-version-check -r bench/truth-requirements.txt; \
+	    $$venv/bin/python bench/known_truth.py; \
 	    $$venv/bin/python bench/truth_bench.py; \
 	    $$venv/bin/python bench/function_truth.py $(TRUTH_ARGS); \
 	    $$venv/bin/python bench/truth_packages.py

@@ -174,10 +174,10 @@ impl FunctionStats {
         self.calls = (estimate.round() as u64).max(self.calls_at_least);
         self.calls_estimated = sampled;
         self.calls_lower_bound = sampled && p.window_calls == 0.0 && self.calls_at_least > 0;
-        self.times_lower_bound = self.calls_lower_bound
-            && p.inclusive[1] == 0.0
-            && p.exclusive[1] == 0.0
-            && self.calls_at_least > p.calls[0];
+        // Called after the part recorded whole (its calls counted, or seen in windows as starts) and in
+        // no window's time: how long those calls ran, nothing says (8 calls of 2 ms each read 0 +-0).
+        self.times_lower_bound =
+            sampled && p.inclusive[1] == 0.0 && p.exclusive[1] == 0.0 && self.calls_at_least > p.calls[0];
         // The windows are a sample of the run's time: the spread of a function's count across them (its
         // zeros included) gives the standard error of their sum, times what they stand for. To that the
         // recorder's cost adds an error of its own, the same in every window: a window holds as many of

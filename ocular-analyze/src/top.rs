@@ -30,6 +30,9 @@ struct Bucket {
     missed: u64,
     /// Ticks of function-boundary recording in this bucket (windows: the default mode's calls).
     covered: u64,
+    /// The recorder's cost of the events recorded in windows, ticks: time of `covered` the program did not
+    /// run, as `stats` takes it out of each window.
+    window_cost: f64,
 }
 
 #[derive(Debug, Default)]
@@ -53,7 +56,13 @@ pub struct Top {
     windowed: bool,
     ended: Option<End>,
     started: Instant,
+    /// The recorder's cost per event kind, ticks (measured at the recording's start, FORMAT.md 6.6).
+    cost: Costs,
 }
+
+/// The recorder's cost per event kind, in ticks.
+#[derive(Debug)]
+struct Costs([f64; 256]);
 
 /// One row of the function table.
 #[derive(Debug, Serialize, Clone)]
@@ -123,7 +132,9 @@ impl Top {
             .ok()
             .and_then(|r| r.header_record().and_then(|b| postcard::take_from_bytes::<Header>(b).ok()).map(|(h, _)| h));
         let (tps, _) = cursor.clock();
+        let cost = ocular_format::cost_table(header.as_ref().map_or(0.0, |h| h.event_cost_ticks), None);
         Ok(Top {
+            cost: Costs(cost),
             cursor,
             header,
             tps: if tps > 0.0 { tps } else { 1e9 },
@@ -151,7 +162,8 @@ impl Top {
         }
         let bucket = self.buckets.back_mut().expect("pushed above");
         let threads = &mut self.threads;
-        let (tps, window_end, windowed) = (self.tps, &mut self.window_end, &mut self.windowed);
+        let (window_end, windowed, cost) = (&mut self.window_end, &mut self.windowed, &self.cost);
+        let tps = self.tps;
         let gaps = std::cell::RefCell::new(Vec::new());
         let p = self.cursor.poll_gaps(
             |tid, e| {
@@ -162,7 +174,7 @@ impl Top {
                     ts.last = None;
                     ts.stack.clear();
                 }
-                step(ts, tid, e, bucket, tps, window_end, windowed)
+                step(ts, tid, e, bucket, (tps, cost), window_end, windowed)
             },
             |tid, _| gaps.borrow_mut().push(tid),
         );
@@ -191,7 +203,7 @@ impl Top {
             .max(1e-3);
         let mut funcs: HashMap<(u64, u32), Func> = HashMap::new();
         let mut loops: HashMap<(u32, u32), u64> = HashMap::new();
-        let (mut events, mut missed, mut covered) = (0u64, 0u64, 0u64);
+        let (mut events, mut missed, mut covered, mut window_cost) = (0u64, 0u64, 0u64, 0.0);
         for b in &recent {
             for (&(tid, code), f) in &b.funcs {
                 let e = funcs.entry((if per_thread { tid } else { 0 }, code)).or_default();
@@ -204,9 +216,13 @@ impl Top {
             events += b.events;
             missed += b.missed;
             covered += b.covered;
+            window_cost += b.window_cost;
         }
-        // The default mode: calls are recorded in windows covering a share of the time; scale them up.
-        let mut scale = if self.windowed && covered > 0 { (secs * self.tps / covered as f64).max(1.0) } else { 1.0 };
+        // The default mode: calls are recorded in windows covering a share of the time; scale them up, by
+        // the part of the windows the program ran (their length less the recorder's cost of their events,
+        // as stats weighs them: without, call-dense code's rate read low by what recording it cost).
+        let ran = covered as f64 - window_cost.clamp(0.0, 0.9 * covered as f64);
+        let mut scale = if self.windowed && covered > 0 { (secs * self.tps / ran).max(1.0) } else { 1.0 };
         // Events the cursor missed are of the same functions, in the same mix as far as it can tell.
         if missed > 0 && events > 0 {
             scale *= (events + missed) as f64 / events as f64;
@@ -277,7 +293,7 @@ fn step(
     tid: u64,
     e: &RawEvent,
     b: &mut Bucket,
-    tps: f64,
+    (tps, cost): (f64, &Costs),
     window_end: &mut u64,
     windowed: &mut bool,
 ) {
@@ -321,6 +337,9 @@ fn step(
     }
     // Outside a window (default mode), function boundaries are not recorded: time is not attributed.
     let in_window = !*windowed || t < *window_end;
+    if *windowed && in_window {
+        b.window_cost += cost.0[e.kind as usize];
+    }
     if *windowed && !in_window {
         ts.last = None;
         if kind == Some(EventKind::JUMP) && e.arg.get() < e.offset.get() {

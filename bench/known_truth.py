@@ -1,0 +1,83 @@
+"""The default mode against programs that measure themselves: `testdata/workloads/known_truth.py` counts and
+times its own functions (`time.perf_counter` around every call). Each variant runs untraced (the truth for
+times) and then under `python -m ocular run` (default mode); the table puts each estimate, with its 95%
+interval, beside the program's own measurements.
+
+    make bench-truth     (or: PY bench/known_truth.py [--rounds 8] [--variants json,sleep])
+
+Per variant: `py_heavy` (120,000 calls of a one-line `leaf` per round) and the variant's second function,
+whose time is spent where no safe point comes (a long C call, a sleep, a collection, ...): each one's
+estimated inclusive time and interval, the truth untraced and traced, and whether the truth (either) lies
+inside the interval; then `leaf`'s estimated count and interval against its true count.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import subprocess
+import sys
+import tempfile
+
+ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+ANALYZE = os.environ.get("OCULAR_ANALYZE", os.path.join(ROOT, "target", "release", "ocular-analyze"))
+WORKLOAD = os.path.join(ROOT, "testdata", "workloads", "known_truth.py")
+SECOND = {"json": "c_json", "sleep": "waiter", "gc": "churn", "hashlib": "c_hash", "regex": "c_regex",
+          "recurse": "recurse", "generator": "consume", "threads": "c_json"}
+
+
+def run(tmp: str, variant: str, rounds: int, traced: bool) -> dict:
+    out = os.path.join(tmp, f"{variant}-{traced}.json")
+    cmd = [sys.executable]
+    if traced:
+        cmd += ["-m", "ocular", "run", "-q", "-o", os.path.join(tmp, f"{variant}.ocl")]
+    subprocess.run(cmd + [WORKLOAD, variant, str(rounds)], env=dict(os.environ, KNOWN_TRUTH_OUT=out),
+                   check=True, capture_output=True)
+    with open(out) as f:
+        return json.load(f)
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    ap.add_argument("--rounds", type=int, default=8)
+    ap.add_argument("--variants", default=",".join(SECOND))
+    args = ap.parse_args()
+    print(f"# the default mode against programs that measure themselves: Python {sys.version.split()[0]}, "
+          f"{args.rounds} rounds")
+    print("| variant | function | estimate ms | truth ms (untraced, traced) | inside | `leaf` calls: estimate, truth |")
+    print("|---|---|---:|---:|---|---|")
+    inside = total = 0
+    with tempfile.TemporaryDirectory() as tmp:
+        for variant in args.variants.split(","):
+            truth = run(tmp, variant, args.rounds, traced=False)
+            traced = run(tmp, variant, args.rounds, traced=True)
+            out = subprocess.run([ANALYZE, "stats", "--json", "--top", "100000", os.path.join(tmp, f"{variant}.ocl")],
+                                 capture_output=True, text=True, check=True)
+            rows = {r["function"]: r for r in json.loads(out.stdout)}
+            leaf = rows.get("leaf")
+            leaf_text = (f"~{leaf['calls']:,} ±{leaf['calls_ci95']:,.0f}, {traced['leaf_calls']:,}"
+                         if leaf and leaf["calls_estimated"] else "-")
+            for name in ("py_heavy", SECOND[variant]):
+                r = rows[name]
+                want = (truth["times_s"][name] * 1e3, traced["times_s"][name] * 1e3)
+                est, ci = r["inclusive_ms"], r["inclusive_ci95_ms"]
+                if r["times_lower_bound"]:
+                    # No window saw it: a lower bound, which holds if the truth is above it.
+                    ok = any(w >= est for w in want)
+                    inside += ok
+                    total += 1
+                    print(f"| {variant} | `{name}` | >={est:,.0f} (no window saw it) | {want[0]:,.0f}, {want[1]:,.0f} | "
+                          f"{'yes' if ok else 'no'} | {leaf_text if name == 'py_heavy' else ''} |")
+                    continue
+                ok = any(abs(est - w) <= ci for w in want)
+                inside += ok
+                total += 1
+                print(f"| {variant} | `{name}` | {est:,.0f} ±{ci:,.0f} | {want[0]:,.0f}, {want[1]:,.0f} | "
+                      f"{'yes' if ok else 'no'} | {leaf_text if name == 'py_heavy' else ''} |")
+    print(f"\n{inside} of {total} times hold the program's own measurement inside their 95% interval (or above "
+          f"their lower bound)")
+
+
+if __name__ == "__main__":
+    main()
