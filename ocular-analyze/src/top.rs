@@ -54,6 +54,8 @@ pub struct Top {
     /// The default mode records calls in windows only: until when the current one records them.
     window_end: u64,
     windowed: bool,
+    /// The current window's due moment and length, ticks, and until when its calls count (FORMAT.md 5.7).
+    due: Due,
     ended: Option<End>,
     started: Instant,
     /// The recorder's cost per event kind, ticks (measured at the recording's start, FORMAT.md 6.6).
@@ -63,6 +65,18 @@ pub struct Top {
 /// The recorder's cost per event kind, in ticks.
 #[derive(Debug)]
 struct Costs([f64; 256]);
+
+/// When the current window fell due, its length, and until when its calls count, ticks: from its opening
+/// for its length, or, where its `DUE` marker says calls count from the due moment, to the due moment plus
+/// its length (as `stats` counts them). A window that opened late, after the program had been off the CPU
+/// or in a long C call, then counts calls for the part of its length left: counting them for its whole
+/// length gave a program sharing its CPU with two others 1.5x its own call rate.
+#[derive(Debug, Default)]
+struct Due {
+    at: u64,
+    len: u64,
+    calls_until: u64,
+}
 
 /// One row of the function table.
 #[derive(Debug, Serialize, Clone)]
@@ -142,6 +156,7 @@ impl Top {
             buckets: VecDeque::new(),
             window_end: 0,
             windowed: false,
+            due: Due::default(),
             ended: None,
             started: Instant::now(),
         })
@@ -162,7 +177,7 @@ impl Top {
         }
         let bucket = self.buckets.back_mut().expect("pushed above");
         let threads = &mut self.threads;
-        let (window_end, windowed, cost) = (&mut self.window_end, &mut self.windowed, &self.cost);
+        let (window_end, windowed, cost, due) = (&mut self.window_end, &mut self.windowed, &self.cost, &mut self.due);
         let tps = self.tps;
         let gaps = std::cell::RefCell::new(Vec::new());
         let p = self.cursor.poll_gaps(
@@ -174,7 +189,7 @@ impl Top {
                     ts.last = None;
                     ts.stack.clear();
                 }
-                step(ts, tid, e, bucket, (tps, cost), window_end, windowed)
+                step(ts, tid, e, bucket, (tps, cost), (window_end, due), windowed)
             },
             |tid, _| gaps.borrow_mut().push(tid),
         );
@@ -294,7 +309,7 @@ fn step(
     e: &RawEvent,
     b: &mut Bucket,
     (tps, cost): (f64, &Costs),
-    window_end: &mut u64,
+    (window_end, due): (&mut u64, &mut Due),
     windowed: &mut bool,
 ) {
     if ts.pauses.pause(e) {
@@ -305,7 +320,15 @@ fn step(
     let kind = EventKind::from_u8(e.kind);
     let code = e.code.get();
     match kind {
-        // Due moments and counted calls (FORMAT.md 5.7, 5.8) place no time here.
+        Some(EventKind::DUE) => {
+            use ocular_format::event::due::{CALLS_FROM_DUE, MISSED};
+            let flags = e.offset.get();
+            if flags & CALLS_FROM_DUE != 0 && flags & MISSED == 0 && due.len > 0 {
+                due.calls_until = due.at + due.len;
+            }
+            return;
+        }
+        // Due stacks and counted calls (FORMAT.md 5.7, 5.8) place no time here.
         Some(k) if k.is_recorder_note() => return,
         Some(EventKind::WINDOW) => {
             *windowed = true;
@@ -313,6 +336,13 @@ fn step(
             ts.last = None;
             let len = e.arg.get();
             let end = if len == u32::MAX { u64::MAX } else { t + (len as f64 * tps / 1e6) as u64 };
+            // A missed window's marker comes before the opened one's, at the same tick: the last one holds.
+            *due = if len == u32::MAX {
+                Due { calls_until: u64::MAX, ..Due::default() }
+            } else {
+                let lead = (f64::from(code) * tps / 1e6) as u64;
+                Due { at: t.saturating_sub(lead), len: end - t, calls_until: end }
+            };
             if end > *window_end {
                 // Counted once per window, whichever thread's marker comes first.
                 if len != u32::MAX && *window_end < t {
@@ -361,7 +391,9 @@ fn step(
     ts.last = Some(t);
     match kind {
         Some(EventKind::PY_START) => {
-            b.funcs.entry((tid, code)).or_default().calls += 1;
+            if !*windowed || t < due.calls_until {
+                b.funcs.entry((tid, code)).or_default().calls += 1;
+            }
             ts.stack.push(code);
         }
         Some(EventKind::PY_RESUME | EventKind::PY_THROW) => ts.stack.push(code),
