@@ -284,7 +284,9 @@ def test_a_run_of_several_processes_has_a_pid_label_per_sample(tmp_path):
     assert r.returncode == 0, r.stderr
     info = json.loads(subprocess.run([ANALYZE, "info", "--json", str(trace)], capture_output=True, text=True).stdout)
     pids = {p["pid"] for p in info["processes"]}
-    assert len(pids) >= 3
+    # The parent and at least one worker. The other worker may have done nothing, and the pool's terminate()
+    # can kill it before its recorder wrote a trace at all (once in CI on 3.14): then it is not listed.
+    assert len(pids) >= 2
     v = View(export(trace, tmp_path / "run.pb.gz"))
     # Every sample names a recorded process; a pool worker that got no task may have no stack with time.
     labelled = {v.labels(s)["pid"] for s in v.p.sample}
