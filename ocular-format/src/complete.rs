@@ -94,32 +94,103 @@ pub fn complete_into(src: &Path, dst: &Path) -> Result<Option<Completed>> {
 /// Closes the trace at `path` whose writer failed (the disk filled, an I/O error) while its recording went
 /// on: cut at its last whole chunk, then `lost` (the events that came after the failure, per thread: LOST
 /// chunks, FORMAT.md 6.3) and a trailer, in place. It then reads cleanly, the failure's range counted as
-/// lost. The few hundred bytes this writes fit where the cut chunk was. Returns whether it was sealed
-/// (`false`: it already had a trailer).
-pub fn seal(path: &Path, lost: &[crate::Lost], end_ticks: u64, end_monotonic_ns: u64) -> Result<bool> {
+/// lost. The few hundred bytes this writes usually fit where the cut chunk was; where they do not (the
+/// last whole chunk ended just below a file size limit), the trace is cut one events chunk earlier, its
+/// events counted as lost too, and so on (at most [`SEAL_RETREATS`] chunks): a trace that says what it
+/// lost is worth more than one more chunk of events. Returns the LOST records written (those given, and
+/// any chunks given up), or `None` if it already had a trailer.
+pub fn seal(
+    path: &Path,
+    lost: &[crate::Lost],
+    end_ticks: u64,
+    end_monotonic_ns: u64,
+) -> Result<Option<Vec<crate::Lost>>> {
     let mut r = Reader::open_with(path, ReadOptions::default())?;
-    while r.next_chunk()?.is_some() {}
+    // Where the trace could be cut: each events chunk's start, with what came before it (chunks, events,
+    // lost events) and what it holds.
+    let mut cuts: Vec<(u64, [u64; 3], crate::Lost)> = Vec::new();
+    // The LOST records already in it, by offset: a cut before one keeps its count.
+    let mut recorded_lost: Vec<(u64, crate::Lost)> = Vec::new();
+    let (mut chunks, mut events, mut lost_before) = (r.report().chunks, 0u64, 0u64);
+    while let Some(c) = r.next_chunk()? {
+        match c.body {
+            Body::Events(_) => {
+                let l = crate::Lost {
+                    thread_id: c.info.thread_id,
+                    count: u64::from(c.info.count),
+                    first_ticks: c.info.first_ts,
+                    last_ticks: c.info.last_ts,
+                };
+                cuts.push((c.info.offset, [chunks, events, lost_before], l));
+                events += u64::from(c.info.count);
+            }
+            Body::Lost(ref l) => {
+                lost_before += l.count;
+                recorded_lost.push((c.info.offset, l.clone()));
+            }
+            _ => {}
+        }
+        chunks += 1;
+    }
     let header = r.header().clone();
     let report = r.report().clone();
     drop(r);
     if report.trailer.is_some() {
-        return Ok(false);
+        return Ok(None);
+    }
+    if (chunks, events, lost_before) != (report.chunks, report.events, report.lost) {
+        // A chunk counted but not handed out: the counts at a cut would be wrong, so no cut but the last.
+        cuts.clear();
     }
     let name = path.display().to_string();
     let io = |error| Error::Io { path: name.clone(), error };
-    let file = std::fs::OpenOptions::new().write(true).open(path).map_err(io)?;
-    let len = file.metadata().map_err(io)?.len();
-    let cut = report.truncated.map_or(len, |(offset, _)| offset);
-    file.set_len(cut).map_err(io)?;
-    let mut file = file;
-    std::io::Seek::seek(&mut file, std::io::SeekFrom::Start(cut)).map_err(io)?;
-    let mut w =
-        Writer::resume(std::io::BufWriter::new(file), &name, &header, report.chunks, report.events, report.lost)?;
-    for l in lost.iter().filter(|l| l.count > 0) {
-        w.lost(l)?;
+    let len = std::fs::metadata(path).map_err(io)?.len();
+    let mut cut = (report.truncated.map_or(len, |(offset, _)| offset), [report.chunks, report.events, report.lost]);
+    let mut lost: Vec<crate::Lost> = lost.iter().filter(|l| l.count > 0).cloned().collect();
+    let mut retreats = 0;
+    loop {
+        let attempt = (|| -> Result<()> {
+            let file = std::fs::OpenOptions::new().write(true).open(path).map_err(io)?;
+            file.set_len(cut.0).map_err(io)?;
+            let mut file = file;
+            std::io::Seek::seek(&mut file, std::io::SeekFrom::Start(cut.0)).map_err(io)?;
+            let [chunks, events, lost_events] = cut.1;
+            let mut w = Writer::resume(std::io::BufWriter::new(file), &name, &header, chunks, events, lost_events)?;
+            for l in &lost {
+                w.lost(l)?;
+            }
+            let trailer = Trailer { end_unix_ns: 0, end_monotonic_ns, end_ticks, events: 0, lost: 0, chunks: 0 };
+            let out = w.finish(trailer)?;
+            out.into_inner().map_err(|e| io(e.into_error()))?.sync_data().map_err(io)
+        })();
+        match attempt {
+            Ok(()) => return Ok(Some(lost)),
+            Err(e) => {
+                // One events chunk back, if there is one before the cut: its events join the lost.
+                let Some(i) = cuts.iter().rposition(|c| c.0 < cut.0) else { return Err(e) };
+                if retreats == SEAL_RETREATS {
+                    return Err(e);
+                }
+                retreats += 1;
+                let (offset, before, chunk) = cuts[i].clone();
+                cuts.truncate(i);
+                let dropped =
+                    recorded_lost.iter().filter(|(at, _)| *at >= offset && *at < cut.0).map(|(_, l)| l.clone());
+                for gone in std::iter::once(chunk).chain(dropped.collect::<Vec<_>>()) {
+                    match lost.iter_mut().find(|l| l.thread_id == gone.thread_id) {
+                        Some(l) => {
+                            l.count += gone.count;
+                            l.first_ticks = l.first_ticks.min(gone.first_ticks);
+                            l.last_ticks = l.last_ticks.max(gone.last_ticks);
+                        }
+                        None => lost.push(gone),
+                    }
+                }
+                cut = (offset, before);
+            }
+        }
     }
-    let trailer = Trailer { end_unix_ns: 0, end_monotonic_ns, end_ticks, events: 0, lost: 0, chunks: 0 };
-    let out = w.finish(trailer)?;
-    out.into_inner().map_err(|e| io(e.into_error()))?.sync_data().map_err(io)?;
-    Ok(true)
 }
+
+/// How many events chunks [`seal`] gives up, at most, to make room for the records that close a trace.
+pub const SEAL_RETREATS: usize = 16;

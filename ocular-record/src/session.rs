@@ -817,15 +817,21 @@ impl WriterJob {
         }
         let mut lost: Vec<Lost> = self.unwritten.values().cloned().collect();
         lost.sort_by_key(|l| l.first_ticks);
-        let from = lost.first().map(|l| l.first_ticks);
-        let n: u64 = lost.iter().map(|l| l.count).sum();
+        let sealed = ocular_format::complete::seal(&self.path, &lost, t.end_ticks, t.end_monotonic_ns);
+        // What is lost: the events that came after the failure, and any chunk given up to close the trace.
+        let written = match &sealed {
+            Ok(Some(written)) => written.as_slice(),
+            _ => lost.as_slice(),
+        };
+        let from = written.iter().map(|l| l.first_ticks).min();
+        let n: u64 = written.iter().map(|l| l.count).sum();
         let when = from.map_or(String::new(), |f| {
             format!(
                 " from {:.3} s into the recording on",
                 f.saturating_sub(self.clock.0) as f64 / self.clock.1.max(1.0)
             )
         });
-        let said = match ocular_format::complete::seal(&self.path, &lost, t.end_ticks, t.end_monotonic_ns) {
+        let said = match sealed {
             Ok(_) => {
                 self.out.bytes = std::fs::metadata(&self.path).map_or(self.out.bytes, |m| m.len());
                 format!(

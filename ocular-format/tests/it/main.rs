@@ -6,6 +6,7 @@ mod frozen;
 mod golden;
 mod ring;
 mod roundtrip;
+mod seal;
 mod util;
 
 #[global_allocator]
