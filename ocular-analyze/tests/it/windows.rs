@@ -181,7 +181,7 @@ fn stats_add_the_complete_part_to_the_windows_scaled_by_the_time_they_stand_for(
     assert!(
         text.contains(
             "calls recorded completely for the first 1.0 ms (9% of the run), then in 10 windows (1.0 ms, 10.0% of \
-             the remaining 10.0 ms) scaled by 10.0: figures marked ~ are estimates"
+             the remaining 10.0 ms) scaled by 10.0: figures marked ~ are estimates, each with its 95% interval (--mode calls counts every call)"
         ),
         "{text}"
     );
