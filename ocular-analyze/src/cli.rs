@@ -808,6 +808,20 @@ where
     I: IntoIterator<Item = T>,
     T: Into<OsString> + Clone,
 {
+    let args: Vec<OsString> = args.into_iter().map(Into::into).collect();
+    // Errors say which command failed as it was run: `ocular top`, `python -m ocular stats`, or this
+    // binary by its file name.
+    let prog = args.first().map_or_else(
+        || "ocular-analyze".to_string(),
+        |a| {
+            let a = a.to_string_lossy();
+            if a.contains('/') {
+                a.rsplit('/').next().unwrap_or_default().to_string()
+            } else {
+                a.into_owned()
+            }
+        },
+    );
     let cli = match Cli::try_parse_from(args) {
         Ok(cli) => cli,
         Err(e) => {
@@ -821,7 +835,7 @@ where
         // A closed pipe (`| head`) is not an error worth a message.
         Err(e) if closed_pipe(&e) => 0,
         Err(e) => {
-            eprintln!("ocular-analyze: error: {e:#}");
+            eprintln!("{prog}: error: {e:#}");
             2
         }
     }

@@ -319,12 +319,13 @@ pub fn find_ring(pid: u32) -> crate::Result<PathBuf> {
     found.sort();
     match found.pop() {
         Some((_, p)) => Ok(p),
+        // The error names the process already ("process 12: ..."): the reasons do not repeat it.
         None if crate::reader::process_alive(pid) => Err(not_found(format!(
-            "process {pid} is not recording with Ocular (no ring file of it in {}; recordings made with \
+            "it is not recording with Ocular (no ring file of it in {}; recordings made with \
              ring_file=False cannot be followed)",
             dir.display()
         ))),
-        None => Err(not_found(format!("no process {pid}"))),
+        None => Err(not_found("no such process is running".into())),
     }
 }
 

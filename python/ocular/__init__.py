@@ -13,6 +13,9 @@ or from the shell: ``python -m ocular run -o run.ocl script.py args...``. Then a
     trace.events()          # a polars DataFrame, one row per event
 
 or from the shell: ``python -m ocular hot run.ocl`` (the same commands as ``ocular-analyze``).
+
+(PYTEST_DONT_REWRITE: the package is a pytest plugin, and ``ocular run -m pytest`` imports it before pytest
+starts; pytest's assertion rewriting has nothing to do in it and would warn that it could not.)
 """
 
 from __future__ import annotations

@@ -37,8 +37,12 @@ def _run(opts: dict, prog: str) -> int:
     if module is None:
         script = opts["argv"][0]
         if not os.path.exists(script):
-            print(f"{prog} run: {script}: no such file", file=sys.stderr)
-            return 2
+            # A console script on PATH (`ocular run pylint`), as `python -m pylint` would run it.
+            found, why = _console_script(script)
+            if found is None:
+                print(f"{prog} run: {script}: {why}", file=sys.stderr)
+                return 2
+            script = opts["argv"][0] = found
         program = script
     else:
         sys.path[0] = os.getcwd()
@@ -97,17 +101,63 @@ def _run(opts: dict, prog: str) -> int:
     # A child the program forks (os.fork) and that returns here must not report its parent's file.
     parent = os.getpid()
     code = 0
+    failed: BaseException | None = None
     try:
         try:
             target()
         except SystemExit as e:
             code = _exit_code(e.code)
+        except BaseException as e:  # noqa: BLE001 - reported below as python reports it, after the stop
+            failed = e
     finally:
         if os.getpid() == parent:
             rec.stop()
             if not opts["quiet"]:
                 print(f"ocular: wrote {rec.summary()}", file=sys.stderr)
+    if failed is not None:
+        if os.getpid() != parent:
+            raise failed
+        # As `python script.py` reports it: through sys.excepthook, without the frames of Ocular and runpy
+        # that lead to the program.
+        tb = _program_frames(failed.__traceback__)
+        sys.excepthook(type(failed), failed.with_traceback(tb), tb)
+        return 130 if isinstance(failed, KeyboardInterrupt) else 1
     return code
+
+
+def _program_frames(tb):  # type: ignore[no-untyped-def]
+    """The traceback `tb` from the program's first frame on: the leading frames of this package and of
+    runpy are how the program was started, not part of it."""
+    here = os.path.dirname(os.path.abspath(__file__))
+    first = tb
+    while first is not None:
+        name = first.tb_frame.f_code.co_filename
+        if not (os.path.dirname(os.path.abspath(name)) == here or name == runpy.run_module.__code__.co_filename):
+            return first
+        first = first.tb_next
+    return tb
+
+
+def _console_script(name: str) -> tuple[str | None, str]:
+    """The Python script `name` runs as a command on PATH (pip's console scripts: `pylint`, `black`), or
+    (None, why not)."""
+    import shutil
+
+    if os.sep in name or (os.altsep and os.altsep in name) or name.endswith((".py", ".pyw")):
+        return None, "no such file"
+    found = shutil.which(name)
+    if found is None:
+        return None, "no such file, nor a command on PATH"
+    try:
+        with open(found, "rb") as f:
+            first = f.readline(256)
+    except OSError as e:
+        return None, f"the command {found} cannot be read: {e.strerror}"
+    if not (first.startswith(b"#!") and b"python" in first):
+        return None, (f"the command {found} is not a Python script: ocular records Python programs (run the "
+                      f"Python program it starts instead)")
+    return found, ""
+
 
 
 def _same_file(a: str | bytes, b: str | bytes) -> bool:

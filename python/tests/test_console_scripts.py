@@ -140,3 +140,49 @@ def test_python_m_ocular_keeps_its_name(tmp_path):
     r = subprocess.run([sys.executable, "-m", "ocular", "run", "missing.py"], capture_output=True, text=True,
                        cwd=tmp_path)
     assert (r.returncode, r.stderr) == (2, "python -m ocular run: missing.py: no such file\n")
+
+
+def test_a_console_script_on_path_is_run_by_its_name(tmp_path):
+    # As pip writes one: a Python script with a shebang, in a directory on PATH.
+    bin_dir = tmp_path / "bin"
+    bin_dir.mkdir()
+    (tmp_path / "tool_impl.py").write_text(PROGRAM.replace("main()\n", "") + "\n")
+    tool = bin_dir / "mytool"
+    tool.write_text(f"#!{sys.executable}\nimport sys\nsys.path.insert(0, {str(tmp_path)!r})\n"
+                    "from tool_impl import main\nif __name__ == '__main__':\n    sys.exit(main())\n")
+    tool.chmod(0o755)
+    (bin_dir / "notpython").write_text("#!/bin/sh\necho hi\n")
+    (bin_dir / "notpython").chmod(0o755)
+    env = dict(os.environ, PATH=f"{bin_dir}{os.pathsep}{os.environ['PATH']}")
+    r = subprocess.run([sys.executable, "-m", "ocular", "run", "-q", "--mode", "calls", "-o", "t.ocl", "mytool"],
+                       capture_output=True, text=True, cwd=tmp_path, env=env)
+    assert (r.returncode, r.stdout) == (0, "total 16206\n"), r.stderr
+    out = json.loads(command("ocular-analyze", "stats", "--json", "--top", "1000", "t.ocl", cwd=tmp_path).stdout)
+    assert [row["calls"] for row in out if row["function"] == "work"] == [37], out
+    r = subprocess.run([sys.executable, "-m", "ocular", "run", "-o", "u.ocl", "notpython"], capture_output=True,
+                       text=True, cwd=tmp_path, env=env)
+    assert r.returncode == 2 and not (tmp_path / "u.ocl").exists()
+    assert r.stderr == (f"python -m ocular run: notpython: the command {bin_dir / 'notpython'} is not a Python "
+                        f"script: ocular records Python programs (run the Python program it starts instead)\n")
+    r = subprocess.run([sys.executable, "-m", "ocular", "run", "nowhere"], capture_output=True, text=True,
+                       cwd=tmp_path, env=env)
+    assert (r.returncode, r.stderr) == (2, "python -m ocular run: nowhere: no such file, nor a command on PATH\n")
+
+
+@pytest.mark.parametrize("how", ["script", "module"])
+def test_an_uncaught_exception_is_reported_as_python_reports_it(tmp_path, how):
+    (tmp_path / "boom.py").write_text("def f():\n    raise ValueError('boom')\n\n\nf()\n")
+    target = ["boom.py"] if how == "script" else ["-m", "boom"]
+    r = subprocess.run([sys.executable, "-m", "ocular", "run", "-q", "-o", "t.ocl", *target], capture_output=True,
+                       text=True, cwd=tmp_path)
+    plain = subprocess.run([sys.executable, *target], capture_output=True, text=True, cwd=tmp_path)
+    # The same traceback and exit code as without Ocular: no frame of Ocular's (python -m has runpy's
+    # frames of its own; these are how the program was started either way).
+    assert r.returncode == plain.returncode == 1
+
+    def frames(text):
+        return [line for line in text.replace(str(tmp_path) + os.sep, "").splitlines() if "<frozen runpy>" not in line]
+
+    assert frames(r.stderr) == frames(plain.stderr), r.stderr
+    assert "ocular" not in r.stderr, r.stderr
+    assert (tmp_path / "t.ocl").exists()

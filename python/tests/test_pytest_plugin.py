@@ -231,3 +231,15 @@ def test_trace_deleted_during_the_test_is_written_again_and_said(pytester: pytes
     assert "1 test recorded into" in result.stdout.str()
     (trace,) = out.glob("test_removes.py_test_removes_its_trace-*.ocl")
     assert any(r["function"] == "test_removes_its_trace" for r in ocular.load(trace).stats())
+
+
+def test_ocular_run_of_pytest_warns_of_nothing(tmp_path):
+    # `ocular run -m pytest` imports ocular (a pytest plugin) before pytest starts: pytest used to warn on
+    # every run that it could not rewrite its assertions.
+    import subprocess
+
+    (tmp_path / "test_one.py").write_text("def test_one():\n    assert 1 + 1 == 2\n")
+    r = subprocess.run([sys.executable, "-m", "ocular", "run", "-q", "-o", "t.ocl", "-m", "pytest", "-q",
+                        "-p", "no:cacheprovider", "test_one.py"], capture_output=True, text=True, cwd=tmp_path)
+    assert r.returncode == 0, r.stdout + r.stderr
+    assert "1 passed" in r.stdout and "warning" not in r.stdout.lower(), r.stdout

@@ -594,10 +594,12 @@ fn a_cursor_refuses_a_ring_file_that_cannot_be_followed() {
     assert!(e.contains("an older Ocular (RING.md 1.0 or 1.1), which cannot be followed live"), "{e}");
     std::fs::write(&p, b"hello").unwrap();
     assert!(Cursor::open(&p).unwrap_err().to_string().contains("not an Ocular ring file"));
-    let e = find_ring(dead_pid()).unwrap_err().to_string();
-    assert!(e.contains("no process"), "{e}");
+    let dead = dead_pid();
+    let e = find_ring(dead).unwrap_err().to_string();
+    assert_eq!(e, format!("process {dead}: no such process is running"));
     let e = find_ring(std::process::id()).unwrap_err().to_string();
-    assert!(e.contains("is not recording with Ocular"), "{e}");
+    let said = format!("process {}: it is not recording with Ocular (no ring file of it in ", std::process::id());
+    assert!(e.starts_with(&said), "{e}");
 }
 
 #[test]
