@@ -10,7 +10,7 @@ py="$1"
 root="$(cd "$(dirname "$0")/.." && pwd)"
 "$root/scripts/wheels.sh" "$py"
 tag=$("$py" -c 'import sys; print("cp%d%d" % sys.version_info[:2])')
-wheel=$(ls -t "$root"/dist/ocular-*-"$tag-$tag"-*manylinux_2_17_x86_64*.whl | head -n 1)
+wheel=$(ls -t "$root"/dist/ocular_profiler-*-"$tag-$tag"-*manylinux_2_17_x86_64*.whl | head -n 1)
 work=$(mktemp -d "${TMPDIR:-/tmp}/ocular-wheel.XXXXXX")
 trap 'rm -rf "$work"' EXIT
 "$py" -m venv "$work/venv"

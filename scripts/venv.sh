@@ -23,6 +23,11 @@ if ! [ -x "$venv/bin/maturin" ] || ! "$venv/bin/python" -c 'import pytest, polar
     "$venv/bin/python" -m pip install -q --disable-pip-version-check "maturin>=1.9,<2" "pytest>=8" perfetto protobuf \
         polars pandas pyarrow coverage nbclient ipykernel nbformat >&2
 fi
+# The distribution was named `ocular` before (PyPI's `ocular` is another project): a venv made then still
+# has it, and two distributions would both claim the package and its commands.
+if "$venv/bin/python" -m pip show -q ocular >/dev/null 2>&1; then
+    "$venv/bin/python" -m pip uninstall -y -q --disable-pip-version-check ocular >&2
+fi
 echo "== building the extension for Python $ver" >&2
 (cd "$root" && VIRTUAL_ENV="$venv" CARGO_TARGET_DIR="${CARGO_TARGET_DIR:-$root/target}/py$ver" \
     "$venv/bin/maturin" develop --release --quiet >&2)
