@@ -30,7 +30,18 @@ if TYPE_CHECKING:
     from ._analysis import Trace, load
     from ._live import Cursor, attach
 from ._recorder import MODES, VERSION, Recording, active, record
-from .errors import AlreadyRecording, MissingDependency, OcularError, ToolIdInUse, UnsupportedPython
+from .errors import (
+    AlreadyRecording,
+    CorruptTrace,
+    MissingDependency,
+    NotATrace,
+    OcularError,
+    ToolIdInUse,
+    TraceError,
+    TruncatedTrace,
+    UnsupportedPython,
+    UnsupportedVersion,
+)
 
 __version__ = VERSION
 __all__ = [
@@ -48,6 +59,11 @@ __all__ = [
     "ToolIdInUse",
     "AlreadyRecording",
     "MissingDependency",
+    "TraceError",
+    "NotATrace",
+    "UnsupportedVersion",
+    "TruncatedTrace",
+    "CorruptTrace",
 ]
 
 

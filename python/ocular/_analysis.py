@@ -12,7 +12,7 @@ TYPE_CHECKING = False
 if TYPE_CHECKING:
     from typing import Any
 
-from .errors import MissingDependency, OcularError
+from .errors import MissingDependency, from_native
 
 
 def _ext():
@@ -212,7 +212,7 @@ def _call(f, *args, **kwargs):
     try:
         return f(*args, **kwargs)
     except OSError as e:
-        raise OcularError(str(e)) from None
+        raise from_native(e) from None
 
 
 def _warn(warns):

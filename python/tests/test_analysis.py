@@ -94,6 +94,39 @@ def test_load_errors_name_the_file(tmp_path):
         ocular.load(foreign)
 
 
+def test_unreadable_traces_raise_errors_of_their_kind(tmp_path):
+    good = open(LOOPS, "rb").read()
+    cases = []
+    foreign = tmp_path / "foreign.ocl"
+    foreign.write_bytes(b"PK\x03\x04 not a trace at all")
+    cases.append((foreign, ocular.NotATrace, 0, "not an Ocular trace"))
+    short = tmp_path / "short.ocl"
+    short.write_bytes(good[:20])
+    cases.append((short, ocular.TruncatedTrace, 20, "truncated at offset 20"))
+    newer = tmp_path / "newer.ocl"
+    newer.write_bytes(good[:8] + (99).to_bytes(2, "little") + good[10:])  # the major version (FORMAT.md 2)
+    cases.append((newer, ocular.UnsupportedVersion, None, "upgrade Ocular"))
+    # Chunks after the 16-byte preamble: a 56-byte header each, its payload's length at byte 8 (FORMAT.md 3.1).
+    starts, at = [], 16
+    while at < len(good):
+        starts.append(at)
+        at += 56 + int.from_bytes(good[at + 8:at + 12], "little")
+    damaged = starts[-2]  # the chunk before the trailer
+    corrupt = tmp_path / "corrupt.ocl"
+    data = bytearray(good)
+    data[damaged + 56] ^= 0xFF  # its payload: the CRC no longer matches
+    corrupt.write_bytes(bytes(data))
+    cases.append((corrupt, ocular.CorruptTrace, damaged, f"corrupt chunk at offset {damaged}"))
+    for path, kind, offset, said in cases:
+        with pytest.raises(kind, match=said) as e:
+            ocular.load(path).stats()
+        assert isinstance(e.value, ocular.TraceError) and isinstance(e.value, ocular.OcularError)
+        assert e.value.path == str(path), (e.value, e.value.path)
+        assert e.value.offset == offset
+    # Salvage reads around the damaged chunk instead.
+    assert ocular.load(corrupt, salvage=True).stats()
+
+
 def test_a_table_is_read_once():
     import polars as pl
 

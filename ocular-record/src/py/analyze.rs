@@ -23,6 +23,29 @@ fn os_err(e: impl std::fmt::Display) -> PyErr {
     PyOSError::new_err(e.to_string())
 }
 
+/// A trace that cannot be read, as an `OSError` that says what kind of failure it is (attributes
+/// `ocular_kind`, `trace_path`, `offset`): the Python side raises the matching `ocular.errors` class, so
+/// callers tell "not a trace", "newer format", "truncated" and "corrupt" apart by type, not by message.
+pub(super) fn trace_err(e: ocular_format::Error) -> PyErr {
+    use ocular_format::Error as E;
+    let (kind, path, offset) = match &e {
+        E::NotOcular { path, .. } => ("not_a_trace", Some(path.clone()), Some(0)),
+        E::Truncated { path, offset, .. } => ("truncated", Some(path.clone()), Some(*offset)),
+        E::UnsupportedVersion { path, .. } => ("unsupported_version", Some(path.clone()), None),
+        E::Corrupt { path, offset, .. } => ("corrupt", Some(path.clone()), Some(*offset)),
+        E::Io { path, .. } => ("io", Some(path.clone()), None),
+        E::Encode { .. } => ("encode", None, None),
+    };
+    let err = PyOSError::new_err(e.to_string());
+    Python::attach(|py| {
+        let v = err.value(py);
+        let _ = v.setattr("ocular_kind", kind);
+        let _ = v.setattr("trace_path", path);
+        let _ = v.setattr("offset", offset);
+    });
+    err
+}
+
 /// A JSON value as Python objects (dict, list, str, int, float, bool, None).
 fn to_py<'py>(py: Python<'py>, v: &serde_json::Value) -> PyResult<Bound<'py, PyAny>> {
     use serde_json::Value;
@@ -63,12 +86,12 @@ fn json<T: serde::Serialize>(py: Python<'_>, v: &T) -> PyResult<Py<PyAny>> {
 pub(super) fn info(py: Python<'_>, path: PathBuf, salvage: bool) -> PyResult<Py<PyAny>> {
     let opts = ReadOptions::with_salvage(salvage);
     // A run of several processes (FORMAT.md 10): the first file's info, with every process's.
-    let (run, _) = py.detach(|| ocular_analyze::procs::open(&path, opts)).map_err(os_err)?;
+    let (run, _) = py.detach(|| ocular_analyze::procs::open(&path, opts)).map_err(trace_err)?;
     if !run.single() {
-        let i = py.detach(|| ocular_analyze::info::summarize_run(&run, opts)).map_err(os_err)?;
+        let i = py.detach(|| ocular_analyze::info::summarize_run(&run, opts)).map_err(trace_err)?;
         return json(py, &i);
     }
-    let i = py.detach(|| ocular_analyze::info::summarize(&path, opts)).map_err(os_err)?;
+    let i = py.detach(|| ocular_analyze::info::summarize(&path, opts)).map_err(trace_err)?;
     json(py, &i)
 }
 
@@ -99,7 +122,7 @@ pub(super) fn hot(
             };
             Ok::<_, ocular_format::Error>((report, warnings))
         })
-        .map_err(os_err)?;
+        .map_err(trace_err)?;
     Ok((json(py, &report)?, report.to_string(), warnings))
 }
 
@@ -114,7 +137,7 @@ pub(super) fn stats(
     salvage: bool,
 ) -> PyResult<(Py<PyAny>, Vec<String>)> {
     let opts = ReadOptions::with_salvage(salvage);
-    let (run, mut warnings) = py.detach(|| ocular_analyze::procs::open(&path, opts)).map_err(os_err)?;
+    let (run, mut warnings) = py.detach(|| ocular_analyze::procs::open(&path, opts)).map_err(trace_err)?;
     if !run.single() {
         // A run of several processes: functions merged over the processes (pid 0), or per process and
         // thread with per_thread.
@@ -128,7 +151,7 @@ pub(super) fn stats(
                 }
                 Ok::<_, ocular_format::Error>(parts)
             })
-            .map_err(os_err)?;
+            .map_err(trace_err)?;
         for (a, _) in &report {
             warnings.extend(a.warnings.iter().cloned());
         }
@@ -154,7 +177,7 @@ pub(super) fn stats(
             let rows = ocular_analyze::stats::rows(&a, per_thread, ocular_analyze::stats::SortBy::Exclusive);
             Ok::<_, ocular_format::Error>((rows, a.warnings))
         })
-        .map_err(os_err)?;
+        .map_err(trace_err)?;
     Ok((json(py, &rows)?, warnings))
 }
 
@@ -322,7 +345,10 @@ pub(super) fn table(
                     gb(free.unwrap_or(0))
                 ))
             }
-            None => os_err(format!("{e:#}")),
+            None => match e.downcast::<ocular_format::Error>() {
+                Ok(e) => trace_err(e),
+                Err(e) => os_err(format!("{e:#}")),
+            },
         })?;
     let rows = sink.batches.iter().map(RecordBatch::num_rows).sum();
     let schema = sink.schema.unwrap_or_else(|| Arc::new(Schema::empty()));

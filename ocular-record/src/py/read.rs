@@ -13,7 +13,7 @@ use pyo3::types::{PyDict, PyList};
 #[pyfunction]
 #[pyo3(signature = (path, salvage=false))]
 pub(super) fn read<'py>(py: Python<'py>, path: std::path::PathBuf, salvage: bool) -> PyResult<Bound<'py, PyDict>> {
-    let err = |e: ocular_format::Error| PyOSError::new_err(e.to_string());
+    let err = super::analyze::trace_err;
     let mut r = Reader::open_with(&path, ReadOptions::with_salvage(salvage)).map_err(err)?;
     let out = PyDict::new(py);
     let h = r.header();
