@@ -20,9 +20,10 @@
 //!   stopped, e.g. `BINARY_OP_ADD_INT`; null when unknown or still instrumented at stop).
 //! - calls, in the order activations end: `thread_id` u64, `call_id` u64 (numbered in the order
 //!   activations begin), `parent` u64? (the caller's `call_id`), `depth` u32, `code_id` u32, `function`
-//!   text, `file` text, `line` u32 (first line), `start_ns` i64, `end_ns` i64, `duration_ns` i64, `window`
-//!   i32? (the window it was recorded in, FORMAT.md 5.3), `clipped` bool (a window edge cut it). Times
-//!   are raw: the recorder's own cost is not subtracted (`stats` does that).
+//!   text, `file` text, `line` u32 (first line), `start_ns` i64, `end_ns` i64, `duration_ns` i64,
+//!   `exclusive_ns` i64 (its duration less its callees' durations), `window` i32? (the window it was
+//!   recorded in, FORMAT.md 5.3), `clipped` bool (a window edge cut it). Times are raw: the recorder's own
+//!   cost is not subtracted (`stats` does that).
 //! - counter_samples, one row per performance counter sample (FORMAT.md 6.9), per thread in time order:
 //!   `thread_id` u64, `ts_ns` i64, `counter` text (`task-clock`, `page-faults`, ...), `value` u64 (the
 //!   counter's events in the sample: its period; ns for task-clock), `call_id` u64? and `function` text? (the
@@ -243,6 +244,7 @@ pub fn columns(table: Table) -> &'static [&'static str] {
             "start_ns",
             "end_ns",
             "duration_ns",
+            "exclusive_ns",
             "window",
             "clipped",
         ],
@@ -300,7 +302,11 @@ pub fn columns(table: Table) -> &'static [&'static str] {
 /// code per row; binary columns are counted at their offsets only).
 fn column_bytes(table: Table, column: &str) -> u64 {
     match (table, column) {
-        (_, "thread_id" | "ts_ns" | "tsc" | "call_id" | "parent" | "start_ns" | "end_ns" | "duration_ns") => 8,
+        (
+            _,
+            "thread_id" | "ts_ns" | "tsc" | "call_id" | "parent" | "start_ns" | "end_ns" | "duration_ns"
+            | "exclusive_ns",
+        ) => 8,
         (_, "thread_lost" | "thread_recorded" | "bytecode" | "specialized_bytecode" | "value") => 8,
         (_, "clipped") => 1,
         _ => 4,
@@ -636,6 +642,7 @@ struct Calls {
     line: Vec<u32>,
     start_ns: Vec<i64>,
     end_ns: Vec<i64>,
+    exclusive_ns: Vec<i64>,
     window: Vec<Option<i32>>,
     clipped: Vec<bool>,
 }
@@ -659,6 +666,7 @@ impl Calls {
                 ("start_ns", Column::I64(c.start_ns)),
                 ("end_ns", Column::I64(c.end_ns)),
                 ("duration_ns", Column::I64(duration)),
+                ("exclusive_ns", Column::I64(c.exclusive_ns)),
                 ("window", Column::OptI32(c.window)),
                 ("clipped", Column::Bool(c.clipped)),
             ],
@@ -1053,6 +1061,8 @@ pub fn build_selected(
             samples.stacks.clear();
         }
         let mut failed: Option<anyhow::Error> = None;
+        // Per open activation (thread, call id) with callees that ended: their time, for its exclusive time.
+        let mut callees_ns: HashMap<(u64, u64), i64> = HashMap::default();
         let timeline = Timeline::open(&p.path, opts)?.without_loops();
         let result = timeline.run(|_, item| {
             let r = (|| -> anyhow::Result<()> {
@@ -1095,10 +1105,17 @@ pub fn build_selected(
                                 return Ok(());
                             }
                         }
+                        // Every activation's time is its caller's callee time, selected or not.
+                        let duration = ns(ticks) - ns(call.start);
+                        let inner = callees_ns.remove(&(tid, call.id)).unwrap_or(0);
+                        if let Some(parent) = call.parent {
+                            *callees_ns.entry((tid, parent)).or_default() += duration;
+                        }
                         if !everything && (!select.thread(tid) || ns(ticks) < lo || ns(call.start) > hi) {
                             return Ok(());
                         }
                         let co = resolved.get(id).unwrap_or(&unknown);
+                        calls.exclusive_ns.push(duration - inner);
                         calls.pid.push(pid);
                         calls.thread_id.push(tid);
                         calls.call_id.push(call.id);

@@ -116,7 +116,7 @@ def test_pftrace_names_functions_threads_and_loops(trace):
 EVENT_COLUMNS = ["pid", "thread_id", "ts_ns", "tsc", "event", "code_id", "function", "file", "line", "offset", "arg",
                  "opcode", "specialized"]
 CALL_COLUMNS = ["pid", "thread_id", "call_id", "parent", "depth", "code_id", "function", "file", "line", "start_ns",
-                "end_ns", "duration_ns", "window", "clipped"]
+                "end_ns", "duration_ns", "exclusive_ns", "window", "clipped"]
 
 
 def _info(path):
@@ -169,6 +169,12 @@ def test_parquet_calls_form_a_tree_that_matches_the_events(parquet_dir):
     assert (j["depth"] == j["depth_p"] + 1).all()
     assert ((j["start_ns"] >= j["start_ns_p"]) & (j["end_ns"] <= j["end_ns_p"])).all()
     assert (calls["duration_ns"] == calls["end_ns"] - calls["start_ns"]).all()
+    # Exclusive time: the call's duration less its callees' (a DuckDB or polars user need not rebuild it).
+    callees = calls.group_by("thread_id", "parent").agg(pl.col("duration_ns").sum().alias("callees"))
+    own = calls.join(callees, left_on=["thread_id", "call_id"], right_on=["thread_id", "parent"], how="left")
+    own = own.with_columns(pl.col("callees").fill_null(0))
+    assert (own["exclusive_ns"] == own["duration_ns"] - own["callees"]).all()
+    assert (calls["exclusive_ns"] >= 0).all() and (calls.filter(pl.col("function") == "g")["exclusive_ns"] > 0).all()
 
 
 def test_parquet_read_by_pandas_and_strings_are_dictionary_encoded(parquet_dir):
