@@ -41,6 +41,8 @@ fn a_trace_cut_just_below_a_size_limit_gives_up_a_chunk_to_close() {
     std::fs::write(&path, &bytes).unwrap();
     // Room for 8 more bytes past the last whole chunk: not for a LOST record and a trailer.
     let limit = whole + 8;
+    // SAFETY: the closure runs in the child between fork and exec and calls only async-signal-safe
+    // functions (signal, setrlimit) on values it owns.
     let out = unsafe {
         Command::new(std::env::current_exe().unwrap())
             .args(["seal::seal_in_a_size_limited_child", "--exact", "--nocapture", "--test-threads=1"])
