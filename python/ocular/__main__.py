@@ -121,7 +121,12 @@ def _run(opts: dict, prog: str) -> int:
         # that lead to the program.
         tb = _program_frames(failed.__traceback__)
         sys.excepthook(type(failed), failed.with_traceback(tb), tb)
-        return 130 if isinstance(failed, KeyboardInterrupt) else 1
+        if isinstance(failed, KeyboardInterrupt):
+            # Raised on, so that python ends as it does on one (atexit handlers, then SIGINT on itself, which
+            # a shell or a parent sees); it was printed above.
+            sys.excepthook = lambda *args: None
+            raise failed
+        return 1
     return code
 
 
