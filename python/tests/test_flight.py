@@ -71,7 +71,11 @@ def test_dumps_while_a_thread_records_hold_exactly_its_events_up_to_them(tmp_pat
         worker = threading.Thread(target=work)
         worker.start()
         for k in range(8):
-            time.sleep(0.04)
+            # Enough calls between dumps that the ring wraps many times over, however fast the machine:
+            # 100,000 calls are 200,000 events, about twice what the ring holds.
+            start, deadline = calls[0], time.monotonic() + 60
+            while calls[0] - start < 100_000 and time.monotonic() < deadline:
+                time.sleep(0.01)
             with gate:
                 n = calls[0]
                 path = rec.dump(str(tmp_path / f"d{k}.ocl"), wait=True)
