@@ -362,14 +362,16 @@ def test_a_generator_s_time_is_its_own_while_it_runs_under_whoever_resumed_it(tm
     # its callees'), on the stack of the frame that called next(); while suspended it is nobody's. Here
     # produce runs 50 x 2 ms of its own, consume 50 x 1 ms, consume's loop resumes produce: produce has
     # 1 call and ~100 ms, consume ~150 ms inclusive, and produce's spin is under consume;produce. The
-    # program measures its spins itself: a preemption of the machine inside one lengthens it by 2-4 ms.
+    # program measures its spins itself: a preemption of the machine inside one lengthens it (beside two
+    # busy processes, consume's 50 ms spun 86), so the figures are compared with what it measured.
     script = tmp_path / "gen.py"
     script.write_text(GENERATOR)
     out = tmp_path / "gen.ocl"
     run = subprocess.run([sys.executable, "-m", "ocular", "run", "-o", str(out), "--mode", "calls", str(script)],
                          check=True, capture_output=True, text=True)
     spun = {k: v * 1e3 for k, v in json.loads(run.stdout).items()}
-    assert within(spun["produce"], 100, 0.5) and within(spun["consume"], 50, 0.5), spun
+    # Spins end when their time is up: never shorter, longer by whatever preempted them.
+    assert spun["produce"] >= 100 and spun["consume"] >= 50, spun
     r = subprocess.run([ANALYZE, "stats", "--json", str(out)], capture_output=True, text=True)
     assert r.returncode == 0, r.stderr
     rows = {x["function"]: x for x in json.loads(r.stdout) if x["file"] == str(script)}
