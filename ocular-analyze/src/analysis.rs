@@ -86,6 +86,11 @@ struct Parts {
     counted: u64,
     inclusive: [f64; 2],
     exclusive: [f64; 2],
+    /// The recorder's cost taken out of the complete part's inclusive and exclusive times (ticks).
+    cost: [f64; 2],
+    /// The times' intervals from the windows' spread alone (inclusive, exclusive; ticks): threads' add in
+    /// quadrature, their cost terms linearly.
+    spread_ci: [f64; 2],
 }
 
 impl FunctionStats {
@@ -102,10 +107,12 @@ impl FunctionStats {
         self.parts.window_times_sq[1] += o.parts.window_times_sq[1];
         self.parts.window_times_seen[0] += o.parts.window_times_seen[0];
         self.parts.window_times_seen[1] += o.parts.window_times_seen[1];
+        self.parts.cost[0] += o.parts.cost[0];
+        self.parts.cost[1] += o.parts.cost[1];
         let sq = self.parts.merged_ci_sq.get_or_insert([0.0; 3]);
         sq[0] += o.calls_ci * o.calls_ci;
-        sq[1] += o.inclusive_ci * o.inclusive_ci;
-        sq[2] += o.exclusive_ci * o.exclusive_ci;
+        sq[1] += o.parts.spread_ci[0] * o.parts.spread_ci[0];
+        sq[2] += o.parts.spread_ci[1] * o.parts.spread_ci[1];
         self.parts.starts += o.parts.starts;
         self.parts.counted += o.parts.counted;
     }
@@ -164,6 +171,16 @@ impl FunctionStats {
             self.inclusive_ci = inclusive.sqrt();
             self.exclusive_ci = exclusive.sqrt();
         }
+        self.parts.spread_ci = [self.inclusive_ci, self.exclusive_ci];
+        // The complete part's times are its clock's less the recorder's cost of its events, which is the
+        // cost measured at the start times their number. The machine's speed moves that cost: on this
+        // project's machine the measurement read 21 or 36 ns per call event in the same program from one
+        // process to the next, as the CPU ran fast or slow in the few milliseconds it took, while the
+        // recording actually cost 19-21 (its traced time less its untraced); on tomlkit's parser it cost
+        // 1.5 times the measurement. The truth lies anywhere from nothing taken out to twice what was.
+        let p = &self.parts;
+        self.inclusive_ci = self.inclusive_ci.hypot(COST_UNCERTAINTY * p.cost[0].max(0.0));
+        self.exclusive_ci = self.exclusive_ci.hypot(COST_UNCERTAINTY * p.cost[1].max(0.0));
         if sampled && counted_all {
             // Every call was recorded or counted.
             self.calls = self.calls_at_least;
@@ -386,6 +403,9 @@ struct Frame {
     entered_e: [f64; 2],
     /// Effective time spent in callees.
     child_e: [f64; 2],
+    /// The thread's [`ThreadState::ce`] when the frame was entered, and the part of it its callees took.
+    entered_ce: f64,
+    child_ce: f64,
     /// Whether this activation is the outermost one of its code object on the stack.
     outermost: bool,
     /// The previous event of this frame: ticks, running cost sum, the offset where execution continued
@@ -437,6 +457,8 @@ struct ThreadState {
     /// Effective clocks: ticks spent in the complete part and in later windows, minus the recorder's cost
     /// of the events in them. Frames take differences of these, so time between windows counts nowhere.
     e: [f64; 2],
+    /// The recorder's cost taken out of `e[0]` so far: what a complete part's time is uncertain by.
+    ce: f64,
     /// The tick up to which `e` has advanced (`None` before the thread's first event).
     clock_at: Option<u64>,
     /// While a window's STACK events arrive: how many frames of the stack they have confirmed.
@@ -1410,7 +1432,10 @@ fn step(
     }
     ts.cost += c;
     match ts.phase {
-        Phase::Complete => ts.e[0] -= c,
+        Phase::Complete => {
+            ts.e[0] -= c;
+            ts.ce += c;
+        }
         Phase::Sampled => {
             ts.e[1] -= c;
             ts.window_cost += c;
@@ -1712,6 +1737,8 @@ fn push(ts: &mut ThreadState, id: u32, t: u64, off: u32, tables: &Tables, tree: 
         node: tree.child(parent, id),
         entered_e: ts.e,
         child_e: [0.0; 2],
+        entered_ce: ts.ce,
+        child_ce: 0.0,
         outermost,
         prev: Some((t, ts.cost, off)),
         loops: Vec::new(),
@@ -1852,12 +1879,15 @@ fn pop(ts: &mut ThreadState, t: u64, tree: &mut CallTree, per: &mut HashMap<u32,
     // cost is an average), and clamping each would bias the sums up; the totals are clamped when reported.
     let inclusive: [f64; 2] = std::array::from_fn(|i| ts.e[i] - f.entered_e[i]);
     let exclusive: [f64; 2] = std::array::from_fn(|i| inclusive[i] - f.child_e[i]);
+    let inclusive_cost = ts.ce - f.entered_ce;
     tree.parts[f.node as usize][0] += exclusive[0];
     let stats = per.entry(f.code).or_default();
     if f.outermost {
         stats.parts.inclusive[0] += inclusive[0];
+        stats.parts.cost[0] += inclusive_cost;
     }
     stats.parts.exclusive[0] += exclusive[0];
+    stats.parts.cost[1] += inclusive_cost - f.child_ce;
     // A later window's part waits for the window's factor (the frame's window time is only ever the
     // current window's: `checkpoint_window` restarts it).
     if exclusive[1] != 0.0 || inclusive[1] != 0.0 {
@@ -1872,6 +1902,7 @@ fn pop(ts: &mut ThreadState, t: u64, tree: &mut CallTree, per: &mut HashMap<u32,
         for (c, x) in parent.child_e.iter_mut().zip(inclusive) {
             *c += x;
         }
+        parent.child_ce += inclusive_cost;
         // The parent continues after the call: its block restarts now.
         if let Some(p) = &mut parent.prev {
             p.0 = t;

@@ -416,7 +416,7 @@ fn group_notes(notes: Vec<(u32, String)>) -> Option<String> {
 /// What the figures cover: with windows, which part is estimated; in a thresholded recording made before
 /// windows (format 2.1 and earlier), that a function's calls after its first `n` were not recorded.
 fn threshold_note(a: &Analysis, rows: &[Row]) -> Option<String> {
-    let notes: Vec<String> = [flight_note(a), windows_note(a, rows), counters_note(a)].into_iter().flatten().collect();
+    let notes: Vec<String> = [flight_note(a), windows_note(a, rows), cost_note(a, rows), counters_note(a)].into_iter().flatten().collect();
     (!notes.is_empty()).then(|| notes.join("\nnote: "))
 }
 
@@ -451,6 +451,20 @@ fn counters_note(a: &Analysis) -> Option<String> {
             "counters: the samples taken between windows ({}) are not given to a function (which one ran is not \
              recorded there): the windows' samples, scaled as the times are, stand for them",
             list.join(", ")
+        )
+    })
+}
+
+/// Without windows, times less the recorder's cost are estimates as far as that cost is unknown: say so.
+fn cost_note(a: &Analysis, rows: &[Row]) -> Option<String> {
+    let h = a.header.as_ref()?;
+    let uncertain = rows.iter().any(|r| !r.estimated && (uncertain(r, r.inclusive_ci95_ms) || uncertain(r, r.exclusive_ci95_ms)));
+    (a.windows.is_none() && uncertain && h.ticks_per_second > 0.0).then(|| {
+        format!(
+            "times marked ~ are the clock's less the recorder's cost of the events in them, {:.1} ns each as \
+             measured at the start; that measurement moves with the machine's speed, so their 95% intervals \
+             take the cost as anything from none to twice it",
+            h.event_cost_ticks * 1e9 / h.ticks_per_second
         )
     })
 }
@@ -524,7 +538,9 @@ impl fmt::Display for Report {
                 .collect();
             // Estimated counts and times carry their intervals, each in a column of its own.
             let ci = t.rows.iter().any(|r| r.row.calls_estimated);
-            let time_ci = t.rows.iter().any(|r| r.row.estimated);
+            let time_ci = t.rows.iter().any(|r| {
+                uncertain(&r.row, r.row.inclusive_ci95_ms) || uncertain(&r.row, r.row.exclusive_ci95_ms)
+            });
             let ci_head = |on: bool| if on { format!(" {:>9}", "±95%") } else { String::new() };
             writeln!(
                 f,
@@ -558,7 +574,7 @@ impl fmt::Display for Report {
                     // As uncertain as its two parts together.
                     let rel = |ci: f64, x: f64| if x > 0.0 { ci / x } else { 0.0 };
                     let spread = rel(r.inclusive_ci95_ms, r.inclusive_ms).hypot(rel(r.calls_ci95, r.calls as f64));
-                    to_interval(r.mean_us, r.estimated, spread * r.mean_us)
+                    to_interval(r.mean_us, uncertain(r, spread * r.mean_us / 1e3), spread * r.mean_us)
                 } else {
                     "-".into()
                 };
@@ -570,13 +586,18 @@ impl fmt::Display for Report {
                 };
                 // A function no window saw, though it ran after the part recorded completely: its time is
                 // what that part holds, at least, and how much more nothing says.
-                let time_interval = |x: f64| match (time_ci, r.estimated, r.times_lower_bound) {
+                let time_interval = |x: f64| match (time_ci, uncertain(r, x), r.times_lower_bound) {
                     (false, ..) => String::new(),
                     (true, false, _) => format!(" {:>9}", "exact"),
                     (true, true, true) => format!(" {:>9}", "unknown"),
                     (true, true, false) => format!(" {:>9}", format!("±{}", round_ms(x))),
                 };
-                let m = if r.times_lower_bound { ">=" } else { m };
+                // A time less a recorder's cost that is not known exactly reads as an estimate too.
+                let mark = |ci: f64| match (r.times_lower_bound, uncertain(r, ci)) {
+                    (true, _) => ">=",
+                    (false, true) => "~",
+                    (false, false) => "",
+                };
                 let calls_mark = match (r.calls_estimated, r.calls_lower_bound) {
                     (_, true) => ">=",
                     (true, false) => "~",
@@ -590,9 +611,17 @@ impl fmt::Display for Report {
                     } else {
                         format!("{calls_mark}{}", r.calls)
                     },
-                    format!("{m}{}", to_interval(r.inclusive_ms, r.estimated, r.inclusive_ci95_ms)),
+                    format!(
+                        "{}{}",
+                        mark(r.inclusive_ci95_ms),
+                        to_interval(r.inclusive_ms, uncertain(r, r.inclusive_ci95_ms), r.inclusive_ci95_ms)
+                    ),
                     time_interval(r.inclusive_ci95_ms),
-                    format!("{m}{}", to_interval(r.exclusive_ms, r.estimated, r.exclusive_ci95_ms)),
+                    format!(
+                        "{}{}",
+                        mark(r.exclusive_ci95_ms),
+                        to_interval(r.exclusive_ms, uncertain(r, r.exclusive_ci95_ms), r.exclusive_ci95_ms)
+                    ),
                     time_interval(r.exclusive_ci95_ms),
                     r.function,
                     r.file,
@@ -608,6 +637,12 @@ impl fmt::Display for Report {
         }
         Ok(())
     }
+}
+
+/// Whether a row's time with interval `ci_ms` is uncertain in the digits printed: an estimate from windows,
+/// or a time less a recorder's cost whose uncertainty reaches the half microsecond.
+fn uncertain(r: &Row, ci_ms: f64) -> bool {
+    r.estimated || ci_ms >= 0.0005
 }
 
 /// A figure with as many digits as its interval leaves meaningful (`~1273 ±58` ms, `~0.86 ±0.54` ms,

@@ -52,7 +52,9 @@ def text_rows(out):
     """(calls, function, file:line) of each row of ``stats``'s table."""
     rows = []
     for line in out.splitlines():
-        m = re.match(r"^\s*(\d+)\s+[\d.]+\s+[\d.]+%\s+[\d.]+\s+[\d.]+\s+(\S+)\s+(\S+:\d+)$", line)
+        # A time less the recorder's cost may carry its interval (`~0.21 ±0.17`), or say `exact`.
+        t = r"~?[\d.]+(?:\s+(?:±[\d.]+|exact))?"
+        m = re.match(rf"^\s*(\d+)\s+{t}\s+[\d.]+%\s+{t}\s+[\d.]+\s+(\S+)\s+(\S+:\d+)$", line)
         if m:
             rows.append((int(m[1]), m[2], m[3]))
     return rows
