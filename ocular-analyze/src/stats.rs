@@ -416,7 +416,8 @@ fn group_notes(notes: Vec<(u32, String)>) -> Option<String> {
 /// What the figures cover: with windows, which part is estimated; in a thresholded recording made before
 /// windows (format 2.1 and earlier), that a function's calls after its first `n` were not recorded.
 fn threshold_note(a: &Analysis, rows: &[Row]) -> Option<String> {
-    let notes: Vec<String> = [flight_note(a), windows_note(a, rows), cost_note(a, rows), counters_note(a)].into_iter().flatten().collect();
+    let notes: Vec<String> =
+        [flight_note(a), windows_note(a, rows), cost_note(a, rows), counters_note(a)].into_iter().flatten().collect();
     (!notes.is_empty()).then(|| notes.join("\nnote: "))
 }
 
@@ -458,7 +459,8 @@ fn counters_note(a: &Analysis) -> Option<String> {
 /// Without windows, times less the recorder's cost are estimates as far as that cost is unknown: say so.
 fn cost_note(a: &Analysis, rows: &[Row]) -> Option<String> {
     let h = a.header.as_ref()?;
-    let uncertain = rows.iter().any(|r| !r.estimated && (uncertain(r, r.inclusive_ci95_ms) || uncertain(r, r.exclusive_ci95_ms)));
+    let uncertain =
+        rows.iter().any(|r| !r.estimated && (uncertain(r, r.inclusive_ci95_ms) || uncertain(r, r.exclusive_ci95_ms)));
     (a.windows.is_none() && uncertain && h.ticks_per_second > 0.0).then(|| {
         format!(
             "times marked ~ are the clock's less the recorder's cost of the events in them, {:.1} ns each as \
@@ -538,9 +540,10 @@ impl fmt::Display for Report {
                 .collect();
             // Estimated counts and times carry their intervals, each in a column of its own.
             let ci = t.rows.iter().any(|r| r.row.calls_estimated);
-            let time_ci = t.rows.iter().any(|r| {
-                uncertain(&r.row, r.row.inclusive_ci95_ms) || uncertain(&r.row, r.row.exclusive_ci95_ms)
-            });
+            let time_ci = t
+                .rows
+                .iter()
+                .any(|r| uncertain(&r.row, r.row.inclusive_ci95_ms) || uncertain(&r.row, r.row.exclusive_ci95_ms));
             let ci_head = |on: bool| if on { format!(" {:>9}", "±95%") } else { String::new() };
             writeln!(
                 f,

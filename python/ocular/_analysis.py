@@ -10,7 +10,7 @@ import os
 import warnings
 TYPE_CHECKING = False
 if TYPE_CHECKING:
-    from typing import Any
+    from typing import Any, Callable
 
 from .errors import MissingDependency, from_native
 
@@ -44,7 +44,20 @@ class Trace:
         if not os.path.exists(self.path):
             raise FileNotFoundError(f"no such trace: {self.path}")
         self._info = _call(_ext().info, self.path, salvage=salvage)
-        self._hot: dict[int, tuple] = {}  # top -> (report, text): one analysis serves hot() and hot_text()
+        # Each analysis is made once per state of the file: repeated calls (and counters(), which reads
+        # stats()) reuse it, and a file still growing (a live or unfinished recording) is read again.
+        self._cache: dict[tuple, Any] = {}
+        self._cached_for: tuple[int, int] | None = None
+
+    def _cached(self, key: tuple, make: Callable[[], Any]) -> Any:
+        st = os.stat(self.path)
+        state = (st.st_mtime_ns, st.st_size)
+        if state != self._cached_for:
+            self._cache.clear()
+            self._cached_for = state
+        if key not in self._cache:
+            self._cache[key] = make()
+        return self._cache[key]
 
     def __repr__(self) -> str:
         i = self._info
@@ -75,25 +88,37 @@ class Trace:
         return self._hot_pass(top)[1]
 
     def _hot_pass(self, top: int) -> tuple:
-        if top not in self._hot:
+        def make() -> tuple:
             report, text, warns = _call(_ext().hot, self.path, top, salvage=self.salvage)
             _warn(warns)
-            self._hot[top] = (report, text)
-        return self._hot[top]
+            return report, text
+
+        return self._cached(("hot", top), make)  # one analysis serves hot() and hot_text()
 
     def stats(self, per_thread: bool = False) -> list[dict[str, Any]]:
         """Per function: calls, inclusive and exclusive ms (recorder cost subtracted), mean us, file:line."""
-        rows, warns = _call(_ext().stats, self.path, per_thread=per_thread, salvage=self.salvage)
-        _warn(warns)
-        return rows
+        import copy
+
+        def make() -> list[dict[str, Any]]:
+            rows, warns = _call(_ext().stats, self.path, per_thread=per_thread, salvage=self.salvage)
+            _warn(warns)
+            return rows
+
+        return copy.deepcopy(self._cached(("stats", per_thread), make))  # the caller may edit its rows
 
     def _arrow(self, name: str, select: dict):
-        try:
-            table, warns = _call(_ext().table, self.path, name, salvage=self.salvage, **select)
-        except MemoryError as e:
-            raise MemoryError(str(e)) from None  # the message says what to do; no Rust frames to show
-        _warn(warns)
-        return table
+        def make():
+            try:
+                table, warns = _call(_ext().table, self.path, name, salvage=self.salvage, **select)
+            except MemoryError as e:
+                raise MemoryError(str(e)) from None  # the message says what to do; no Rust frames to show
+            _warn(warns)
+            return table
+
+        if name in _PER_EVENT:
+            return make()  # one row per event or call: kept, it would hold the memory of a second copy
+        # Arrow tables are immutable: polars and pandas each build their own frame from the one kept.
+        return self._cached(("table", name), make)
 
     def _polars(self, name: str, **select):
         pl = _need("polars", f"Trace.{name}()")
@@ -207,6 +232,10 @@ class Trace:
     def code_pandas(self):
         """:meth:`code` as a pandas DataFrame (needs pandas and pyarrow)."""
         return self._pandas("code")
+
+
+# Tables with a row per event, call or sample: analysed again on each call rather than kept.
+_PER_EVENT = frozenset({"events", "calls", "counter_samples"})
 
 
 def _call(f, *args, **kwargs):

@@ -127,16 +127,49 @@ def test_unreadable_traces_raise_errors_of_their_kind(tmp_path):
     assert ocular.load(corrupt, salvage=True).stats()
 
 
-def test_a_table_is_read_once():
+def test_a_table_reads_the_same_each_time():
     import polars as pl
+    import pyarrow as pa
 
     from ocular._recorder import _native
 
     table, warnings = _native().table(LOOPS, "code")
     assert warnings == [] and len(table) == 5
-    assert pl.DataFrame(table).height == 5
-    with pytest.raises(ValueError, match="already read"):
-        pl.DataFrame(table)
+    first = pl.DataFrame(table)
+    assert first.height == 5 and first.equals(pl.DataFrame(table))
+    assert pa.table(table).num_rows == 5
+
+
+def test_a_trace_analyses_its_file_once_per_state_of_it(tmp_path):
+    import shutil
+
+    path = tmp_path / "loops.ocl"
+    shutil.copy(LOOPS, path)
+    trace = ocular.load(path)
+    calls = ocular._analysis._ext().stats
+    made = []
+
+    def counting(*args, **kwargs):
+        made.append(args)
+        return calls(*args, **kwargs)
+
+    ocular._analysis._ext().stats = counting
+    try:
+        rows = trace.stats()
+        rows[0]["calls"] = -1  # the caller's copy: the next call is not changed by it
+        assert trace.stats()[0]["calls"] != -1 and len(made) == 1
+        trace.counters()
+        assert len(made) == 1, "counters() reads the stats already made"
+        frame = trace.code_pandas()
+        frame.loc[0, "first_line"] = 777777
+        assert trace.code_pandas().loc[0, "first_line"] != -7
+        assert trace.code().equals(trace.code())
+        # The file changed (a recording still being written, or written again): analysed again.
+        os.utime(path, ns=(1, 1))
+        trace.stats()
+        assert len(made) == 2
+    finally:
+        ocular._analysis._ext().stats = calls
 
 
 STOP_SCRIPT = textwrap.dedent("""

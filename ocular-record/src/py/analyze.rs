@@ -255,7 +255,7 @@ impl Sink for ArrowSink {
 #[pyclass(module = "ocular._ocular", name = "ArrowTable")]
 pub(super) struct ArrowTable {
     schema: Arc<Schema>,
-    batches: Option<Vec<RecordBatch>>,
+    batches: Vec<RecordBatch>,
     rows: usize,
 }
 
@@ -266,8 +266,9 @@ impl ArrowTable {
         self.rows
     }
 
-    /// The Arrow C stream interface: polars.DataFrame(t), pyarrow.table(t). The batches move into the
-    /// stream, so a table can be read once.
+    /// The Arrow C stream interface: polars.DataFrame(t), pyarrow.table(t). Each read streams the same
+    /// batches (their columns are shared, not copied), so `ocular.load()` keeps a table and builds every
+    /// frame asked for from it.
     #[pyo3(signature = (requested_schema=None))]
     fn __arrow_c_stream__<'py>(
         &mut self,
@@ -275,7 +276,7 @@ impl ArrowTable {
         requested_schema: Option<Bound<'py, PyAny>>,
     ) -> PyResult<Bound<'py, PyCapsule>> {
         let _ = requested_schema; // the schema is ours; consumers cast if they want to
-        let batches = self.batches.take().ok_or_else(|| PyValueError::new_err("this table was already read"))?;
+        let batches = self.batches.clone();
         let reader = RecordBatchIterator::new(batches.into_iter().map(Ok::<_, ArrowError>), self.schema.clone());
         let stream = FFI_ArrowArrayStream::new(Box::new(reader));
         PyCapsule::new_with_value(py, stream, c"arrow_array_stream")
@@ -352,7 +353,7 @@ pub(super) fn table(
         })?;
     let rows = sink.batches.iter().map(RecordBatch::num_rows).sum();
     let schema = sink.schema.unwrap_or_else(|| Arc::new(Schema::empty()));
-    Ok((ArrowTable { schema, batches: Some(sink.batches), rows }, summary.warnings))
+    Ok((ArrowTable { schema, batches: sink.batches, rows }, summary.warnings))
 }
 
 /// The peak of `events()` over the DataFrame's size, rounded up from the 1.37-1.77x measured.
