@@ -264,3 +264,33 @@ def test_hot_says_which_way_each_branch_went(ocl):
     assert branches[cond] == {"taken": taken, "not_taken": 300 - taken}
     text = ocular.load(ocl).hot_text()
     assert f"{cond}" in text and f"| taken {taken} of 300 ({taken / 3:.0f}%)" in text
+
+
+def test_the_typed_stub_declares_every_native_function_with_its_parameters():
+    """`_ocular.pyi` is what type checkers and editors see of the extension: a function missing from it, or
+    a parameter it does not name, is a signature users' tools get wrong."""
+    import ast
+    import inspect
+
+    from ocular._recorder import _native
+
+    nat = _native()
+    stub_path = os.path.join(os.path.dirname(ocular.__file__), "_ocular.pyi")
+    tree = ast.parse(open(stub_path).read())
+    stub = {n.name: n for n in tree.body if isinstance(n, ast.FunctionDef)}
+    classes = {n.name: n for n in tree.body if isinstance(n, ast.ClassDef)}
+    native = {k: v for k, v in vars(nat).items() if callable(v) and not k.startswith("_") and not isinstance(v, type)}
+    assert sorted(native) == sorted(stub), "functions of the extension and of its stub differ"
+    for name, f in native.items():
+        a = stub[name].args
+        declared = [(x.arg, None) for x in a.posonlyargs + a.args + a.kwonlyargs]
+        defaults = [None] * (len(a.posonlyargs + a.args) - len(a.defaults)) + list(a.defaults)
+        declared = [(n, d is not None) for (n, _), d in zip(declared, defaults + [None] * len(a.kwonlyargs))]
+        actual = [(p.name, p.default is not inspect.Parameter.empty) for p in inspect.signature(f).parameters.values()]
+        assert declared == actual, (name, declared, actual)
+    native_classes = {k for k, v in vars(nat).items() if isinstance(v, type)}
+    assert native_classes == set(classes), (native_classes, set(classes))
+    for cname in native_classes:
+        methods = {k for k in vars(getattr(nat, cname)) if not k.startswith("__") or k in ("__len__", "__arrow_c_stream__")}
+        declared = {n.name for n in classes[cname].body if isinstance(n, ast.FunctionDef)}
+        assert methods == declared, (cname, methods, declared)
