@@ -465,6 +465,10 @@ struct ThreadState {
     sampling: Option<usize>,
     /// The current later window's start: when it was due (FORMAT.md 5.3, 5.7).
     window_from: u64,
+    /// The current later window is a missed one (FORMAT.md 5.7), and `e[1]` when it began: it stands for
+    /// its whole length, even where its markers came after later events of the thread (below).
+    window_missed: bool,
+    window_e1: f64,
     /// When the current later window opened (its marker's tick).
     window_opened: u64,
     /// While a window's DUE_STACK events arrive (FORMAT.md 5.7): how many frames of the stack at the due
@@ -1258,6 +1262,7 @@ fn due_marker(ts: &mut ThreadState, e: &RawEvent) {
         // C call or waiting); one that was running has its calls stand in the next opened window's.
         ts.calls_until = 0;
         ts.sampling = None;
+        ts.window_missed = true;
         if flags & RUNNING != 0 && flags & CALLS_FROM_DUE == 0 {
             ts.missed_running += 1;
         }
@@ -1488,19 +1493,34 @@ fn step(
                 // after a long C call or a blocking wait, weigh more than others, and over-count that.)
                 let len = log.len_ticks(len_us);
                 let from = ts.clock_at.unwrap_or(t);
-                log.later.entry(seq).or_insert((from, len));
+                // The run's windows fell due when their leads say, whatever this thread did since: a
+                // missed window's markers can follow the thread's later events (FORMAT.md 5.7).
+                let due_at = t.saturating_sub(log.len_ticks(e.code.get())).min(from);
+                log.later.entry(seq).or_insert((due_at, len));
                 ts.phase = Phase::Sampled;
                 ts.window_from = from;
                 ts.window_opened = t;
                 ts.window_end = from.saturating_add(len);
                 ts.calls_until = t.saturating_add(len);
                 ts.window_len = len;
+                ts.window_missed = false;
+                ts.window_e1 = ts.e[1];
                 ts.calls_from_due = false;
                 ts.instrumented.clear();
             }
             ts.sampling = Some(0);
         }
         EventKind::WINDOW_END => {
+            if ts.phase == Phase::Sampled && ts.window_missed {
+                // A missed window stands for its length from its due moment, in the stack read then. Its
+                // markers can come after events of the thread made since (jumps, counted calls: an ending
+                // thread writes the windows still waiting to open before its last return, FORMAT.md 5.7),
+                // which moved the thread's clock past that moment: its time is still all of its length.
+                let rest = ticks_f64(ts.window_len) - (ts.e[1] - ts.window_e1);
+                if rest > 0.0 {
+                    ts.e[1] += rest;
+                }
+            }
             if ts.phase == Phase::Sampled {
                 ts.checkpoint_window();
             }

@@ -318,3 +318,40 @@ fn each_window_is_weighed_by_the_part_of_it_the_program_ran() {
     assert_eq!(row("h").calls, (2.0 * 100.0 / 60.0 * 15.0_f64).round() as u64);
     assert_eq!(row("h").observed_calls, 2);
 }
+
+/// A missed window (FORMAT.md 5.7) stands for its whole length in the stack read at its due moment, even
+/// when its markers come after later events of the thread: a thread that ends writes the windows still
+/// waiting to open just before its last return, after the jumps and counted calls it made since they fell
+/// due. Counting them from the thread's last event gave them nothing (a worker thread whose last stretch
+/// was a `json.dumps` waiting for the GIL lost 15-75% of its time).
+#[test]
+fn a_missed_window_written_after_later_events_still_stands_for_its_length() {
+    use ocular_format::event::due::MISSED;
+    use EventKind::*;
+    let missed = |t: u64, lead: u32, seq: u32| {
+        vec![
+            ev(t, lead, seq, 100, WINDOW),
+            ev(t, 0, MISSED, 2, DUE),
+            ev(t, MAIN, 0, 0, DUE_STACK),
+            ev(t, F, 0, 1, DUE_STACK),
+            ev(t, 0, seq, 0, WINDOW_END),
+        ]
+    };
+    let mut e = vec![
+        ev(0, 0, 0, u32::MAX, WINDOW),
+        ev(0, MAIN, 0, 0, PY_START),
+        ev(1000, 0, 0, 0, WINDOW_END),
+        // Outside windows: main jumps on, well after both windows below fell due (2000 and 3000).
+        ev(4900, MAIN, 2, 0, JUMP),
+    ];
+    e.extend(missed(5000, 3000, 1));
+    e.extend(missed(5000, 2000, 2));
+    let (_dir, path) = write_trace(&e, &[], 5000);
+    let a = analyze(&path, Default::default()).unwrap();
+    let w = a.windows.as_ref().expect("windows");
+    assert_eq!((w.windows, w.window_ticks, w.sampled_ticks), (2, 200, 4000));
+    let rows = stats::rows(&a, false, stats::SortBy::Exclusive);
+    let f = rows.iter().find(|r| r.function == "f").expect("f, in both windows' stacks");
+    // Two windows of 100 ticks (1 us each), each standing for 20 times its length.
+    assert!((f.inclusive_ms - 4.0).abs() < 1e-6, "{f:?}");
+}

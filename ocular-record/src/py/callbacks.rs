@@ -490,11 +490,15 @@ unsafe fn special<
                 return none();
             }
         }
+        let ending = KIND == EventKind::PY_RETURN as u8 || KIND == EventKind::PY_UNWIND as u8;
+        if ending {
+            super::windows::missed_for_ending(&mut *ts, t);
+        }
         if flags & RECORD != 0 {
             let r = record::<KIND, DEST, false, false, false>(ts, cs, t, args);
             ffi::Py_DECREF(r);
         }
-        if KIND == EventKind::PY_RETURN as u8 || KIND == EventKind::PY_UNWIND as u8 {
+        if ending {
             thread_ending(ts);
         }
         none()

@@ -89,6 +89,17 @@ pub(super) fn queue(generation: u64, asked_main: bool) {
     q.push(Due { generation, ticks, asked_main, stacks });
 }
 
+/// The queued windows of `generation` whose due moment read thread `pyts`: (position in the queue, oldest
+/// first; due tick; what was read), without taking them.
+pub(super) fn pending_for(generation: u64, pyts: usize) -> Vec<(usize, u64, Option<Read>)> {
+    let q = lock(&QUEUE);
+    q.iter()
+        .filter(|d| d.generation == generation)
+        .enumerate()
+        .filter_map(|(i, d)| d.stacks.iter().find(|(p, _)| *p == pyts).map(|(_, r)| (i, d.ticks, r.clone())))
+        .collect()
+}
+
 /// Takes the queued windows of `generation`, oldest first.
 pub(super) fn take(generation: u64) -> Vec<Due> {
     let mut q = lock(&QUEUE);

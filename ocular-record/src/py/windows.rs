@@ -370,6 +370,39 @@ unsafe fn open(py: Python<'_>, generation: u64) -> bool {
     }
 }
 
+/// Writes into an ending thread's own stream the windows that fell due and have not opened yet, each as
+/// missed (FORMAT.md 5.7), at tick `t`, before its last event. The opening that writes them comes later,
+/// for the threads alive then: a thread that ended in between (its last stretch a long C call, or waiting
+/// for the GIL while other threads held it) lost their time, 15% of each worker's in three threads that
+/// alternate call-dense code and `json.dumps`. Their sequence numbers are the ones that opening gives them.
+///
+/// # Safety
+/// GIL held; `ts` is the calling thread's state.
+pub(super) unsafe fn missed_for_ending(ts: &mut super::ThreadState, t: u64) {
+    use ocular_format::event::due::{MISSED, RUNNING};
+    // SAFETY: GIL held (caller); no Python call below.
+    let st = unsafe { state() };
+    let Some(rec) = st.recorder.as_deref() else { return };
+    if ts.generation != st.generation || WINDOW_END.load(Ordering::Relaxed) == u64::MAX {
+        return; // another recording's thread, or the first window still open (nothing is queued then)
+    }
+    let (len_us, _) = rec.window_len;
+    let sink = rec.out.sink();
+    for (i, due, read) in super::due::pending_for(st.generation, ts.pyts) {
+        let seq = st.window.seq.wrapping_add(1 + i as u32);
+        let mut m = marker(t, EventKind::WINDOW, seq, len_us);
+        m.code.set((t.saturating_sub(due) as f64 * 1e6 / rec.ticks_per_second).min(u32::MAX as f64 / 2.0) as u32);
+        ts.buf.push_marker(m, sink);
+        let frames = read.as_ref().map(|(s, _)| due_frames(rec, ts.py_id, s)).unwrap_or_default();
+        let flags = if read.as_ref().is_some_and(|(_, running)| *running) { MISSED | RUNNING } else { MISSED };
+        ts.buf.push_marker(RawEvent::new(t, 0, flags, frames.len() as u32, EventKind::DUE as u8), sink);
+        for (depth, &code) in frames.iter().enumerate() {
+            ts.buf.push_marker(RawEvent::new(t, code, 0, depth as u32, EventKind::DUE_STACK as u8), sink);
+        }
+        ts.buf.push_marker(marker(t, EventKind::WINDOW_END, seq, 0), sink);
+    }
+}
+
 /// A stack read at a due moment (code object addresses, outermost first) as code ids: without the frames
 /// the recording's starting thread was in when it started, and without code objects the recording has not
 /// seen (the interpreter's own entry frames, or a frame that had not started its code yet). Looks the
