@@ -743,6 +743,9 @@ pub struct Analysis {
     pub header: Option<Header>,
     /// The recorder's cost per event kind, if the file has it (format 1.1).
     pub calibration: Option<ocular_format::Calibration>,
+    /// What those costs were scaled by for the machine's speed at the stop (FORMAT.md 6.6, since 2.12),
+    /// where it differed from the start's.
+    pub cost_speed_ratio: Option<f64>,
     /// Events read.
     pub events: u64,
     /// Reader warnings.
@@ -931,6 +934,9 @@ pub(crate) struct Samples {
     pub by_thread: HashMap<u64, SampleQueue>,
     /// Per counter, samples the kernel lost.
     pub lost: Vec<u64>,
+    /// The calibration written at the stop, with the machine's speed then (FORMAT.md 6.6, since 2.12): it
+    /// comes after the events whose costs it scales.
+    pub stop_calibration: Option<ocular_format::Calibration>,
 }
 
 /// Reads the counter samples of the file, which come in their own chunks, anywhere in it: a pass over
@@ -950,6 +956,11 @@ pub(crate) fn read_samples(
             (header.start_ticks as f64 + d).max(0.0) as u64
         };
         while let Some(c) = r.next_chunk()? {
+            if let Body::Calibration(cal) = &c.body {
+                if cal.is_stop() {
+                    out.stop_calibration = Some(cal.clone());
+                }
+            }
             if let Body::Counters(cs) = c.body {
                 if out.counters.is_empty() {
                     out.counters = cs.counters.clone();
@@ -1086,7 +1097,7 @@ pub fn analyze(path: &Path, opts: ReadOptions) -> ocular_format::Result<Analysis
     let (mut first_tick, mut last_tick) = (u64::MAX, 0u64);
     // Counter samples (FORMAT.md 6.9) come in their own chunks, anywhere in the file: gathered first, in a
     // pass over the metadata, to be attributed as each thread's events go by.
-    let Samples { counters, by_thread: mut samples, lost } = read_samples(path, opts, &header)?;
+    let Samples { counters, by_thread: mut samples, lost, stop_calibration } = read_samples(path, opts, &header)?;
     let mut tally =
         Tally { unattributed: vec![0; counters.len()], between: vec![0; counters.len()], ..Tally::default() };
     a.counters = counters;
@@ -1138,9 +1149,14 @@ pub fn analyze(path: &Path, opts: ReadOptions) -> ocular_format::Result<Analysis
                     a.code.insert(co.id, co);
                 }
             }
+            Body::Calibration(c) if c.is_stop() => {}
             Body::Calibration(c) => {
-                cost = ocular_format::cost_table(header.event_cost_ticks, Some(&c));
-                tables.instrument = c.instrument();
+                let ratio;
+                (cost, ratio) =
+                    ocular_format::cost_table_at_speed(header.event_cost_ticks, &c, stop_calibration.as_ref());
+                let (per_code, per_byte) = c.instrument();
+                tables.instrument = (per_code * ratio, per_byte * ratio);
+                a.cost_speed_ratio = (ratio != 1.0).then_some(ratio);
                 a.calibration = Some(c);
             }
             // The recording's end, where frames still open in a recording with windows end.

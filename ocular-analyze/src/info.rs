@@ -34,6 +34,10 @@ pub struct Info {
     pub ticks_per_second: f64,
     /// Measured recorder cost per event, ns.
     pub event_cost_ns: f64,
+    /// The machine's speed at the stop against the start's, which scales the costs measured at the start
+    /// (FORMAT.md 6.6, since 2.12): the loop's ticks per iteration at the stop over the start's. `None`
+    /// without both.
+    pub cost_speed_ratio: Option<f64>,
     /// From the first to the last event, seconds.
     pub duration_s: f64,
     /// Events decoded.
@@ -122,6 +126,7 @@ pub fn summarize(path: impl AsRef<Path>, opts: ReadOptions) -> ocular_format::Re
     let (mut first, mut last) = (u64::MAX, 0u64);
     let mut counters: Vec<CounterSummary> = Vec::new();
     let mut process = None;
+    let (mut start_cal, mut stop_cal) = (None, None);
     while let Some(c) = r.next_chunk()? {
         match c.body {
             Body::Process(p) => process = Some(p),
@@ -166,12 +171,14 @@ pub fn summarize(path: impl AsRef<Path>, opts: ReadOptions) -> ocular_format::Re
                     }
                 }
             }
-            Body::Trailer(_)
-            | Body::Skipped(_)
-            | Body::Calibration(_)
-            | Body::Ring(_)
-            | Body::Dropped(_)
-            | Body::CFunctions(_) => {}
+            Body::Calibration(c) => {
+                if c.is_stop() {
+                    stop_cal = Some(c);
+                } else {
+                    start_cal = Some(c);
+                }
+            }
+            Body::Trailer(_) | Body::Skipped(_) | Body::Ring(_) | Body::Dropped(_) | Body::CFunctions(_) => {}
         }
     }
     let report = r.report().clone();
@@ -194,6 +201,7 @@ pub fn summarize(path: impl AsRef<Path>, opts: ReadOptions) -> ocular_format::Re
         clock: format!("{:?}", h.clock),
         ticks_per_second: tps,
         event_cost_ns: if tps > 0.0 { h.event_cost_ticks * 1e9 / tps } else { 0.0 },
+        cost_speed_ratio: start_cal.zip(stop_cal).and_then(|(a, b)| a.speed_ratio(&b)),
         duration_s,
         events,
         events_by_kind: by_kind
@@ -261,10 +269,19 @@ impl std::fmt::Display for Info {
         }
         writeln!(
             f,
-            "clock         {} at {:.3} GHz, recorder cost {:.1} ns/event (measured at start)",
+            "clock         {} at {:.3} GHz, recorder cost {:.1} ns/event (measured at start){}",
             self.clock,
             self.ticks_per_second / 1e9,
-            self.event_cost_ns
+            self.event_cost_ns,
+            match self.cost_speed_ratio {
+                Some(r) if (r - 1.0).abs() >= 0.005 => format!(
+                    "; the machine ran {:.2}x as fast at the stop, so {:.1} ns/event is taken out",
+                    1.0 / r,
+                    self.event_cost_ns * r
+                ),
+                Some(_) => "; as fast at the stop".into(),
+                None => String::new(),
+            }
         )?;
         writeln!(f, "duration      {:.6} s", self.duration_s)?;
         writeln!(

@@ -258,6 +258,8 @@ pub fn analyze(path: &Path, opts: ReadOptions) -> ocular_format::Result<Lines> {
         return Ok(out);
     }
     let mut cost = ocular_format::cost_table(header.event_cost_ticks, None);
+    // The stop's calibration comes after the events it applies to (FORMAT.md 6.6).
+    let stop = crate::analysis::read_samples(path, opts, &header)?.stop_calibration;
     let threshold = header.options.deinstrument_threshold;
     let precise = header.options.mode == Mode::Precise;
     let mut pass = Pass { single: precise && threshold == 0, ..Pass::default() };
@@ -279,8 +281,9 @@ pub fn analyze(path: &Path, opts: ReadOptions) -> ocular_format::Result<Lines> {
                     code.insert(o.id, o);
                 }
             }
+            Body::Calibration(c) if c.is_stop() => {}
             Body::Calibration(c) => {
-                cost = ocular_format::cost_table(header.event_cost_ticks, Some(&c));
+                cost = ocular_format::cost_table_at_speed(header.event_cost_ticks, &c, stop.as_ref()).0;
             }
             _ => {}
         }

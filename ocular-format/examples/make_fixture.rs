@@ -1,17 +1,17 @@
-//! Writes the frozen format fixture of the current format version (`testdata/v2.11/synthetic.ocl`): every
+//! Writes the frozen format fixture of the current format version (`testdata/v2.12/synthetic.ocl`): every
 //! chunk kind, two threads, a lost record, a snapshot, a window with its stack (since 2.2), the ring file's
 //! path (since 2.3), a flight recorder's dropped range (since 2.4), counter samples (since 2.5), the run of
 //! processes it belongs to (since 2.6), calls of two C functions, one of which raised (since 2.7), a
 //! coroutine's frame id and what it awaited (since 2.8), a recorder pause (since 2.9), due windows and a counted call (since 2.10), a calibration with the cost of instrumenting a code object
-//! (since 2.11), and a trailer.
+//! (since 2.11), the machine's speed at the start and the stop (since 2.12), and a trailer.
 //! Frozen files are never rewritten: this refuses to overwrite one.
 //!
-//!     cargo run -p ocular-format --example make_fixture -- testdata/v2.11/synthetic.ocl
+//!     cargo run -p ocular-format --example make_fixture -- testdata/v2.12/synthetic.ocl
 
 use ocular_format::*;
 
 fn main() -> Result<()> {
-    let path = std::env::args().nth(1).unwrap_or_else(|| "testdata/v2.11/synthetic.ocl".into());
+    let path = std::env::args().nth(1).unwrap_or_else(|| "testdata/v2.12/synthetic.ocl".into());
     if std::path::Path::new(&path).exists() {
         eprintln!("{path} exists: frozen fixtures are never rewritten; make a new version's directory instead");
         std::process::exit(1);
@@ -156,11 +156,16 @@ fn main() -> Result<()> {
     )?;
     // Since 2.11 (FORMAT.md 6.6): the calibration holds the cost of instrumenting a code object again, per
     // object (pseudo-kind 250) and per byte of bytecode (251), beside the events' own.
-    w.calibration(&Calibration { costs: vec![(EventKind::PY_START as u8, 60.0), (250, 1700.0), (251, 8.5)] })?;
+    // Since 2.12: with the machine's speed at the start (pseudo-kind 252), which the stop's calibration
+    // (253, below) scales the costs by.
+    w.calibration(&Calibration {
+        costs: vec![(EventKind::PY_START as u8, 60.0), (250, 1700.0), (251, 8.5), (252, 80.0)],
+    })?;
     w.thread(&ThreadInfo { thread_id: 1002, name: "worker-1".into(), is_main: false })?;
     w.lost(&Lost { thread_id: 1002, count: 3, first_ticks: 15_000, last_ticks: 15_200 })?;
     // FOR_ITER specialized, its inline cache unit filled in by the interpreter: since 2.1 it is not stored.
     w.snapshots(&[CodeSnapshot { id: 1, bytecode: vec![151, 0, 194, 2, 0x37, 0x12, 1, 0, 140, 4, 83, 0] }])?;
+    w.calibration(&Calibration { costs: vec![(253, 60.0)] })?;
     w.finish(Trailer {
         end_unix_ns: 1_795_000_000_500_000_000,
         end_monotonic_ns: 623_456_789,

@@ -43,8 +43,9 @@ pub use chunk::{MAGIC, MAJOR, MINOR};
 pub use error::{Error, Result};
 pub use event::{asyncio_loop_function, kind_name, Awaited, EventKind, LoopFunction, Pauses, RawEvent};
 pub use meta::{
-    cost_table, CFunction, Calibration, Clock, CodeObject, CodeSnapshot, CounterInfo, CounterSample, CounterSamples,
-    Dropped, Header, Lost, Mode, OpcodeTable, Options, Position, ProcessInfo, RingInfo, ThreadInfo, Trailer,
+    cost_table, cost_table_at_speed, CFunction, Calibration, Clock, CodeObject, CodeSnapshot, CounterInfo,
+    CounterSample, CounterSamples, Dropped, Header, Lost, Mode, OpcodeTable, Options, Position, ProcessInfo, RingInfo,
+    ThreadInfo, Trailer,
 };
 pub use reader::{
     process_alive, Body, Chunk, ChunkInfo, Damage, Mismatch, ReadOptions, Reader, Report, Source, ThreadLoss,

@@ -349,12 +349,23 @@ impl Calibration {
     pub const INSTRUMENT_CODE: u8 = 250;
     /// See [`Calibration::INSTRUMENT_CODE`].
     pub const INSTRUMENT_BYTE: u8 = 251;
+    /// Pseudo-kinds (FORMAT.md 6.6, since 2.12): ticks per iteration of the calibration's loop run without
+    /// the recorder, at the start (in the first `CALIBRATION` chunk) and at the stop (in one of its own
+    /// after the last events): how fast the machine ran then.
+    pub const SPEED_START: u8 = 252;
+    /// See [`Calibration::SPEED_START`].
+    pub const SPEED_STOP: u8 = 253;
+    /// The most a stop's speed may move the costs measured at the start, either way: beyond it the file
+    /// is not believed.
+    pub const MAX_SPEED_RATIO: f64 = 3.0;
 
     /// The name of a cost's kind: an event kind's, or `instrument_code` / `instrument_byte`.
     pub fn cost_name(kind: u8) -> std::borrow::Cow<'static, str> {
         match kind {
             Self::INSTRUMENT_CODE => "instrument_code".into(),
             Self::INSTRUMENT_BYTE => "instrument_byte".into(),
+            Self::SPEED_START => "speed_start".into(),
+            Self::SPEED_STOP => "speed_stop".into(),
             _ => crate::kind_name(kind),
         }
     }
@@ -367,6 +378,25 @@ impl Calibration {
             return (a.parse().unwrap_or(0.0), b.parse().unwrap_or(0.0));
         }
         (get(Self::INSTRUMENT_CODE), get(Self::INSTRUMENT_BYTE))
+    }
+
+    /// A pseudo-kind's value, if the calibration has it.
+    pub fn get(&self, kind: u8) -> Option<f64> {
+        self.costs.iter().find(|&&(k, _)| k == kind).map(|&(_, t)| t)
+    }
+
+    /// Whether this is the calibration written at the stop (FORMAT.md 6.6): its speed only, no cost.
+    pub fn is_stop(&self) -> bool {
+        !self.costs.is_empty() && self.costs.iter().all(|&(k, _)| k == Self::SPEED_STOP)
+    }
+
+    /// How much the costs measured at the start (`self`) are to be scaled for the machine's speed at the
+    /// stop (`stop`): the loop's ticks per iteration at the stop over those at the start, within
+    /// [`Calibration::MAX_SPEED_RATIO`] either way; `None` without both.
+    pub fn speed_ratio(&self, stop: &Calibration) -> Option<f64> {
+        let (a, b) = (self.get(Self::SPEED_START)?, stop.get(Self::SPEED_STOP)?);
+        (a > 0.0 && b > 0.0 && a.is_finite() && b.is_finite())
+            .then(|| (b / a).clamp(1.0 / Self::MAX_SPEED_RATIO, Self::MAX_SPEED_RATIO))
     }
 
     /// Cost in ticks of each of the 256 event kinds, `default` where none was measured.
@@ -400,6 +430,17 @@ pub fn cost_table(default: f64, calibration: Option<&Calibration>) -> [f64; 256]
     // A counted call (5.8) is a call's callback that stores an event, as a recorded one is.
     t[K::COUNT as usize] = t[K::PY_START as usize];
     t
+}
+
+/// [`cost_table`] for the events after the start's `calibration`, its costs brought to the machine's speed
+/// at the stop (FORMAT.md 6.6, since 2.12) where the file has both: the table and the ratio applied.
+pub fn cost_table_at_speed(default: f64, calibration: &Calibration, stop: Option<&Calibration>) -> ([f64; 256], f64) {
+    let ratio = stop.and_then(|s| calibration.speed_ratio(s)).unwrap_or(1.0);
+    let mut t = cost_table(default, Some(calibration));
+    for c in t.iter_mut() {
+        *c *= ratio;
+    }
+    (t, ratio)
 }
 
 /// The clean-close marker (FORMAT.md 6.5).

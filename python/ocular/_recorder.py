@@ -198,12 +198,16 @@ def calibration(mode: str, tool: int, threshold: int, buffer_events: int,
     c_calls, a Python call also costs its CALL event, which is not recorded: the call events' cost is
     measured with it on, so it is subtracted with theirs; the C events' cost is measured on a call of a
     built-in."""
+    global _speed_probe
+    _speed_probe = None  # this recording's own, set by the calls calibration
     call = _calibrate("calls", tool, threshold, buffer_events, c_calls)
     location = call if mode == "calls" else _calibrate(mode, tool, threshold, buffer_events)
     # With the recording's own callbacks: the windowed set in adaptive and precise mode with a threshold.
     c_call = _calibrate("c_calls", tool, threshold, buffer_events, rec_mode=mode) if c_calls else call
     costs = [(_KIND[n], call if n in _CALL_EVENTS else c_call if n in _C_EVENTS else location)
              for n in event_names(mode, c_calls) if n in _KIND]
+    if _speed_probe is not None:
+        costs.append((_SPEED_START, _speed_probe[2]))
     if mode != "calls" and threshold > 0:
         # Windows re-arm every code object: the cost of instrumenting one again (FORMAT.md 6.6).
         per_code, per_byte = _calibrate_instrument(mode, tool, threshold, buffer_events)
@@ -215,6 +219,10 @@ def calibration(mode: str, tool: int, threshold: int, buffer_events: int,
 # per byte of bytecode.
 _INSTRUMENT_CODE = 250
 _INSTRUMENT_BYTE = 251
+# Since 2.12: ticks per iteration of the calls calibration's loop without the recorder, at the start and at
+# the stop.
+_SPEED_START = 252
+_SPEED_STOP = 253
 
 
 def _calibrate_instrument(mode: str, tool: int, threshold: int, buffer_events: int) -> tuple[float, float]:
@@ -338,6 +346,7 @@ def _calibrate(mode: str, tool: int, threshold: int, buffer_events: int, c_calls
     # Untraced and traced runs alternate, and the median of the pairs' differences is the cost: a slow
     # moment of the machine then shifts one pair, not a whole phase of the measurement.
     diffs = []
+    bases = []
     try:
         for _, ns in codes_names:
             for name in ns:
@@ -350,6 +359,7 @@ def _calibrate(mode: str, tool: int, threshold: int, buffer_events: int, c_calls
             for c, _ in codes_names:
                 mon.set_local_events(tool, c, 0)
             diffs.append(traced - base)
+            bases.append(base)
     finally:
         out = nat.stop({})
         for _, ns in codes_names:
@@ -358,8 +368,27 @@ def _calibrate(mode: str, tool: int, threshold: int, buffer_events: int, c_calls
     per_run = out["events"] / PAIRS
     if per_run <= 0:
         return 0.0
+    if mode == "calls":
+        global _speed_probe
+        bases.sort()
+        _speed_probe = (once, n, bases[len(bases) // 2] / n)
     diffs.sort()
     return max(0.0, diffs[len(diffs) // 2] / per_run)
+
+
+# The calls calibration's loop without the recorder (timed run, iterations) and its ticks per iteration at
+# the start: timed again at the stop, it says how much faster or slower the machine ran then (FORMAT.md 6.6).
+_speed_probe: tuple[Callable[[], int], int, float] | None = None
+
+
+def speed_at_stop() -> list[tuple[int, float]]:
+    """[(253, ticks per iteration of the calibration's loop now)] for the stop's calibration chunk, or []
+    without a probe. Its events must be off: the loop runs unrecorded, median of seven runs (~0.2 ms)."""
+    if _speed_probe is None:
+        return []
+    once, n, _ = _speed_probe
+    runs = sorted(once() for _ in range(7))
+    return [(_SPEED_STOP, runs[len(runs) // 2] / n)]
 
 
 # Default seconds between windows (FORMAT.md 5.3): adaptive mode, and precise mode.
@@ -598,7 +627,7 @@ class Recording:
         sys.monitoring.set_events(self.tool_id, 0)
         names = {t.native_id: t.name for t in threading.enumerate() if t.native_id is not None}
         try:
-            out = _native().stop(names)
+            out = _native().stop(names, speed_at_stop())
         finally:
             release_tool_id(self.tool_id, self._events)
         _active = None

@@ -243,7 +243,10 @@ def test_recordings_carry_a_cost_per_event_kind(ocl):
 
     cal = _ocular.read(ocl)["calibration"]
     # And, with windows, what instrumenting a code object again costs (FORMAT.md 6.6): per object, per byte.
-    assert set(cal) == set(event_names("adaptive")) | {"instrument_code", "instrument_byte"}
+    # And the machine's speed at the start and at the stop, which scales the costs (FORMAT.md 6.6).
+    assert set(cal) == set(event_names("adaptive")) | {"instrument_code", "instrument_byte", "speed_start",
+                                                        "speed_stop"}
+    assert cal["speed_start"] > 0 and cal["speed_stop"] > 0, cal
     # Per object it is close to nothing beside the per-byte part (a regression of two sizes: often 0).
     assert cal["instrument_code"] >= 0 and cal["instrument_byte"] > 0, cal
     assert cal["PY_START"] == cal["PY_RETURN"] > 0, "call events share the calls-mode measurement"

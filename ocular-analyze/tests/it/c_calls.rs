@@ -31,6 +31,15 @@ fn code(id: u32, name: &str) -> CodeObject {
 
 /// A trace of `events` on one thread, with `main`, `key` and the C callables `sorted`, `len` and `int`.
 fn trace(events: &[RawEvent], calibration: Option<Calibration>) -> (tempfile::TempDir, Analysis) {
+    trace_with_stop(events, calibration, None)
+}
+
+/// [`trace`] with a calibration written at the stop, after the events (FORMAT.md 6.6).
+fn trace_with_stop(
+    events: &[RawEvent],
+    calibration: Option<Calibration>,
+    stop: Option<Calibration>,
+) -> (tempfile::TempDir, Analysis) {
     let dir = tempfile::tempdir().unwrap();
     let path = dir.path().join("c.ocl");
     let mut h = testing::header();
@@ -49,6 +58,9 @@ fn trace(events: &[RawEvent], calibration: Option<Calibration>) -> (tempfile::Te
     ])
     .unwrap();
     w.events(7, events).unwrap();
+    if let Some(c) = stop {
+        w.calibration(&c).unwrap();
+    }
     let end_ticks = events.last().unwrap().ticks.get() + 10;
     w.finish(Trailer { end_unix_ns: 0, end_monotonic_ns: 0, end_ticks, events: 0, lost: 0, chunks: 0 }).unwrap();
     let a = analyze(&path, Default::default()).unwrap();
@@ -199,4 +211,37 @@ fn c_events_cost_what_the_calibration_says_or_a_py_start() {
     let (_d, a) = trace(&events, Some(cal));
     assert_eq!(fig(&a, c(LEN)), (1, 70.0, 70.0));
     assert_eq!(fig(&a, MAIN), (1, 930.0, 860.0));
+}
+
+#[test]
+fn costs_follow_the_machine_s_speed_at_the_stop() {
+    use EventKind::*;
+    let events = [
+        ev(0, MAIN, 0, 0, PY_START),
+        ev(100, MAIN, 4, LEN, CALL),
+        ev(200, MAIN, 4, 0, C_RETURN),
+        ev(1000, MAIN, 10, 0, PY_RETURN),
+    ];
+    let costs = vec![
+        (EventKind::PY_START as u8, 10.0),
+        (EventKind::PY_RETURN as u8, 10.0),
+        (EventKind::CALL as u8, 30.0),
+        (EventKind::C_RETURN as u8, 30.0),
+        (Calibration::SPEED_START, 80.0),
+    ];
+    // The calibration's loop took 80 ticks an iteration at the start and 40 at the stop: the machine ran
+    // twice as fast, and so did the recorder, so every cost is halved.
+    let stop = Calibration { costs: vec![(Calibration::SPEED_STOP, 40.0)] };
+    let (_d, a) = trace_with_stop(&events, Some(Calibration { costs: costs.clone() }), Some(stop));
+    assert_eq!(fig(&a, c(LEN)), (1, 85.0, 85.0));
+    assert_eq!(fig(&a, MAIN), (1, 965.0, 880.0));
+    assert_eq!(a.cost_speed_ratio, Some(0.5));
+    // Killed before its stop: the start's costs as they were.
+    let (_d, a) = trace_with_stop(&events, Some(Calibration { costs: costs.clone() }), None);
+    assert_eq!(fig(&a, c(LEN)), (1, 70.0, 70.0));
+    // A stop's speed beyond belief (100 times slower) moves the costs by three times at most.
+    let stop = Calibration { costs: vec![(Calibration::SPEED_STOP, 8000.0)] };
+    let (_d, a) = trace_with_stop(&events, Some(Calibration { costs }), Some(stop));
+    assert_eq!(a.cost_speed_ratio, Some(3.0));
+    assert_eq!(fig(&a, c(LEN)), (1, 10.0, 10.0));
 }

@@ -90,7 +90,10 @@ fn check_synthetic(bytes: &[u8], version: (u16, u16)) {
     // Since 2.3 a RING chunk follows the header (FORMAT.md 6.7): one chunk more.
     // Since 2.4 a DROPPED chunk (FORMAT.md 6.8), since 2.5 a COUNTERS chunk (6.9), since 2.6 a PROCESS
     // chunk (6.10): one more each.
-    let want = if version >= (2, 11) {
+    let want = if version >= (2, 12) {
+        // And the stop's CALIBRATION chunk.
+        (110, 3, 22)
+    } else if version >= (2, 11) {
         // And the CALIBRATION chunk.
         (110, 3, 21)
     } else if version >= (2, 10) {
@@ -236,6 +239,25 @@ fn v2_9_synthetic_reads_forever() {
     let bytes = fixture("v2.9/synthetic.ocl");
     assert_eq!(bytes.len(), 2909);
     check_synthetic(&bytes, (2, 9));
+}
+
+#[test]
+fn v2_12_synthetic_reads_forever() {
+    let bytes = fixture("v2.12/synthetic.ocl");
+    assert_eq!(bytes.len(), 3207);
+    check_synthetic(&bytes, (2, 12));
+    // The start's calibration with its speed, and the stop's with its own (FORMAT.md 6.6).
+    let mut r = ocular_format::Reader::new(std::io::Cursor::new(&bytes[..]), "v2.12", Default::default()).unwrap();
+    let mut cals = Vec::new();
+    while let Some(c) = r.next_chunk().unwrap() {
+        if let ocular_format::Body::Calibration(c) = c.body {
+            cals.push(c);
+        }
+    }
+    assert_eq!(cals.len(), 2);
+    assert_eq!(cals[0].instrument(), (1700.0, 8.5));
+    assert!(!cals[0].is_stop() && cals[1].is_stop());
+    assert_eq!(cals[0].speed_ratio(&cals[1]), Some(0.75));
 }
 
 #[test]

@@ -454,9 +454,11 @@ fn base_stack(py: Python<'_>, internal: &[String]) -> (i64, Vec<Py<PyAny>>) {
 
 /// Stops recording: flushes every thread, snapshots specialized bytecode, writes the trailer. `names`
 /// maps native thread ids to names for threads that were not named while recording. Returns what was
-/// written. Events must already be disabled by the caller.
+/// written. Events must already be disabled by the caller. `speed`: the stop's calibration, the machine's
+/// speed now (FORMAT.md 6.6), written after every event.
 #[pyfunction]
-fn stop<'py>(py: Python<'py>, names: &Bound<'py, PyDict>) -> PyResult<Bound<'py, PyDict>> {
+#[pyo3(signature = (names, speed=Vec::new()))]
+fn stop<'py>(py: Python<'py>, names: &Bound<'py, PyDict>, speed: Vec<(u8, f64)>) -> PyResult<Bound<'py, PyDict>> {
     // SAFETY: GIL held. The recorder is moved out first, so callbacks from now on see no recording.
     let st = unsafe { state() };
     let Some(mut rec) = st.recorder.take() else {
@@ -527,6 +529,10 @@ fn stop<'py>(py: Python<'py>, names: &Bound<'py, PyDict>) -> PyResult<Bound<'py,
                 }
             }
             session.snapshots(snaps);
+            if !speed.is_empty() {
+                // After every thread's last buffer (flushed above, in the writer's queue before it).
+                session.calibration(ocular_format::Calibration { costs: speed });
+            }
             let out = py.detach(|| session.finish(ClockPoint::now()));
             result.set_item("events", out.events)?;
             result.set_item("lost", out.lost)?;

@@ -75,8 +75,12 @@ pub(super) fn read<'py>(py: Python<'py>, path: std::path::PathBuf, salvage: bool
                     snaps.set_item(x.id, pyo3::types::PyBytes::new(py, &x.bytecode))?;
                 }
             }
+            // The start's costs and, from the stop's chunk (FORMAT.md 6.6), its speed: one dict.
             Body::Calibration(c) => {
-                let d = PyDict::new(py);
+                let d = match out.get_item("calibration")? {
+                    Some(d) => d.cast_into::<PyDict>()?,
+                    None => PyDict::new(py),
+                };
                 for (k, v) in c.costs {
                     d.set_item(ocular_format::Calibration::cost_name(k), v)?;
                 }
