@@ -184,15 +184,20 @@ fn recursion_through_a_c_function_counts_its_time_once() {
     assert_eq!(fig(&a, MAIN), (1, 900.0, 200.0));
 }
 
-#[test]
-fn c_events_cost_what_the_calibration_says_or_a_py_start() {
+/// `main` calls `len` once: its CALL at 100, C_RETURN at 200, main from 0 to 1000.
+fn len_called_once() -> [RawEvent; 4] {
     use EventKind::*;
-    let events = [
+    [
         ev(0, MAIN, 0, 0, PY_START),
         ev(100, MAIN, 4, LEN, CALL),
         ev(200, MAIN, 4, 0, C_RETURN),
         ev(1000, MAIN, 10, 0, PY_RETURN),
-    ];
+    ]
+}
+
+#[test]
+fn c_events_cost_what_the_calibration_says_or_a_py_start() {
+    let events = len_called_once();
     // Without C kinds in the calibration, a C event costs a PY_START: 10 ticks.
     let cal = Calibration { costs: vec![(EventKind::PY_START as u8, 10.0), (EventKind::PY_RETURN as u8, 10.0)] };
     let (_d, a) = trace(&events, Some(cal));
@@ -215,13 +220,7 @@ fn c_events_cost_what_the_calibration_says_or_a_py_start() {
 
 #[test]
 fn costs_follow_the_machine_s_speed_at_the_stop() {
-    use EventKind::*;
-    let events = [
-        ev(0, MAIN, 0, 0, PY_START),
-        ev(100, MAIN, 4, LEN, CALL),
-        ev(200, MAIN, 4, 0, C_RETURN),
-        ev(1000, MAIN, 10, 0, PY_RETURN),
-    ];
+    let events = len_called_once();
     let costs = vec![
         (EventKind::PY_START as u8, 10.0),
         (EventKind::PY_RETURN as u8, 10.0),
