@@ -197,7 +197,8 @@ class Trace:
         """One row per function, most exclusive time first, threads merged: pid, function, file, line,
         calls, inclusive_ns, exclusive_ns, and for estimates (the default mode's figures past its first
         window: ``estimated``, ``calls_estimated``) the half widths of their 95% intervals calls_ci95,
-        inclusive_ci95_ns and exclusive_ci95_ns; calls_lower_bound and times_lower_bound mark figures that
+        inclusive_ci95_ns and exclusive_ci95_ns (times carry the uncertainty of the recorder's cost taken out
+        of them in every mode); calls_lower_bound and times_lower_bound mark figures that
         are only lower bounds (no window saw the function). What ``ocular-analyze stats`` shows (polars
         DataFrame)."""
         return self._polars("functions")
