@@ -21,34 +21,21 @@ ANALYZE_FEATURES := --features parquet
 
 demo: check-python ## record the bundled workload (testdata/workloads/demo.py), then analyze it
 	@mkdir -p $(OUT)
-	$(CARGO) build --release --locked -p ocular-analyze $(ANALYZE_FEATURES)
-	@venv=$$(scripts/venv.sh $(firstword $(PYTHONS)) | tail -n 1); \
-	    echo "== python -m ocular run -o $(OUT)/demo.ocl testdata/workloads/demo.py"; \
-	    $$venv/bin/python -m ocular run -o $(OUT)/demo.ocl testdata/workloads/demo.py
-	@echo "== ocular-analyze info $(OUT)/demo.ocl"
-	@./target/release/ocular-analyze info $(OUT)/demo.ocl
-	@echo
-	@echo "== ocular-analyze hot $(OUT)/demo.ocl --top 3"
-	@./target/release/ocular-analyze hot $(OUT)/demo.ocl --top 3
-	@echo
-	@echo "== ocular-analyze stats $(OUT)/demo.ocl --top 10"
-	@./target/release/ocular-analyze stats $(OUT)/demo.ocl --top 10
-	@echo
-	@echo "== ocular-analyze export --perfetto $(OUT)/demo.ocl -o $(OUT)/demo.json"
-	@./target/release/ocular-analyze export --perfetto $(OUT)/demo.ocl -o $(OUT)/demo.json
-	@echo
-	@echo "== ocular-analyze export --parquet $(OUT)/demo.ocl -o $(OUT)/demo.parquet"
-	@./target/release/ocular-analyze export --parquet $(OUT)/demo.ocl -o $(OUT)/demo.parquet
-	@echo
-	@echo "== ocular-analyze flamegraph $(OUT)/demo.ocl -o $(OUT)/demo.svg"
-	@./target/release/ocular-analyze flamegraph $(OUT)/demo.ocl -o $(OUT)/demo.svg
-	@echo
-	@echo "== ocular-analyze report $(OUT)/demo.ocl -o $(OUT)/demo.html"
-	@./target/release/ocular-analyze report $(OUT)/demo.ocl -o $(OUT)/demo.html
-	@echo
-	@echo "Open $(OUT)/demo.html in a browser (it needs no network), $(OUT)/demo.json in https://ui.perfetto.dev; in Python:"
-	@echo "  pl.read_parquet('$(OUT)/demo.parquet/events.parquet')   or   ocular.load('$(OUT)/demo.ocl').events()"
-	@echo "every event: ./target/release/ocular-analyze dump $(OUT)/demo.ocl | less"
+	@# What a user installs: the package in a venv, whose `ocular` command records and analyzes (the
+	@# standalone analyzer, and its Parquet export's compile of polars, are not needed for it).
+	@venv=$$(scripts/venv.sh $(firstword $(PYTHONS)) | tail -n 1); set -e; \
+	    run() { echo "== ocular $$*"; $$venv/bin/ocular "$$@"; echo; }; \
+	    run run -o $(OUT)/demo.ocl testdata/workloads/demo.py; \
+	    run info $(OUT)/demo.ocl; \
+	    run hot $(OUT)/demo.ocl --top 3; \
+	    run stats $(OUT)/demo.ocl --top 10; \
+	    run export --perfetto $(OUT)/demo.ocl -o $(OUT)/demo.json; \
+	    run export --parquet $(OUT)/demo.ocl -o $(OUT)/demo.parquet; \
+	    run flamegraph $(OUT)/demo.ocl -o $(OUT)/demo.svg; \
+	    run report $(OUT)/demo.ocl -o $(OUT)/demo.html; \
+	    echo "Open $(OUT)/demo.html in a browser (it needs no network), $(OUT)/demo.json in https://ui.perfetto.dev; in Python:"; \
+	    echo "  pl.read_parquet('$(OUT)/demo.parquet/events.parquet')   or   ocular.load('$(OUT)/demo.ocl').events()"; \
+	    echo "every event: $$venv/bin/ocular dump $(OUT)/demo.ocl | less"
 
 test: test-rust test-python ## build everything and run every test (Rust, then Python on each 3.12+, 3.14 and 3.15 in a Debian root)
 

@@ -251,7 +251,8 @@ impl Windows {
         let ms = |t: u64| t as f64 * 1e3 / tps;
         let total = self.complete_ticks + self.sampled_ticks;
         if self.sampled_ticks == 0 || total == 0 {
-            return "every call recorded (the run ended inside its first window): figures are exact".into();
+            return "every call recorded (the run ended inside its first window): nothing is estimated from windows"
+                .into();
         }
         let share = self.complete_ticks as f64 / total as f64 * 100.0;
         if self.windows == 0 {

@@ -461,12 +461,18 @@ fn cost_note(a: &Analysis, rows: &[Row]) -> Option<String> {
     let h = a.header.as_ref()?;
     let uncertain =
         rows.iter().any(|r| !r.estimated && (uncertain(r, r.inclusive_ci95_ms) || uncertain(r, r.exclusive_ci95_ms)));
-    (a.windows.is_none() && uncertain && h.ticks_per_second > 0.0).then(|| {
+    let sampled = a.windows.as_ref().is_some_and(|w| w.estimated());
+    (!sampled && uncertain && h.ticks_per_second > 0.0).then(|| {
+        let ratio = a.cost_speed_ratio.unwrap_or(1.0);
+        let measured = match a.cost_speed_ratio {
+            Some(r) => format!("as measured at the start and brought to the machine's speed at the stop (x{r:.2})"),
+            None => "as measured at the start".into(),
+        };
         format!(
-            "times marked ~ are the clock's less the recorder's cost of the events in them, {:.1} ns each as \
-             measured at the start; that measurement moves with the machine's speed, so their 95% intervals \
-             take the cost as anything from none to twice it",
-            h.event_cost_ticks * 1e9 / h.ticks_per_second
+            "times marked ~ are the clock's less the recorder's cost of the events in them, {:.1} ns each {measured}; \
+             that measurement moves with the machine's speed, so their 95% intervals take the cost as anything from \
+             none to twice it",
+            h.event_cost_ticks * ratio * 1e9 / h.ticks_per_second
         )
     })
 }
