@@ -315,10 +315,11 @@ pub fn report_run(
     let mut index: HashMap<(String, String, u32), usize> = HashMap::default();
     let mut notes = Vec::new();
     for p in parts {
-        if let Some(n) = threshold_note(p.analysis, &[]) {
+        let process_rows = rows(p.analysis, false, sort);
+        if let Some(n) = threshold_note(p.analysis, &process_rows) {
             notes.push((p.process.pid, n));
         }
-        for r in rows(p.analysis, false, sort) {
+        for r in process_rows {
             let key = (r.function.clone(), r.file.clone(), r.line);
             match index.get(&key) {
                 Some(&i) => {
