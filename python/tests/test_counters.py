@@ -304,10 +304,14 @@ def test_counter_samples_are_a_table_joined_to_calls(tmp_path):
 def _run_program(tmp_path, source, *args):
     """Runs `source` (which records into its first argument), then `stats --json`: (rows by function, the
     trace)."""
-    (tmp_path / "prog.py").write_text(source)
+    # A program that has not ended after 100 s (about 1 s here, 2 s beside two busy loops) prints every
+    # thread's Python stack and exits: a hang then says where it is, instead of a bare timeout (seen once,
+    # on 3.15 beside two busy loops and a build, not reproduced in 40 runs).
+    watchdog = "import faulthandler; faulthandler.dump_traceback_later(100, exit=True)\n"
+    (tmp_path / "prog.py").write_text(watchdog + source)
     out = tmp_path / "p.ocl"
     r = subprocess.run([sys.executable, str(tmp_path / "prog.py"), str(out), *map(str, args)], capture_output=True,
-                       text=True, timeout=120)
+                       text=True, timeout=150)
     assert r.returncode == 0, r.stderr
     s = subprocess.run([ANALYZE, "stats", "--json", "--top", "50", str(out)], capture_output=True, text=True)
     assert s.returncode == 0, s.stderr
