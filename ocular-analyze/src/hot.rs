@@ -283,7 +283,10 @@ pub fn report(a: &Analysis, top: usize) -> HotReport {
             Some(c) => {
                 // Kinds with the same cost are listed together: "JUMP, BRANCH 47.2 ns; PY_START, ... 36.0 ns".
                 let mut groups: Vec<(f64, Vec<String>)> = Vec::new();
-                for &(k, ticks) in &c.costs {
+                let ratio = a.cost_speed_ratio.unwrap_or(1.0);
+                // Event kinds only: the pseudo-kinds (instrumenting, the machine's speed) are not events'.
+                for &(k, ticks) in c.costs.iter().filter(|(k, _)| *k < ocular_format::Calibration::INSTRUMENT_CODE) {
+                    let ticks = ticks * ratio;
                     let name = ocular_format::kind_name(k).into_owned();
                     match groups.iter_mut().find(|g| g.0 == ticks) {
                         Some(g) => g.1.push(name),
@@ -292,9 +295,15 @@ pub fn report(a: &Analysis, top: usize) -> HotReport {
                 }
                 let list: Vec<String> =
                     groups.iter().map(|(t, names)| format!("{} {:.1} ns", names.join(", "), a.ns(*t))).collect();
+                let when = match a.cost_speed_ratio {
+                    Some(r) => {
+                        format!("calibrated when recording started, x{r:.2} for the machine's speed at the stop")
+                    }
+                    None => "calibrated when recording started".into(),
+                };
                 format!(
-                    "the recorder's own cost per event kind (calibrated when recording started: {}) is subtracted for \
-                     every event recorded inside each timed span",
+                    "the recorder's own cost per event kind ({when}: {}) is subtracted for every event recorded inside \
+                     each timed span",
                     list.join("; ")
                 )
             }
