@@ -747,6 +747,8 @@ pub struct Analysis {
     /// What those costs were scaled by for the machine's speed at the stop (FORMAT.md 6.6, since 2.12),
     /// where it differed from the start's.
     pub cost_speed_ratio: Option<f64>,
+    /// The file's format version (major, minor).
+    pub format_version: (u16, u16),
     /// Events read.
     pub events: u64,
     /// Reader warnings.
@@ -1214,6 +1216,7 @@ pub fn analyze(path: &Path, opts: ReadOptions) -> ocular_format::Result<Analysis
     // Since 2.10 a recording with windows counts every function's calls outside them up to its limit: one
     // that made calls outside windows has COUNT events (a file without is read as 2.9 was).
     let counting = r.version() >= (2, 10) && tables.counted_any;
+    a.format_version = r.version();
     // Estimates are capped at what is possible: a function's inclusive time at its thread's part of the run
     // (the run's span), merged over threads at the span times the threads. The windows' scale can carry a
     // top-level frame a few percent past it (a window's length stands for the run's time around it, and

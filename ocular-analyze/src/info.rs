@@ -251,6 +251,14 @@ pub fn summarize(path: impl AsRef<Path>, opts: ReadOptions) -> ocular_format::Re
     })
 }
 
+impl Info {
+    /// Whether the file's version has windows (2.2 on), so that one without any recorded every call.
+    fn windows_known(&self) -> bool {
+        let mut v = self.format_version.split('.').map(|x| x.parse::<u16>().unwrap_or(0));
+        (v.next().unwrap_or(0), v.next().unwrap_or(0)) >= (2, 2)
+    }
+}
+
 impl std::fmt::Display for Info {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
         writeln!(f, "file          {} (.ocl {}, {} bytes)", self.path, self.format_version, self.file_bytes)?;
@@ -312,6 +320,9 @@ impl std::fmt::Display for Info {
                      (stats marks them ~)"
                 )?,
             }
+        } else if self.deinstrument_threshold > 0 && self.mode != "calls" && self.windows_known() {
+            // Not sampled (FORMAT.md 5.3): the threshold thinned out locations only.
+            writeln!(f, "calls         every one recorded: counts are exact")?;
         }
         writeln!(f, "threads       {}", self.threads.len())?;
         for t in &self.threads {

@@ -104,14 +104,16 @@ def start_tracing(
     include_only: str | Iterable[str] | None = None,
     output: str | os.PathLike[str] = "ocular.ocl",
     c_calls: bool = False,
+    sampled: bool = False,
 ) -> Recording:
     """Start recording, as the earlier prototype did; stop with ``stop_tracing()``, which prints the
     hot-loop report and, with ``perfetto=True``, writes ``ocular_trace.json`` (Chrome Trace Event format,
     for ui.perfetto.dev) in the current directory. The trace itself goes to ``output``. ``c_calls=True``
-    records calls of C functions too (``ocular.record``'s option).
+    records calls of C functions too, ``sampled=True`` records function boundaries in windows only
+    (``ocular.record``'s options).
     """
     global _legacy, _legacy_perfetto
-    rec = Recording(output, mode, deinstrument_threshold, include_only, exclude, c_calls=c_calls)
+    rec = Recording(output, mode, deinstrument_threshold, include_only, exclude, c_calls=c_calls, sampled=sampled)
     rec.start()
     _legacy = rec
     _legacy_perfetto = bool(perfetto)

@@ -81,7 +81,8 @@ def _run(opts: dict, prog: str) -> int:
 
     try:
         rec = Recording(opts["output"], opts["mode"], opts["threshold"], opts["include"], opts["exclude"],
-                        window_period=opts["window_period"], window_length=opts["window_length"],
+                        sampled=opts["sampled"], window_period=opts["window_period"],
+                        window_length=opts["window_length"],
                         buffer_events=opts["buffer_events"], max_buffers=opts["max_buffers"],
                         on_full=opts["on_full"], ring_file=opts["ring_file"], ring=opts["ring"],
                         dump_on=opts["dump_on"], live=opts["live"], counters=opts["counters"], perf=opts["perf"],

@@ -29,7 +29,8 @@ PACKAGE_DIR = os.path.dirname(os.path.abspath(__file__))
 
 # The options a child's recording takes from its run (Recording's keyword arguments).
 OPTIONS = ("mode", "deinstrument_threshold", "include_only", "exclude", "buffer_events", "max_buffers", "on_full",
-           "ring_file", "ring", "live", "counters", "perf", "window_period", "window_length", "c_calls")
+           "ring_file", "ring", "live", "counters", "perf", "sampled", "window_period",
+           "window_length", "c_calls")
 
 
 def children_dir(path: str) -> str:

@@ -39,7 +39,7 @@ class OptionError(ValueError):
 # --live, --counters, -m, --no-follow, ...) are about a whole program's process and are refused by name.
 _VALUE_OPTIONS = {"-o", "--output", "--mode", "--threshold", "--include", "--exclude", "--window-period",
                   "--window-length"}
-_FLAGS = {"-h", "--help"}
+_FLAGS = {"-h", "--help", "--sampled"}
 # A shell-like word: unquoted characters and quoted stretches, no unquoted whitespace.
 _WORD = re.compile(r"""(?:[^\s"']+|"(?:[^"\\]|\\.)*"|'[^']*')+""")
 _SPACE = re.compile(r"\s*")
@@ -121,9 +121,11 @@ def _parser(magic: str):
                         "instruction")
     p.add_argument("--threshold", type=threshold, default=500, metavar="N",
                    help="stop recording a jump, branch or instruction after N hits (0 = gapless)")
-    p.add_argument("--window-period", type=ms, metavar="MS", help="with a threshold: a window every MS ms")
-    p.add_argument("--window-length", type=ms, default=0.0005, metavar="MS",
-                   help="with a threshold: each window lasts MS ms (default 0.5)")
+    p.add_argument("--sampled", action="store_true",
+                   help="record function boundaries in windows only: cheaper, calls and times estimated")
+    p.add_argument("--window-period", type=ms, metavar="MS", help="with --sampled: a window every MS ms")
+    p.add_argument("--window-length", type=ms, metavar="MS",
+                   help="with --sampled: each window lasts MS ms (default 0.5)")
     p.add_argument("--include", action="append", default=[], metavar="P",
                    help="record only code whose file or qualified name contains P (repeatable)")
     p.add_argument("--exclude", action="append", default=[], metavar="P",
@@ -149,7 +151,7 @@ def parse_options(line: str, magic: str = "%%ocular"):
             value = "=" not in w
         elif name not in _FLAGS:
             raise OptionError(f"{magic}: {name} is not an option here: a cell takes -o, --mode, --threshold, "
-                              f"--include, --exclude, --window-period and --window-length")
+                              f"--include, --exclude, --sampled, --window-period and --window-length")
     try:
         ns = _parser(magic).parse_args(words)
     except _Done:
@@ -225,7 +227,8 @@ def _record(ip: Any, magic: str, line: str, cell: str | None) -> "Trace | None":
     kernel_threads = {t.native_id: t.name for t in threading.enumerate() if t.native_id not in (None, me)}
     try:
         rec = Recording(path, opts.mode, opts.threshold, opts.include or None, opts.exclude or None,
-                        window_period=opts.window_period, window_length=opts.window_length)
+                        sampled=opts.sampled, window_period=opts.window_period,
+                        window_length=opts.window_length)
         rec.start()
     except (OcularError, ValueError, OSError) as e:
         raise UsageError(f"{magic}: cannot record: {e}") from None
@@ -368,7 +371,7 @@ def trace_html(trace: "Trace") -> str:
     estimated = any(r.get("estimated") or r.get("calls_estimated") for r in rows)
     if estimated:
         exact = ("Figures marked ~ are estimates: calls were recorded whole at first, then in windows, "
-                 "and the rest is scaled from them (record with --mode calls for exact ones).")
+                 "and the rest is scaled from them (record without --sampled for exact counts).")
     else:
         exact = "Calls and times per function are exact: every call was recorded."
     if loops and any(lp.get("sampled") for lp in loops):

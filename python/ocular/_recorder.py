@@ -177,11 +177,21 @@ def _after_fork_in_child() -> None:
 PAIRS = 13
 
 
-def _callbacks(threshold: int, mode: str) -> dict:
+def _callbacks(threshold: int, mode: str, sampled: bool = True) -> dict:
     """The native callbacks for a threshold: the gapless set has no per-location counter at all. Calls
-    mode records every call whatever the threshold (it has no locations to thin out)."""
+    mode records every call whatever the threshold (it has no locations to thin out). Unsampled, with a
+    threshold, locations are thinned out and function boundaries (and C calls) recorded every time."""
     nat = _native()
-    return nat.callbacks_gapless if threshold == 0 or mode == "calls" else nat.callbacks
+    if threshold == 0 or mode == "calls":
+        return nat.callbacks_gapless
+    if sampled:
+        return nat.callbacks
+    gapless = nat.callbacks_gapless
+    return {name: (cb if name in _LOCATION_EVENTS else gapless[name]) for name, cb in nat.callbacks.items()}
+
+
+# The events that a threshold switches off per location; every other event is a function boundary or a call.
+_LOCATION_EVENTS = frozenset({"JUMP", "BRANCH", "BRANCH_LEFT", "BRANCH_RIGHT", "INSTRUCTION"})
 
 
 # Event kind numbers of the file format (FORMAT.md 5.1).
@@ -191,7 +201,7 @@ _KIND = {"PY_START": 0, "PY_RESUME": 1, "PY_RETURN": 2, "PY_YIELD": 3, "CALL": 4
 
 
 def calibration(mode: str, tool: int, threshold: int, buffer_events: int,
-                c_calls: bool = False) -> tuple[float, list[tuple[int, float]]]:
+                c_calls: bool = False, sampled: bool = True) -> tuple[float, list[tuple[int, float]]]:
     """The recorder's cost per event kind, in ticks: (cost of the mode's jump/branch/instruction events, or
     of call events in calls mode; [(kind, ticks)] for every kind the mode records). Call events and location
     events are measured separately: a call event disturbs the interpreter more than a jump does. With
@@ -203,12 +213,13 @@ def calibration(mode: str, tool: int, threshold: int, buffer_events: int,
     call = _calibrate("calls", tool, threshold, buffer_events, c_calls)
     location = call if mode == "calls" else _calibrate(mode, tool, threshold, buffer_events)
     # With the recording's own callbacks: the windowed set in adaptive and precise mode with a threshold.
-    c_call = _calibrate("c_calls", tool, threshold, buffer_events, rec_mode=mode) if c_calls else call
+    c_call = (_calibrate("c_calls", tool, threshold, buffer_events, rec_mode=mode, sampled=sampled)
+              if c_calls else call)
     costs = [(_KIND[n], call if n in _CALL_EVENTS else c_call if n in _C_EVENTS else location)
              for n in event_names(mode, c_calls) if n in _KIND]
     if _speed_probe is not None:
         costs.append((_SPEED_START, _speed_probe[2]))
-    if mode != "calls" and threshold > 0:
+    if sampled and mode != "calls" and threshold > 0:
         # Windows re-arm every code object: the cost of instrumenting one again (FORMAT.md 6.6).
         per_code, per_byte = _calibrate_instrument(mode, tool, threshold, buffer_events)
         costs += [(_INSTRUMENT_CODE, per_code), (_INSTRUMENT_BYTE, per_byte)]
@@ -289,7 +300,7 @@ def _calibrate_instrument(mode: str, tool: int, threshold: int, buffer_events: i
 
 
 def _calibrate(mode: str, tool: int, threshold: int, buffer_events: int, c_calls: bool = False,
-               rec_mode: str = "calls") -> float:
+               rec_mode: str = "calls", sampled: bool = True) -> float:
     """The recorder's own cost per event, in ticks, for the events `mode` adds (calls: PY_START and
     PY_RETURN of a called function, and its unrecorded CALL with `c_calls`; "c_calls": CALL and C_RETURN of
     a built-in called): a short loop timed without and with Ocular's real callbacks on it (recording into
@@ -337,7 +348,7 @@ def _calibrate(mode: str, tool: int, threshold: int, buffer_events: int, c_calls
 
     for _ in range(3):
         once()  # warm up: let the interpreter specialize the loop
-    callbacks = _callbacks(threshold, rec_mode if mode == "c_calls" else mode)
+    callbacks = _callbacks(threshold, rec_mode if mode == "c_calls" else mode, sampled)
     # The same callbacks as the recording, with a threshold that is never reached.
     never = 0 if threshold == 0 else 2**32 - 1
     # Small buffers: the calibration records a few thousand events into nothing.
@@ -394,6 +405,7 @@ def speed_at_stop() -> list[tuple[int, float]]:
 # Default seconds between windows (FORMAT.md 5.3): adaptive mode, and precise mode.
 WINDOW_PERIOD = 0.01
 PRECISE_WINDOW_PERIOD = 0.05
+WINDOW_LENGTH = 0.0005
 
 
 class Recording:
@@ -421,8 +433,9 @@ class Recording:
         live: bool = False,
         counters: str | Iterable[str] | None = None,
         perf: bool = False,
+        sampled: bool = False,
         window_period: float | None = None,
-        window_length: float = 0.0005,
+        window_length: float | None = None,
         follow: bool = False,
         c_calls: bool = False,
     ) -> None:
@@ -437,18 +450,35 @@ class Recording:
             raise ValueError("buffer_events and max_buffers must be at least 1")
         if on_full not in ("drop", "wait"):
             raise ValueError(f"on_full must be 'drop' or 'wait', not {on_full!r}")
-        if window_period is None:
-            # Each window re-arms every location switched off since the last one, and in precise mode those
-            # are every instruction that ran: windows there are rarer (bench-peers' programs, CPython 3.13:
-            # 1.18x at 10 ms, 1.16x at 50 ms, 1.15x with the first window only).
-            window_period = PRECISE_WINDOW_PERIOD if mode == "precise" else WINDOW_PERIOD
-        if not (0 < window_length <= window_period / 2):
+        self.sampled = bool(sampled)
+        if self.sampled and (mode == "calls" or deinstrument_threshold == 0):
             raise ValueError(
-                f"window_length ({window_length!r} s) must be above 0 and at most half of window_period "
-                f"({window_period!r} s)"
+                "sampled=True samples function boundaries in windows while a threshold thins out jumps: it needs "
+                "mode 'adaptive' or 'precise' and deinstrument_threshold above 0"
             )
-        self.window_period = float(window_period)
-        self.window_length = float(window_length)
+        if not self.sampled and (window_period is not None or window_length is not None):
+            raise ValueError(
+                "window_period and window_length set the windows of a sampled recording: pass sampled=True "
+                "too (python -m ocular run --sampled)"
+            )
+        # The windows' seconds, for a sampled recording (None otherwise: a child of the run takes them as given).
+        self.window_period: float | None = None
+        self.window_length: float | None = None
+        if self.sampled:
+            if window_length is None:
+                window_length = WINDOW_LENGTH
+            if window_period is None:
+                # Each window re-arms every location switched off since the last one, and in precise mode
+                # those are every instruction that ran: windows there are rarer (bench-peers' programs,
+                # CPython 3.13: 1.18x at 10 ms, 1.16x at 50 ms, 1.15x with the first window only).
+                window_period = PRECISE_WINDOW_PERIOD if mode == "precise" else WINDOW_PERIOD
+            if not (0 < window_length <= window_period / 2):
+                raise ValueError(
+                    f"window_length ({window_length!r} s) must be above 0 and at most half of window_period "
+                    f"({window_period!r} s)"
+                )
+            self.window_period = float(window_period)
+            self.window_length = float(window_length)
         self.path = os.fspath(path)
         self.mode = mode
         self.deinstrument_threshold = deinstrument_threshold
@@ -536,7 +566,7 @@ class Recording:
             # instead of a sleep of its own, which would add 10 ms to every run.
             before = nat.clock_point()
             cost, per_kind = calibration(self.mode, tool, self.deinstrument_threshold, self.buffer_events,
-                                         self.c_calls)
+                                         self.c_calls, self.sampled)
             after = nat.clock_point()
             span_ns = after[1] - before[1]
             hz = (after[0] - before[0]) * 1e9 / span_ns if span_ns >= 1_000_000 else nat.ticks_per_second(2)
@@ -560,7 +590,8 @@ class Recording:
             no_ring = nat.start(self.path, header, self.mode, self.deinstrument_threshold, self.include_only,
                       self.exclude, self.buffer_events, self.max_buffers, cost,
                       _interp.boot_thread_name, boot, main.native_id or 0, main.name, [_OWN_CODE], per_kind,
-                      self.on_full, self.ring_file, self.ring, self.live, self.counters)
+                      self.on_full, self.ring_file, self.ring, self.live, self.counters,
+                      sampled=self.sampled)
             if no_ring:
                 import warnings
 
@@ -583,7 +614,7 @@ class Recording:
             raise
         # Locations switched off (DISABLE) by an earlier recording would stay off: switch them back on.
         mon.restart_events()
-        callbacks = _callbacks(self.deinstrument_threshold, self.mode)
+        callbacks = _callbacks(self.deinstrument_threshold, self.mode, self.sampled)
         for name in self._events:
             mon.register_callback(tool, getattr(mon.events, name), callbacks[name])
         self._running = True
@@ -611,7 +642,7 @@ class Recording:
         main_ident = threading.main_thread().ident or 0
         # Last: everything above runs Python (threading, atexit) that is not the user's program.
         mon.set_events(tool, _mask(self._events))
-        if self.mode != "calls" and self.deinstrument_threshold > 0:
+        if self.sampled:
             # Function boundaries are recorded in windows (the first one is open now): their opener.
             nat.start_windows(self.window_period, self.window_length, main_ident)
         return self

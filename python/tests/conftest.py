@@ -28,12 +28,13 @@ WINDOW_MARKERS = {"WINDOW", "WINDOW_END", "STACK", "DUE", "DUE_STACK"}
 class Reference:
     """What a plain-Python sys.monitoring tool sees: the same events Ocular asks for, with the same
     de-instrumentation rule (return DISABLE at the N-th hit of a jump/branch/instruction location), and,
-    with a threshold, function boundaries recorded only in the recording's first window: until 100 x N
-    calls were recorded (FORMAT.md 5.3; the tests that use it make the later windows never come)."""
+    sampled with a threshold, function boundaries recorded only in the recording's first window: until
+    100 x N calls were recorded (FORMAT.md 5.3; the tests that use it make the later windows never come)."""
 
-    def __init__(self, event_names, threshold=0, tool=4):
+    def __init__(self, event_names, threshold=0, tool=4, sampled=False):
         self.names = event_names
         self.threshold = threshold
+        self.sampled = sampled
         self.tool = tool
         self.events = collections.defaultdict(list)  # native thread id -> [(kind, qualname, offset, dest)]
         self.hits = collections.Counter()
@@ -48,7 +49,7 @@ class Reference:
         def cb(code, offset, *rest):
             if code.co_filename != WORKLOADS_FILE:
                 return None if name in NO_DISABLE else mon.DISABLE
-            if self.threshold and not location:
+            if self.threshold and self.sampled and not location:
                 # Every function boundary until the recording's 100 x N-th call (recorded), none after it.
                 if not self.window_open:
                     return None if name in NO_DISABLE else mon.DISABLE

@@ -1,5 +1,5 @@
 """A recording leaves the interpreter as it found it: the locations Ocular switched off (DISABLE) during a
-default-mode recording are switched back on however the recording ends, so a tool started afterwards on
+sampled recording (function boundaries too, between windows) are switched back on however the recording ends, so a tool started afterwards on
 the same tool id (a plain sys.monitoring tool, a second recording) or cProfile sees every event, and a tool running across the
 recording (coverage.py) still reports every line."""
 
@@ -55,29 +55,29 @@ def recorded_calls(path):
 
 
 def _with(path):
-    with ocular.record(path):
+    with ocular.record(path, sampled=True):
         drive()
 
 
 def _exception_in_with(path):
     with pytest.raises(KeyError):
-        with ocular.record(path):
+        with ocular.record(path, sampled=True):
             drive()
             raise KeyError("boom")
 
 
 def _decorator(path):
-    ocular.record(path)(drive)()
+    ocular.record(path, sampled=True)(drive)()
 
 
 def _start_stop(path):
-    rec = ocular.record(path).start()
+    rec = ocular.record(path, sampled=True).start()
     drive()
     rec.stop()
 
 
 def _stop_tracing(path):
-    ocular.start_tracing(output=path)
+    ocular.start_tracing(output=path, sampled=True)
     drive()
     ocular.stop_tracing(report=False)
 
@@ -87,8 +87,8 @@ ENDINGS = {"with": _with, "exception in with": _exception_in_with, "decorator": 
 
 
 @pytest.mark.parametrize("ending", ENDINGS)
-def test_cprofile_after_a_default_mode_recording_counts_every_call(ocl, ending):
-    # GIVEN a default-mode recording of drive(): tiny_leaf's calls are switched off past the threshold
+def test_cprofile_after_a_sampled_recording_counts_every_call(ocl, ending):
+    # GIVEN a sampled recording of drive(): tiny_leaf's calls are switched off past the threshold
     ENDINGS[ending](ocl)
     assert 0 < recorded_calls(ocl) < CALLS
     # WHEN a tool then takes Ocular's tool id (3), or cProfile its own, THEN it sees every call
@@ -172,7 +172,7 @@ def test_cprofile_after_a_recording_stopped_at_exit_counts_every_call(ocl):
     out = _run(f"""
         import atexit, ocular, test_after_stop as t
         atexit.register(lambda: print("calls", t.cprofile_calls()))
-        ocular.record({ocl!r}).start()
+        ocular.record({ocl!r}, sampled=True).start()
         t.drive()
     """)
     assert out.split() == ["calls", str(CALLS)]

@@ -61,7 +61,7 @@ PROGRAM = textwrap.dedent("""\
     async def main():
         await asyncio.gather(*(handler(i) for i in range(10)))
 
-    # In the default mode, 300,000 calls close the first window (which records every call) before the
+    # Sampled, 300,000 calls close the first window (which records every call) before the
     # handlers run: their coroutines are then recorded between windows, as in a long-running service.
     busy(int(sys.argv[1]))
     if sys.argv[2:] == ["executor"]:
@@ -99,8 +99,10 @@ def within(got, want, share):
     return abs(got - want) <= share * want
 
 
-# (mode options, calls before the handlers): calls mode, and the default mode with its first window closed.
-MODES = [pytest.param(["--mode", "calls"], 0, id="calls"), pytest.param([], 300_000, id="default")]
+# (mode options, calls before the handlers): calls mode, the default mode, and the sampled one with its first
+# window closed.
+MODES = [pytest.param(["--mode", "calls"], 0, id="calls"), pytest.param([], 300_000, id="default"),
+         pytest.param(["--sampled"], 300_000, id="sampled")]
 
 
 @pytest.mark.parametrize("options,busy", MODES)
@@ -201,10 +203,10 @@ def test_eager_tasks_are_tasks_of_their_own(tmp_path, how):
     assert len(workers) == 10 and all(t["steps"] == 2 and t["ended_ns"] is not None for t in workers)
 
 
-def test_the_default_mode_recorded_the_handlers_between_windows(tmp_path):
-    # The premise of the default-mode case above: without the always-recorded coroutine boundaries, the
+def test_the_sampled_mode_recorded_the_handlers_between_windows(tmp_path):
+    # The premise of the sampled case above: without the always-recorded coroutine boundaries, the
     # handlers (after the first window) would be seen only in the windows that happened to cover them.
-    path, _ = record(tmp_path, busy=300_000)
+    path, _ = record(tmp_path, "--sampled", busy=300_000)
     r = subprocess.run([ANALYZE, "dump", str(path)], capture_output=True, text=True)
     assert r.returncode == 0, r.stderr
     lines = r.stdout.splitlines()

@@ -207,10 +207,11 @@ def test_event_names_and_cli_option():
     assert _ocular.parse_run(["run", "x.py"])["c_calls"] is False
 
 
-def test_adaptive_default_records_c_calls_in_the_first_window(program, ocl):
-    # The default mode: C calls are function boundaries, recorded in windows; a short program is all first
-    # window (fewer than 50,000 Python calls), so its counts are exact.
-    with ocular.record(ocl, c_calls=True):
+@pytest.mark.parametrize("sampled", [False, True], ids=["default", "sampled"])
+def test_adaptive_records_every_c_call_by_default_and_in_the_first_window_sampled(program, ocl, sampled):
+    # C calls are function boundaries: the default records every one; sampled, they are recorded in windows,
+    # and a short program is all first window (fewer than 50,000 Python calls), so its counts are exact.
+    with ocular.record(ocl, c_calls=True, sampled=sampled):
         program.work()
     rows = stats(ocl)
     assert rows["builtins.isinstance"]["calls"] == 10_000

@@ -325,7 +325,7 @@ DENSE_PROGRAM = textwrap.dedent("""
         return x + 1
     def dense():
         s = 0
-        for i in range(100_000):        # call-dense: the default mode records it in windows
+        for i in range(100_000):        # call-dense: a sampled recording records it in windows
             s = tiny(s)
         return s
     def toucher():
@@ -333,14 +333,14 @@ DENSE_PROGRAM = textwrap.dedent("""
         for i in range(0, len(m), 4096):
             m[i] = 1
     # Windows every 2 ms (the default is every ~12 ms here), so that their estimate is close.
-    with ocular.record(sys.argv[1], counters=["page-faults"], window_period=0.002):
+    with ocular.record(sys.argv[1], counters=["page-faults"], sampled=True, window_period=0.002):
         for _ in range(40):
             dense(); toucher()
 """)
 
 
 @pytest.mark.skipif(_thp_always(), reason="transparent huge pages are always on: one fault maps 512 pages")
-def test_in_the_default_mode_samples_between_windows_go_to_no_other_function(tmp_path):
+def test_in_a_sampled_recording_samples_between_windows_go_to_no_other_function(tmp_path):
     # Between windows the stack is not recorded: a stale one gave a third of toucher's faults to dense and
     # tiny. Now the windows' samples, scaled as the times are, stand for them.
     rows, out = _run_program(tmp_path, DENSE_PROGRAM)

@@ -245,7 +245,7 @@ for _ in range(60000):
 
 def test_parquet_functions_table_is_stats_with_the_intervals_of_its_estimates(tmp_path):
     """functions.parquet, read by polars, holds what `stats --json` says of each
-    function, the 95% intervals of the default mode's estimates included; `ocular.load().functions()` is the
+    function, the 95% intervals of the sampled mode's estimates included; `ocular.load().functions()` is the
     same table."""
     import json
     import math
@@ -257,7 +257,8 @@ def test_parquet_functions_table_is_stats_with_the_intervals_of_its_estimates(tm
     script = tmp_path / "windowed.py"
     script.write_text(WINDOWED)
     ocl = tmp_path / "windowed.ocl"
-    subprocess.run([sys.executable, "-m", "ocular", "run", "-q", "-o", str(ocl), str(script)], check=True)
+    subprocess.run([sys.executable, "-m", "ocular", "run", "-q", "--sampled", "-o", str(ocl), str(script)],
+                   check=True)
     out = tmp_path / "windowed.parquet"
     r = subprocess.run([ANALYZE, "export", "--parquet", "-o", str(out), str(ocl)], capture_output=True, text=True)
     assert r.returncode == 0, r.stderr

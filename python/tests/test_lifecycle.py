@@ -96,6 +96,22 @@ def test_bad_arguments_are_refused_with_their_value(ocl):
         ocular.record(ocl, deinstrument_threshold=-1)
     with pytest.raises(TypeError, match="filters are substrings"):
         ocular.record(ocl, exclude=[3])
+    # Windows belong to a sampled recording, which needs locations to thin out.
+    with pytest.raises(ValueError, match="sampled=True samples function boundaries in windows .* needs mode "
+                                         "'adaptive' or 'precise' and deinstrument_threshold above 0"):
+        ocular.record(ocl, mode="calls", sampled=True)
+    with pytest.raises(ValueError, match="deinstrument_threshold above 0"):
+        ocular.record(ocl, deinstrument_threshold=0, sampled=True)
+    with pytest.raises(ValueError, match=r"window_period and window_length set the windows of a sampled "
+                                         r"recording: pass sampled=True too \(python -m ocular run --sampled\)"):
+        ocular.record(ocl, window_period=0.02)
+    with pytest.raises(ValueError, match="must be above 0 and at most half of window_period"):
+        ocular.record(ocl, sampled=True, window_period=0.01, window_length=0.006)
+    script = os.path.join(os.path.dirname(ocl), "x.py")
+    with open(script, "w") as f:
+        f.write("pass\n")
+    r = run_ocular("run", "--window-length", "2", "-o", ocl, script)
+    assert r.returncode == 2 and "pass sampled=True too (python -m ocular run --sampled)" in r.stderr, r.stderr
 
 
 def test_an_unwritable_path_fails_at_start_and_leaves_the_tool_id_free(tmp_path):
@@ -146,12 +162,13 @@ def test_run_keeps_argv_main_and_exit_code(tmp_path):
     assert "work" in {q for (q, _, _, _) in f["code"].values()}
 
 
-def test_run_records_the_program_and_not_the_machinery_that_starts_it(tmp_path):
+@pytest.mark.parametrize("sampled", [False, True], ids=["default", "sampled"])
+def test_run_records_the_program_and_not_the_machinery_that_starts_it(tmp_path, sampled):
     # runpy.run_path imports pkgutil, which imports typing: ~200 code objects that are not the user's.
     script = tmp_path / "tiny.py"
     script.write_text("def f():\n    return 1\nf()\n")
     out = tmp_path / "tiny.ocl"
-    r = run_ocular("run", "-q", "-o", str(out), str(script))
+    r = run_ocular("run", "-q", "-o", str(out), *(["--sampled"] if sampled else []), str(script))
     assert r.returncode == 0, r.stderr
     from ocular import _ocular
 
@@ -160,11 +177,15 @@ def test_run_records_the_program_and_not_the_machinery_that_starts_it(tmp_path):
         ("<module>", "tiny.py"),
         ("f", "tiny.py"),
     ]
-    # The first window (FORMAT.md 5.3) opens with the recording: every call of this short program is in it.
-    # Its stack holds only Ocular's own frames (code 0, not recorded): runpy's below them are left out.
+    kinds = [k for (_, _, k, _, _, _) in f["events"] if k not in ("STACK", "PAUSE")]
+    if not sampled:
+        assert kinds == ["PY_START", "PY_START", "PY_RETURN", "PY_RETURN"]
+        return
+    # Sampled, the first window (FORMAT.md 5.3) opens with the recording: every call of this short program
+    # is in it. Its stack holds only Ocular's own frames (code 0, not recorded): runpy's below them are left
+    # out.
     stack = [c for (_, _, k, c, _, _) in f["events"] if k == "STACK"]
     assert stack and set(stack) == {0}
-    kinds = [k for (_, _, k, _, _, _) in f["events"] if k not in ("STACK", "PAUSE")]
     assert kinds == ["WINDOW", "PY_START", "PY_START", "PY_RETURN", "PY_RETURN"]
 
 

@@ -252,7 +252,7 @@ def test_options_are_runs():
      "(%%ocular --help lists the options)"),
     ("%%ocular", "--ring 64MB",
      "%%ocular: --ring is not an option here: a cell takes -o, --mode, --threshold, --include, --exclude, "
-     "--window-period and --window-length"),
+     "--sampled, --window-period and --window-length"),
     ("%%ocular", "--mode calls f()", "%%ocular: 'f()' is not an option: the code goes in the cell, below the "
                                      "%%ocular line"),
     ("%%ocular", "-o", "%%ocular: -o needs a value"),

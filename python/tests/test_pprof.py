@@ -159,7 +159,7 @@ def test_the_profile_is_well_formed_and_says_what_it_holds(calls_run):
     comments = [v.s(c) for c in p.comment]
     assert comments[0].startswith("Ocular ")
     assert any("calls mode" in c for c in comments), comments
-    assert any("figures are exact" in c for c in comments), comments
+    assert any("every call recorded: calls exact" in c for c in comments), comments
     assert p.time_nanos > 1.6e18 and 0 < p.duration_nanos < 60e9
 
 
@@ -210,13 +210,14 @@ def test_locations_carry_file_and_first_line(calls_run):
         (r["function"], r["file"], r["line"]) for r in rows}
 
 
-def test_default_mode_says_when_figures_are_estimated(tmp_path):
+@pytest.mark.parametrize("sampled", [True, False], ids=["sampled", "default"])
+def test_the_profile_says_when_figures_are_estimated(tmp_path, sampled):
     trace = tmp_path / "big.ocl"
-    (tmp_path / "prog.py").write_text(textwrap.dedent("""\
+    (tmp_path / "prog.py").write_text(textwrap.dedent(f"""\
         import sys, ocular
         def leaf(x):
             return x + 1
-        with ocular.record(sys.argv[1]):
+        with ocular.record(sys.argv[1], sampled={sampled}):
             s = 0
             for i in range(400_000):
                 s = leaf(s)
@@ -229,9 +230,11 @@ def test_default_mode_says_when_figures_are_estimated(tmp_path):
     estimated = any(r["estimated"] for r in rows)
     comments = " ".join(v.s(c) for c in v.p.comment)
     assert "adaptive mode, threshold 500" in comments
-    assert ("ESTIMATED (~)" in comments) == estimated and estimated, comments
+    assert ("ESTIMATED (~)" in comments) == estimated == sampled, comments
+    assert ("every call recorded: calls exact" in comments) == (not sampled), comments
     calls = v.leaf_sums("calls")
     leaf_row = next(r for r in rows if r["function"] == "leaf")
+    assert (leaf_row["calls"] == 400_000) == (not sampled), leaf_row
     # Per stack the windows' calls are scaled unrounded and rounded once per stack.
     assert calls[((), "leaf")] == pytest.approx(leaf_row["calls"], abs=2)
 

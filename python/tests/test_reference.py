@@ -55,11 +55,37 @@ def test_modes_record_their_event_kinds(ocl):
     assert kinds["precise"] == kinds["calls"] | {"INSTRUCTION"}
 
 
-def test_threshold_stops_each_location_after_n_hits_and_calls_after_the_first_window(ocl):
+def test_the_default_threshold_stops_each_location_after_n_hits_and_records_every_call(ocl):
+    # GIVEN the default: a threshold, not sampled; the reference starts first (its set-up runs Python)
+    with Reference(event_names("adaptive"), threshold=7) as ref:
+        with ocular.record(ocl, mode="adaptive", deinstrument_threshold=7):
+            for _ in range(20):
+                workloads.loop(30)
+            workloads.fib(14)  # 1,219 calls: past 100 x the threshold, where a sampled recording stops
+            workloads.use_gen(30)
+            workloads.exceptions(10)
+    f = read_ocl(ocl)
+    assert counts(f["workload"]) == counts(ref.events)
+    (tid,) = f["workload"]
+    assert f["workload"][tid] == ref.events[tid]
+    c = counts(f["workload"])
+    # THEN every call is in the file, past the 700th too, and nothing was left to count or to window
+    assert c[("fib", "PY_START")] == c[("fib", "PY_RETURN")] == 1219, c
+    assert c[("use_gen", "PY_START")] == 1 and c[("gen", "PY_YIELD")] == 30, c
+    assert not f["counted"].get(tid), f["counted"]
+    assert not any(f["markers"].values()), "no window markers"
+    # AND locations still stop at the threshold (a loop's backward jumps at twice it)
+    per_location = collections.Counter((q, k, off, dest) for k, q, off, dest in f["workload"][tid]
+                                       if k in ("JUMP", *BRANCHES))
+    assert max(n for (q, k, off, dest), n in per_location.items() if not (k == "JUMP" and dest < off)) <= 7
+    assert max(per_location.values()) <= 14
+
+
+def test_sampled_threshold_stops_each_location_after_n_hits_and_calls_after_the_first_window(ocl):
     # window_period: no window after the first one, which closes at the recording's 700th call (100 x the
     # threshold). The reference starts first: its own set-up runs Python, whose calls would count.
-    with Reference(event_names("adaptive"), threshold=7) as ref:
-        with ocular.record(ocl, mode="adaptive", deinstrument_threshold=7, window_period=1e4):
+    with Reference(event_names("adaptive"), threshold=7, sampled=True) as ref:
+        with ocular.record(ocl, mode="adaptive", deinstrument_threshold=7, sampled=True, window_period=1e4):
             for _ in range(20):
                 workloads.loop(30)
             workloads.fib(14)  # 1,219 calls: the first window ends inside
@@ -237,7 +263,7 @@ def test_code_objects_carry_their_bytecode_and_positions(ocl):
 
 
 def test_recordings_carry_a_cost_per_event_kind(ocl):
-    with ocular.record(ocl, mode="adaptive") as rec:
+    with ocular.record(ocl, mode="adaptive", sampled=True) as rec:
         workloads.loop(10)
     from ocular import _ocular
 

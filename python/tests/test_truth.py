@@ -1,8 +1,9 @@
-"""The default mode's figures against programs whose truth is known by construction.
+"""The default mode's and the sampled mode's figures against programs whose truth is known by construction.
 
 GIVEN functions of known relative cost, called far more often than the threshold, and a loop followed by a
-call; WHEN recorded in the default mode (adaptive, threshold 500: calls recorded in windows once a function
-reached 500 calls); THEN the function view and the loop's time agree with what the program did.
+call; WHEN recorded in the default mode (adaptive, threshold 500: every call, loops thinned out) or sampled
+(calls recorded in windows after the first 50,000); THEN the function view and the loop's time agree with
+what the program did.
 """
 
 from __future__ import annotations
@@ -47,7 +48,7 @@ main()
 """
 
 # The loop runs in the program's own measurement; the call after it is what the recorder sees next of its
-# frame. With `warm` first, the recording's first window has closed when the loop runs (it runs between
+# frame. With `warm` first, a sampled recording's first window has closed when the loop runs (it runs between
 # windows); without, it runs inside the first window.
 LOOP = """
 import sys, time
@@ -74,12 +75,12 @@ main(sys.argv[1] == "warm")
 """
 
 
-def record(tmp_path, name, source, *args, mode="adaptive"):
+def record(tmp_path, name, source, *args, mode="adaptive", sampled=False):
     script = tmp_path / f"{name}.py"
     script.write_text(textwrap.dedent(source))
-    out = tmp_path / f"{name}-{mode}.ocl"
-    r = subprocess.run([sys.executable, "-m", "ocular", "run", "-q", "--mode", mode, "-o", str(out), str(script),
-                        *args], capture_output=True, text=True)
+    out = tmp_path / f"{name}-{mode}{'-sampled' if sampled else ''}.ocl"
+    r = subprocess.run([sys.executable, "-m", "ocular", "run", "-q", "--mode", mode, *(["--sampled"] * sampled),
+                        "-o", str(out), str(script), *args], capture_output=True, text=True)
     assert r.returncode == 0, r.stderr
     return str(out), r.stdout
 
@@ -94,8 +95,19 @@ def stats(path):
     return {row["function"]: row for row in json.loads(analyze("stats", path, "--json", "--top", "1000"))}
 
 
-def test_functions_called_past_the_threshold_keep_their_share_and_say_they_are_estimated(tmp_path):
+def test_the_default_counts_functions_called_past_the_threshold_exactly(tmp_path):
     path, _ = record(tmp_path, "functions", FUNCTIONS)
+    rows = stats(path)
+    heavy, light = rows["heavy"], rows["light"]
+    assert (heavy["calls"], light["calls"]) == (40000, 80000), (heavy, light)
+    assert not heavy["calls_estimated"] and not light["calls_estimated"]
+    share = heavy["exclusive_ms"] / (heavy["exclusive_ms"] + light["exclusive_ms"])
+    assert 0.56 <= share <= 0.76, (heavy, light)
+    assert "figures marked ~ are estimates" not in analyze("stats", path)
+
+
+def test_sampled_functions_called_past_the_threshold_keep_their_share_and_say_they_are_estimated(tmp_path):
+    path, _ = record(tmp_path, "functions", FUNCTIONS, sampled=True)
     rows = stats(path)
     heavy, light, main = rows["heavy"], rows["light"], rows["main"]
     # Calls: 40,000 and 80,000: the first 50,000 calls of the run recorded whole (the first window), the
@@ -138,9 +150,9 @@ def test_calls_mode_counts_exactly_and_its_times_carry_the_recorder_s_cost_as_th
     assert "note: times marked ~ are the clock's less the recorder's cost" in text, text
 
 
-@pytest.mark.parametrize("warm", ["warm", "cold"])
-def test_hot_keeps_a_loops_whole_time_when_a_call_follows_it(tmp_path, warm):
-    path, out = record(tmp_path, "loop", LOOP.replace("N", "1_000_000"), warm)
+@pytest.mark.parametrize("warm,sampled", [("warm", True), ("cold", True), ("warm", False)])
+def test_hot_keeps_a_loops_whole_time_when_a_call_follows_it(tmp_path, warm, sampled):
+    path, out = record(tmp_path, "loop", LOOP.replace("N", "1_000_000"), warm, sampled=sampled)
     took_ms = float(out.split()[-1])
     report = json.loads(analyze("hot", path, "--json", "--top", "5"))
     loop = next(lp for lp in report["loops"] if lp["function"] == "main" and lp["iterations"] == 1000)

@@ -305,7 +305,9 @@ fn add_process(b: &mut Builder, a: &Analysis, pid: u32) -> Vec<String> {
     let tps = a.header.as_ref().map_or(1e9, |h| h.ticks_per_second);
     match a.windows.as_ref().filter(|w| w.estimated()) {
         Some(w) => notes.push(format!("process {pid}: ESTIMATED (~): {}", w.describe(tps))),
-        None => notes.push(format!("process {pid}: every call recorded: figures are exact")),
+        None => notes.push(format!(
+            "process {pid}: every call recorded: calls exact, times the clock's less the recorder's measured cost"
+        )),
     }
     if !a.losses.is_empty() {
         notes.push(format!(

@@ -297,7 +297,8 @@ fn header_from(d: &Bound<'_, PyDict>, options: Options, cost: f64) -> PyResult<H
 #[pyfunction]
 #[pyo3(signature = (path, header, mode, threshold, include_only, exclude, buffer_events, max_buffers,
                     event_cost_ticks, thread_name, boot_code, main_native_id, main_name, internal,
-                    calibration=Vec::new(), on_full="drop", ring=true, flight=0, live=false, counters=Vec::new()))]
+                    calibration=Vec::new(), on_full="drop", ring=true, flight=0, live=false, counters=Vec::new(),
+                    sampled=true))]
 #[allow(clippy::too_many_arguments)]
 fn start(
     py: Python<'_>,
@@ -321,6 +322,7 @@ fn start(
     flight: u64,
     live: bool,
     counters: Vec<String>,
+    sampled: bool,
 ) -> PyResult<Option<String>> {
     // SAFETY: GIL held (we have `py`); no Python call while the reference is alive.
     if unsafe { state() }.recorder.is_some() {
@@ -410,7 +412,8 @@ fn start(
         errors: Vec::new(),
         restart,
         ticks_per_second,
-        windowed: threshold > 0 && options_mode != Mode::Calls,
+        // Unsampled, a threshold thins out locations only: every function boundary is recorded.
+        windowed: sampled && threshold > 0 && options_mode != Mode::Calls,
         windows: None,
         window_len: (0, 0),
         base: base_stack(py, &internal),
