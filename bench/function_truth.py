@@ -1,6 +1,6 @@
-"""Does the default mode's function view agree with a full trace? For each program, the top 3 functions by
-exclusive time in the default mode (adaptive, threshold 500: calls recorded in windows after the first
-500 calls of any function, FORMAT.md 5.3) next to `calls` mode's (every call recorded), and the share
+"""Does the sampled mode's function view agree with a full trace? For each program, the top 3 functions by
+exclusive time sampled (adaptive, threshold 500, `--sampled`: calls recorded in windows after the first
+50,000, FORMAT.md 5.3) next to `calls` mode's (every call recorded), and the share
 distance: half the L1 distance between the two recordings' exclusive-time shares over `calls` mode's top
 10 functions (0: the same shares; 1: nothing in common), and the calls the default mode estimates over those
 `calls` mode counts (median over its 10 most called functions). Targets: the same top-3 set, distance <=
@@ -171,7 +171,7 @@ def main() -> None:
                     help="another ocular-analyze (an earlier build): its distance on the same default-mode "
                          "recordings is shown next to this one's, which isolates a change to the analysis")
     opts = ap.parse_args()
-    extra = []
+    extra = ["--sampled"]
     if opts.window_period:
         extra += ["--window-period", str(opts.window_period)]
     if opts.window_length:
@@ -210,11 +210,11 @@ def main() -> None:
                          statistics.median(noise), all(same_noise), statistics.median(base) if base else None,
                          statistics.median(ratios), statistics.median(base_ratios) if base_ratios else None))
             print(f"  {name}: distance {statistics.median(dists):.3f}", file=sys.stderr)
-    windows = " ".join(extra) or "default windows"
-    print(f"\nDefault mode (adaptive, threshold 500, {windows}) against calls mode, {opts.repeats} repeats, "
+    windows = " ".join(extra[1:]) or "default windows"
+    print(f"\nSampled mode (adaptive, threshold 500, {windows}) against calls mode, {opts.repeats} repeats, "
           f"Python {sys.version.split()[0]}")
     b = opts.baseline_analyzer
-    print("| program | default mode top 3 | calls mode top 3 | same set | distance, median (min-max) "
+    print("| program | sampled mode top 3 | calls mode top 3 | same set | distance, median (min-max) "
           "| calls vs calls: distance, same set | calls: estimate / count |"
           f"{' baseline analyzer: distance, calls |' if b else ''}")
     print(f"|---|---|---|---|---:|---:|---:|{'---:|' if b else ''}")

@@ -1,14 +1,14 @@
-"""Is the default mode true on real packages' work? Five packages the project had not used before
-(Pygments, Jinja2, sqlglot, tomlkit, pyparsing), each doing its ordinary job for a few seconds, recorded in
-the default mode and in calls mode (every call: the reference for counts), and sampled by py-spy at 1 kHz
-(an independent sampler, from PyPI: the reference for time shares).
+"""Is Ocular true on real packages' work? Five packages the project had not used before (Pygments, Jinja2,
+sqlglot, tomlkit, pyparsing), each doing its ordinary job for a few seconds, recorded in the default mode
+(every call), sampled (`--sampled`) and in calls mode (the reference for counts), and sampled by py-spy at
+1 kHz (an independent sampler, from PyPI: the reference for time shares).
 
-    make bench-truth     (or: PY bench/truth_packages.py [--programs jinja2,sqlglot] [--repeats N])
+    make bench-truth     (or: PY bench/truth_packages.py [--programs jinja2,sqlglot] [--repeats N] [--modes default,sampled])
 
 Per program, against each reference: whether the top function by exclusive time is the same; the share
 distance (half the L1 distance between exclusive-time shares over the reference's top 10 functions: 0 is
 the same shares, 1 nothing in common; target <= 0.08); and for calls mode's 10 most called functions, how
-many of the default mode's counts are within 10% of the exact count or hold it inside their 95% interval
+many of the mode's counts are within 10% of the exact count or hold it inside their 95% interval
 (target: 10 of 10). A program's figures are the median over repeats.
 
 Functions are matched by name and file (py-spy names a frame by its function's name, not its qualified
@@ -165,7 +165,7 @@ def top1(x: dict[str, float]) -> str:
 
 
 def counts_ok(default: dict[str, dict], full: dict[str, dict]) -> tuple[int, list[str]]:
-    """Of calls mode's 10 most called functions: how many of the default mode's counts are within 10% or
+    """Of calls mode's 10 most called functions: how many of the mode's counts are within 10% or
     hold the exact count inside their interval; and the ones that are not."""
     tops = sorted(full, key=lambda k: full[k]["calls"], reverse=True)[:10]
     good, bad = 0, []
@@ -186,48 +186,59 @@ def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--programs", default=",".join(SCRIPTS))
     ap.add_argument("--repeats", type=int, default=3)
+    ap.add_argument("--modes", default="default,sampled", help="default (every call), sampled (--sampled)")
     args = ap.parse_args()
+    modes = args.modes.split(",")
     pyspy = shutil.which("py-spy") or os.path.join(os.path.dirname(sys.executable), "py-spy")
     if not os.path.exists(pyspy):
         pyspy = None
-    print(f"# the default mode on real packages' work: Python {sys.version.split()[0]}, {args.repeats} repeats "
+    print(f"# Ocular on real packages' work: Python {sys.version.split()[0]}, {args.repeats} repeats "
           f"(medians), py-spy {'at 1 kHz' if pyspy else 'not installed'}\n")
-    print("| program | top function (calls mode / py-spy / default) | same top | distance to calls mode | "
+    print("| program | mode | top function (calls mode / py-spy / this mode) | same top | distance to calls mode | "
           "distance to py-spy | counts within 10% or their interval |")
-    print("|---|---|---|---:|---:|---:|")
+    print("|---|---|---|---|---:|---:|---:|")
     notes = []
     with tempfile.TemporaryDirectory() as tmp:
         for name in args.programs.split(","):
             script = os.path.join(tmp, f"work_{name}.py")  # not {name}.py: it would shadow the package
             with open(script, "w") as fh:
                 fh.write(SCRIPTS[name])
-            d_calls, d_spy, goods, tops, same = [], [], [], None, []
+            d_calls = {m: [] for m in modes}
+            d_spy = {m: [] for m in modes}
+            goods = {m: [] for m in modes}
+            same = {m: [] for m in modes}
+            tops = {}
             for rep in range(args.repeats):
                 figs = {}
-                for mode in ("calls", "adaptive"):
+                for mode in ["calls", *modes]:
                     out = os.path.join(tmp, f"{name}-{mode}-{rep}.ocl")
-                    subprocess.run([sys.executable, "-m", "ocular", "run", "-q", "--mode", mode, "-o", out, script],
+                    flags = ["--mode", "calls"] if mode == "calls" else ["--sampled"] if mode == "sampled" else []
+                    subprocess.run([sys.executable, "-m", "ocular", "run", "-q", *flags, "-o", out, script],
                                    check=True, capture_output=True)
                     figs[mode] = ocular_figures(out)
-                full, default = figs["calls"], figs["adaptive"]
+                full = figs["calls"]
                 ex_full = {k: v["exclusive_ms"] for k, v in full.items()}
-                ex_def = {k: v["exclusive_ms"] for k, v in default.items()}
                 ex_spy: dict[str, float] = {}
                 if pyspy:
                     raw = os.path.join(tmp, f"{name}-{rep}.txt")
                     subprocess.run([pyspy, "record", "--rate", "1000", "--format", "raw", "--function", "-o", raw,
                                     "--", sys.executable, script], check=True, capture_output=True)
                     ex_spy = pyspy_exclusive(raw)
-                    d_spy.append(distance(ex_def, ex_spy))
-                d_calls.append(distance(ex_def, ex_full))
-                good, bad = counts_ok(default, full)
-                goods.append(good)
-                notes += [f"{name} (repeat {rep + 1}): {b}" for b in bad]
-                tops = (top1(ex_full), top1(ex_spy) if ex_spy else "-", top1(ex_def))
-                same.append(tops[2] == tops[0] and (not ex_spy or tops[2] == tops[1]))
-            spy = f"{statistics.median(d_spy):.3f}" if d_spy else "-"
-            print(f"| {name} | {' / '.join(tops)} | {sum(same)} of {len(same)} | {statistics.median(d_calls):.3f} | "
-                  f"{spy} | {int(statistics.median(goods))} of 10 |")
+                for mode in modes:
+                    this = figs[mode]
+                    ex_this = {k: v["exclusive_ms"] for k, v in this.items()}
+                    if ex_spy:
+                        d_spy[mode].append(distance(ex_this, ex_spy))
+                    d_calls[mode].append(distance(ex_this, ex_full))
+                    good, bad = counts_ok(this, full)
+                    goods[mode].append(good)
+                    notes += [f"{name}, {mode} (repeat {rep + 1}): {b}" for b in bad]
+                    tops[mode] = (top1(ex_full), top1(ex_spy) if ex_spy else "-", top1(ex_this))
+                    same[mode].append(tops[mode][2] == tops[mode][0] and (not ex_spy or tops[mode][2] == tops[mode][1]))
+            for mode in modes:
+                spy = f"{statistics.median(d_spy[mode]):.3f}" if d_spy[mode] else "-"
+                print(f"| {name} | {mode} | {' / '.join(tops[mode])} | {sum(same[mode])} of {len(same[mode])} | "
+                      f"{statistics.median(d_calls[mode]):.3f} | {spy} | {int(statistics.median(goods[mode]))} of 10 |")
     if notes:
         print("\nCounts outside 10% and outside their interval:")
         for n in notes:

@@ -485,7 +485,11 @@ fn windows_note(a: &Analysis, rows: &[Row]) -> Option<String> {
     }
     let n = h.options.deinstrument_threshold;
     // Since windows (2.2), a recording without any records every call: its threshold thins out locations.
-    (a.format_version <= (2, 1) && n > 0 && h.options.mode != ocular_format::Mode::Calls && rows.iter().any(|r| r.calls >= n as u64)).then(|| {
+    (a.format_version <= (2, 1)
+        && n > 0
+        && h.options.mode != ocular_format::Mode::Calls
+        && rows.iter().any(|r| r.calls >= n as u64))
+    .then(|| {
         format!(
             "recorded with threshold {n}: a function's calls after its first {n} were not recorded, so calls and \
              times of functions at {n} calls cover those only (record in calls mode, or with --threshold 0, for \

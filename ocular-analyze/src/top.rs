@@ -33,6 +33,10 @@ struct Bucket {
     /// The recorder's cost of the events recorded in windows, ticks: time of `covered` the program did not
     /// run, as `stats` takes it out of each window.
     window_cost: f64,
+    /// The earliest and latest tick of the events read into this bucket (u64::MAX, 0: none): the span of
+    /// the program they cover, which a reader that falls behind reads in more wall time than it took.
+    first_tick: u64,
+    last_tick: u64,
 }
 
 #[derive(Debug, Default)]
@@ -189,6 +193,11 @@ impl Top {
                     ts.last = None;
                     ts.stack.clear();
                 }
+                let t = e.ticks.get();
+                if t > 0 {
+                    bucket.first_tick = if bucket.first_tick == 0 { t } else { bucket.first_tick.min(t) };
+                    bucket.last_tick = bucket.last_tick.max(t);
+                }
                 step(ts, tid, e, bucket, (tps, cost), (window_end, due), windowed)
             },
             |tid, _| gaps.borrow_mut().push(tid),
@@ -216,6 +225,22 @@ impl Top {
             .and_then(|b| b.at)
             .map_or(0.0, |at| now.duration_since(at).as_secs_f64().min(now.duration_since(self.started).as_secs_f64()))
             .max(1e-3);
+        // Every call recorded: rates over the span of the program the events read cover, so that a reader that
+        // fell behind (reading 1.5 s of the program in 2 s) does not read them low. With windows the wall
+        // span stands, as the windows' scale is taken against it.
+        let first = recent.iter().map(|b| b.first_tick).filter(|&t| t > 0).min();
+        let last = recent.iter().map(|b| b.last_tick).max().unwrap_or(0);
+        let secs = match first {
+            Some(f) if !self.windowed && last > f => {
+                let program = (last - f) as f64 / self.tps;
+                if program > 0.25 * secs {
+                    program
+                } else {
+                    secs
+                }
+            }
+            _ => secs,
+        };
         let mut funcs: HashMap<(u64, u32), Func> = HashMap::new();
         let mut loops: HashMap<(u32, u32), u64> = HashMap::new();
         let (mut events, mut missed, mut covered, mut window_cost) = (0u64, 0u64, 0u64, 0.0);

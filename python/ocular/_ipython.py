@@ -373,7 +373,8 @@ def trace_html(trace: "Trace") -> str:
         exact = ("Figures marked ~ are estimates: calls were recorded whole at first, then in windows, "
                  "and the rest is scaled from them (record without --sampled for exact counts).")
     else:
-        exact = "Calls and times per function are exact: every call was recorded."
+        exact = ("Every call was recorded: calls are exact; a time marked ~ had the recorder's cost taken out, "
+                 "with the interval that cost leaves.")
     if loops and any(lp.get("sampled") for lp in loops):
         exact += (" Loops: only their first iterations are recorded (then the threshold de-instruments "
                   "them); their total time runs to the first sign that the frame left the loop.")

@@ -293,7 +293,7 @@ def test_a_flight_recorder_can_be_followed_too(ocl):
 RATE = """
 import os, sys, time
 import wl
-go, seconds, out = sys.argv[1], float(sys.argv[2]), sys.argv[3]
+go, seconds, out, pause = sys.argv[1], float(sys.argv[2]), sys.argv[3], float(sys.argv[4])
 print(os.getpid(), flush=True)
 while not os.path.exists(go):
     time.sleep(0.005)
@@ -302,6 +302,8 @@ calls = 0
 while time.perf_counter() - t0 < seconds:
     wl.work(10_000)
     calls += 10_000
+    if pause:
+        time.sleep(pause)
 with open(out, "w") as f:
     f.write(str(calls / (time.perf_counter() - t0)))
 """
@@ -316,7 +318,10 @@ def _rate_under_top(tmp_path, sampled):
     go.unlink(missing_ok=True)
     p = subprocess.Popen(
         [sys.executable, "-m", "ocular", "run", "-q", "--live", "--include", "wl.py", "-o", str(tmp_path / "r.ocl"),
-         *(["--sampled"] if sampled else []), str(tmp_path / "rate.py"), str(go), "4", str(rate)],
+         *(["--sampled"] if sampled else []), str(tmp_path / "rate.py"), str(go), "4", str(rate),
+         # Every call recorded is 16 M events a second here, more than a debug build of the reader follows:
+         # paced to a third of that, the rate is what the reader can read whole.
+         "0" if sampled else "0.002"],
         stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, cwd=tmp_path,
         env={**os.environ, "PYTHONPATH": str(tmp_path)})
     try:

@@ -166,7 +166,7 @@ def test_repr_html_escapes_names(tmp_path):
     assert "&lt;b&gt;odd&lt;/b&gt; &amp; &#x27;x&#x27;" in page
     assert "<module>" not in page and "<locals>" not in page and "<b>odd" not in page
     assert re.search(r">outer</td><td[^>]*>3</td>", page)
-    assert "Calls and times per function are exact" in page
+    assert "Every call was recorded: calls are exact" in page
     assert "No loops: calls mode" in page
 
 
