@@ -162,3 +162,61 @@ def test_three_threads_time_goes_where_each_spent_it(tmp_path, options):
         # its timer's placement (microseconds a call), far inside 10%; sampled, inside the interval.
         slack = 0.1 * want if not options else 0
         assert abs(r["inclusive_ms"] - want) <= max(slack, 2 * r["inclusive_ci95_ms"]), (r, want)
+
+
+POOL = """
+import multiprocessing as mp
+
+def leaf(x):
+    return x + 1
+
+def work(n):
+    s = 0
+    for _ in range(n):
+        s = leaf(s)
+    return s
+
+if __name__ == "__main__":
+    with mp.Pool(4) as p:
+        print(sum(p.map(work, [80_000] * 4)))
+"""
+
+
+def test_a_pool_of_more_workers_than_cores_counts_every_call(tmp_path):
+    """Four workers on this kind of machine's two cores: the run's trace (the parent and each child) counts
+    the workers' leaf calls exactly (a windowed default read ~634,199 for 320,000 once)."""
+    script = tmp_path / "pool.py"
+    script.write_text(POOL)
+    out = tmp_path / "pool.ocl"
+    r = subprocess.run([sys.executable, "-m", "ocular", "run", "-q", "-o", str(out), str(script)],
+                       capture_output=True, text=True, timeout=300)
+    assert r.returncode == 0 and r.stdout.split() == ["320000"], (r.stdout, r.stderr)
+    fs = functions(out)
+    assert (fs["leaf"]["calls"], fs["work"]["calls"]) == (320_000, 4), (fs["leaf"], fs["work"])
+    assert not fs["leaf"]["calls_estimated"]
+
+
+def _pinned(cpu):
+    return lambda: os.sched_setaffinity(0, {cpu})
+
+
+@pytest.mark.skipif(not hasattr(os, "sched_setaffinity"), reason="needs os.sched_setaffinity")
+def test_a_cpu_shared_with_a_busy_process_leaves_counts_exact_and_times_the_program_s(tmp_path):
+    """The program and a busy loop pinned to one CPU: preemptions land inside calls. Counts stay exact, and a
+    call's time is the clock's, preemption included, as the program's own timer sees it."""
+    cpu = min(os.sched_getaffinity(0))
+    busy = subprocess.Popen([sys.executable, "-c", "while True: pass"], preexec_fn=_pinned(cpu))
+    try:
+        own = tmp_path / "pinned.json"
+        subprocess.run([sys.executable, "-m", "ocular", "run", "-q", "-o", str(tmp_path / "pinned.ocl"), WORKLOAD,
+                        "json", "4"], env=dict(os.environ, KNOWN_TRUTH_OUT=str(own)), check=True,
+                       capture_output=True, preexec_fn=_pinned(cpu), timeout=300)
+    finally:
+        busy.kill()
+        busy.wait()
+    traced = json.loads(own.read_text())
+    fs = functions(tmp_path / "pinned.ocl")
+    assert fs["leaf"]["calls"] == traced["leaf_calls"] == 480_000 and not fs["leaf"]["calls_estimated"]
+    assert fs["c_json"]["calls"] == fs["py_heavy"]["calls"] == 4
+    want = traced["times_s"]["c_json"] * 1e3
+    assert abs(fs["c_json"]["inclusive_ms"] - want) <= 0.1 * want, (fs["c_json"], want)

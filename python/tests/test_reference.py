@@ -55,20 +55,29 @@ def test_modes_record_their_event_kinds(ocl):
     assert kinds["precise"] == kinds["calls"] | {"INSTRUCTION"}
 
 
-def test_the_default_threshold_stops_each_location_after_n_hits_and_records_every_call(ocl):
-    # GIVEN the default: a threshold, not sampled; the reference starts first (its set-up runs Python)
-    with Reference(event_names("adaptive"), threshold=7) as ref:
-        with ocular.record(ocl, mode="adaptive", deinstrument_threshold=7):
-            for _ in range(20):
-                workloads.loop(30)
-            workloads.fib(14)  # 1,219 calls: past 100 x the threshold, where a sampled recording stops
-            workloads.use_gen(30)
-            workloads.exceptions(10)
+def _threshold_workload():
+    for _ in range(20):
+        workloads.loop(30)
+    workloads.fib(14)  # 1,219 calls: past 100 x the threshold, where a sampled recording's first window ends
+    workloads.use_gen(30)
+    workloads.exceptions(10)
+    workloads.two_back_edges(100)
+
+
+def _recorded_as_the_reference_saw(ocl, ref):
     f = read_ocl(ocl)
     assert counts(f["workload"]) == counts(ref.events)
     (tid,) = f["workload"]
     assert f["workload"][tid] == ref.events[tid]
-    c = counts(f["workload"])
+    return f, tid, counts(f["workload"])
+
+
+def test_the_default_threshold_stops_each_location_after_n_hits_and_records_every_call(ocl):
+    # GIVEN the default: a threshold, not sampled; the reference starts first (its set-up runs Python)
+    with Reference(event_names("adaptive"), threshold=7) as ref:
+        with ocular.record(ocl, mode="adaptive", deinstrument_threshold=7):
+            _threshold_workload()
+    f, tid, c = _recorded_as_the_reference_saw(ocl, ref)
     # THEN every call is in the file, past the 700th too, and nothing was left to count or to window
     assert c[("fib", "PY_START")] == c[("fib", "PY_RETURN")] == 1219, c
     assert c[("use_gen", "PY_START")] == 1 and c[("gen", "PY_YIELD")] == 30, c
@@ -86,17 +95,15 @@ def test_sampled_threshold_stops_each_location_after_n_hits_and_calls_after_the_
     # threshold). The reference starts first: its own set-up runs Python, whose calls would count.
     with Reference(event_names("adaptive"), threshold=7, sampled=True) as ref:
         with ocular.record(ocl, mode="adaptive", deinstrument_threshold=7, sampled=True, window_period=1e4):
+            # Inline, not through _threshold_workload(): the first window counts every call the recording
+            # sees, that function's own too, and the reference counts the workloads' only.
             for _ in range(20):
                 workloads.loop(30)
             workloads.fib(14)  # 1,219 calls: the first window ends inside
             workloads.use_gen(30)
             workloads.exceptions(10)
             workloads.two_back_edges(100)
-    f = read_ocl(ocl)
-    assert counts(f["workload"]) == counts(ref.events)
-    (tid,) = f["workload"]
-    assert f["workload"][tid] == ref.events[tid]
-    c = counts(f["workload"])
+    f, tid, c = _recorded_as_the_reference_saw(ocl, ref)
     assert c[("loop", "PY_START")] == 20 and c[("loop", "PY_RETURN")] == 20, "every call in the first window"
     assert c[("fib", "PY_START")] == 700 - 20, "the recording's 700th call closed the first window"
     assert c[("use_gen", "PY_START")] == c[("two_back_edges", "PY_START")] == 0, "no call after it"

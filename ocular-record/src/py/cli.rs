@@ -95,8 +95,8 @@ struct RunArgs {
     threshold: u32,
     /// Record function boundaries only in windows (after the first 100 x N calls), from which the
     /// analysis estimates every function's calls and time, each with its interval: cheaper on call-dense
-    /// programs (1.09x against 1.40-1.53x median on BENCHMARKS.md's peers), and estimates where every
-    /// call was counted otherwise. Needs --mode adaptive or precise and a threshold
+    /// programs (1.08x against the default's 1.36x median on BENCHMARKS.md's peers), but estimates where
+    /// every call is counted otherwise. Needs --mode adaptive or precise and a threshold
     #[arg(long)]
     sampled: bool,
     /// With --sampled: open a window in which every call is recorded every MS milliseconds on average
