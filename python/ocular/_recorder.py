@@ -453,8 +453,8 @@ class Recording:
         self.sampled = bool(sampled)
         if self.sampled and (mode == "calls" or deinstrument_threshold == 0):
             raise ValueError(
-                "sampled=True samples function boundaries in windows while a threshold thins out jumps: it needs "
-                "mode 'adaptive' or 'precise' and deinstrument_threshold above 0"
+                "sampled=True (--sampled) samples function boundaries in windows while a threshold thins out jumps: "
+                "it needs mode 'adaptive' or 'precise' and deinstrument_threshold above 0"
             )
         if not self.sampled and (window_period is not None or window_length is not None):
             raise ValueError(

@@ -97,8 +97,8 @@ def test_bad_arguments_are_refused_with_their_value(ocl):
     with pytest.raises(TypeError, match="filters are substrings"):
         ocular.record(ocl, exclude=[3])
     # Windows belong to a sampled recording, which needs locations to thin out.
-    with pytest.raises(ValueError, match="sampled=True samples function boundaries in windows .* needs mode "
-                                         "'adaptive' or 'precise' and deinstrument_threshold above 0"):
+    with pytest.raises(ValueError, match=r"sampled=True \(--sampled\) samples function boundaries in windows .* "
+                                         "needs mode 'adaptive' or 'precise' and deinstrument_threshold above 0"):
         ocular.record(ocl, mode="calls", sampled=True)
     with pytest.raises(ValueError, match="deinstrument_threshold above 0"):
         ocular.record(ocl, deinstrument_threshold=0, sampled=True)
