@@ -187,11 +187,8 @@ def _callbacks(threshold: int, mode: str, sampled: bool = True) -> dict:
     if sampled:
         return nat.callbacks
     gapless = nat.callbacks_gapless
-    return {name: (cb if name in _LOCATION_EVENTS else gapless[name]) for name, cb in nat.callbacks.items()}
-
-
-# The events that a threshold switches off per location; every other event is a function boundary or a call.
-_LOCATION_EVENTS = frozenset({"JUMP", "BRANCH", "BRANCH_LEFT", "BRANCH_RIGHT", "INSTRUCTION"})
+    every_time = (*_CALL_EVENTS, *_C_EVENTS)
+    return {name: (gapless[name] if name in every_time else cb) for name, cb in nat.callbacks.items()}
 
 
 # Event kind numbers of the file format (FORMAT.md 5.1).
