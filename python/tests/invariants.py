@@ -21,6 +21,7 @@ from __future__ import annotations
 import json
 import os
 import subprocess
+import sys
 
 TOLERANCE = 1.02
 SLACK_MS = 1.0
@@ -29,10 +30,14 @@ SLACK_MS = 1.0
 MAX_BYTES = 4 << 20
 # The lines view and a diff are two more passes each: on traces up to this size (most of the suite's).
 MAX_BYTES_MORE = 1 << 20
+RELEASE_ABOVE = 48 << 10
 
 
-def _json(analyze: str, *args: str):
-    out = subprocess.run([analyze, *args, "--json"], capture_output=True, text=True)
+def _json(analyze: str, *args: str, size: int = 0):
+    # The suite's analyzer is a debug build, 5-10x slower than the release one compiled into the extension
+    # (the same code and parser): past a few tens of kilobytes, the extension's start (~40 ms) is the cheaper.
+    command = [sys.executable, "-m", "ocular"] if size > RELEASE_ABOVE else [analyze]
+    out = subprocess.run([*command, *args, "--json"], capture_output=True, text=True)
     if out.returncode != 0:
         return None
     return json.loads(out.stdout)
@@ -44,7 +49,8 @@ def violations(path: str, analyze: str | None = None) -> list[str]:
     analyze = analyze or os.environ.get("OCULAR_ANALYZE")
     if not analyze or not os.path.exists(path) or os.path.getsize(path) > MAX_BYTES:
         return []
-    rows = _json(analyze, "stats", path, "--top", "1000000")
+    size = os.path.getsize(path)
+    rows = _json(analyze, "stats", path, "--top", "1000000", size=size)
     if rows is None:
         return []
     bad = []
@@ -72,7 +78,7 @@ def violations(path: str, analyze: str | None = None) -> list[str]:
             bad.append(f"{name}: {r['calls']} calls, fewer than the {r['observed_calls']} recorded")
     wall = max((r["wall_ms"] * max(r.get("threads", 1), 1) for r in rows), default=0.0)
     more = os.path.getsize(path) <= MAX_BYTES_MORE
-    lines = _json(analyze, "stats", path, "--lines", "--top", "1000000") if more else None
+    lines = _json(analyze, "stats", path, "--lines", "--top", "1000000", size=size) if more else None
     if rows and isinstance(lines, list):
         own = sum(x["own_ms"] for x in lines)
         if own > wall * TOLERANCE + SLACK_MS:
@@ -83,7 +89,7 @@ def violations(path: str, analyze: str | None = None) -> list[str]:
                 bad.append(f"{where}: {x['with_callees_ms']:.3f} ms with callees, above {wall:.3f} ms")
             if x["own_ms"] > x["with_callees_ms"] * TOLERANCE + SLACK_MS:
                 bad.append(f"{where}: own {x['own_ms']:.3f} ms above {x['with_callees_ms']:.3f} ms with callees")
-    hot = _json(analyze, "hot", path, "--top", "1000000")
+    hot = _json(analyze, "hot", path, "--top", "1000000", size=size)
     for loop in (hot or {}).get("loops", []):
         key = (loop["function"], loop["file"], loop["first_line"])
         total = loop.get("total_ns", 0) / 1e6
@@ -96,7 +102,7 @@ def violations(path: str, analyze: str | None = None) -> list[str]:
             bad.append(f"loop of {key[0]} at line {key[2]}: {loop['ns_per_iteration']} ns per iteration over "
                        f"{loop['iterations']} iterations")
     # Only where there are loops to compare (its functions are stats' rows, checked above).
-    diff = _json(analyze, "diff", path, path) if more and (hot or {}).get("loops") else None
+    diff = _json(analyze, "diff", path, path, size=size) if more and (hot or {}).get("loops") else None
     for loop in (diff or {}).get("loops", []):
         for side in ("before", "after"):
             n, ns = loop[f"iterations_{side}"], loop[f"ns_per_iteration_{side}"]
