@@ -13,6 +13,8 @@ use std::fs::File;
 use std::path::{Path, PathBuf};
 use std::sync::atomic::{AtomicU32, AtomicU64, Ordering};
 use std::sync::Mutex;
+use zerocopy::little_endian::{F64, U16, U32, U64};
+use zerocopy::{FromBytes, FromZeros, Immutable, IntoBytes, KnownLayout, Unaligned};
 
 /// `OCLRING\0`.
 pub const MAGIC: [u8; 8] = *b"OCLRING\0";
@@ -20,15 +22,121 @@ pub const MAGIC: [u8; 8] = *b"OCLRING\0";
 pub const MAJOR: u16 = 1;
 /// Minor version.
 pub const MINOR: u16 = 4;
-/// Where the trace's path starts in the header (RING.md 3.1, since 1.4), and the most bytes it may take.
-const TRACE_AT: usize = 148;
-const TRACE_MAX: usize = HEADER_SIZE as usize - TRACE_AT;
+/// The most bytes the trace's path may take in the header (RING.md 3.1, since 1.4).
+const TRACE_MAX: usize = HEADER_SIZE as usize - std::mem::offset_of!(RingHeader, trace);
 /// Header bytes.
-pub const HEADER_SIZE: u64 = 4096;
+pub const HEADER_SIZE: u64 = std::mem::size_of::<RingHeader>() as u64;
 /// Bytes per slot table entry.
-pub const ENTRY_SIZE: u64 = 32;
+pub const ENTRY_SIZE: u64 = std::mem::size_of::<SlotEntry>() as u64;
 /// Bytes per slot extension table entry (since 1.2).
-pub const EXT_SIZE: u64 = 16;
+pub const EXT_SIZE: u64 = std::mem::size_of::<SlotExt>() as u64;
+
+/// The header (RING.md 3.1), field by field, little-endian. The fields a recording changes while it runs
+/// (`state`, `meta_len`, `meta_dropped`, `chunks_*`) are stored atomically at their offsets ([`at`]); the
+/// others are written once, before the file is shared.
+#[repr(C)]
+#[derive(Debug, FromBytes, IntoBytes, KnownLayout, Immutable, Unaligned)]
+pub struct RingHeader {
+    /// `OCLRING\0`.
+    pub magic: [u8; 8],
+    /// 1: a reader refuses another major version.
+    pub major: U16,
+    /// A reader of 1.x reads any 1.y.
+    pub minor: U16,
+    /// 4096.
+    pub header_size: U32,
+    /// The recording process.
+    pub pid: U32,
+    /// [`file_state`]: 0 not yet initialized.
+    pub state: U32,
+    /// The `.ocl` header's `start_ticks`: ties the ring to its trace.
+    pub start_ticks: U64,
+    /// As in the `.ocl` header.
+    pub ticks_per_second: F64,
+    /// Events per slot.
+    pub slot_events: U32,
+    /// Entries in the slot table.
+    pub max_slots: U32,
+    /// 4096.
+    pub slot_table_offset: U64,
+    /// Where slot 0's events start.
+    pub slots_offset: U64,
+    /// Where the metadata region starts.
+    pub meta_offset: U64,
+    /// Its size in bytes.
+    pub meta_capacity: U64,
+    /// Bytes of complete records in it; only grows.
+    pub meta_len: U64,
+    /// Metadata records that did not fit.
+    pub meta_dropped: U64,
+    /// Since 1.1: where the chunk region starts; 0: none.
+    pub chunks_offset: U64,
+    /// Since 1.1: its size in bytes.
+    pub chunks_capacity: U64,
+    /// Since 1.1: the logical position just after the newest record.
+    pub chunks_head: U64,
+    /// Since 1.1: the logical position of the oldest whole record.
+    pub chunks_tail: U64,
+    /// Since 1.1: records overwritten so far.
+    pub chunks_evicted: U64,
+    /// Since 1.2: where the slot extension table starts; 0: none.
+    pub slot_ext_offset: U64,
+    /// Since 1.4: bytes of `trace`; 0: not named.
+    pub trace_len: U32,
+    /// Since 1.4: the trace's absolute path, then zeros.
+    pub trace: [u8; 3948],
+}
+
+/// A slot table entry (RING.md 3.2).
+#[repr(C)]
+#[derive(Debug, FromBytes, IntoBytes, KnownLayout, Immutable, Unaligned)]
+pub struct SlotEntry {
+    /// Native id of the thread the slot belongs to (or belonged to).
+    pub thread_id: U64,
+    /// The ticks of the slot's first event.
+    pub start_ticks: U64,
+    /// [`state`].
+    pub state: U32,
+    /// Events in a full slot.
+    pub len: U32,
+    /// How many times the slot was taken.
+    pub generation: U64,
+}
+
+/// A slot extension table entry (RING.md 3.2.1, since 1.2).
+#[repr(C)]
+#[derive(Debug, FromBytes, IntoBytes, KnownLayout, Immutable, Unaligned)]
+pub struct SlotExt {
+    /// Events the slot's thread recorded into its earlier slots.
+    pub events_before: U64,
+    /// Zero.
+    pub reserved: U64,
+}
+
+/// A field's offset in its table, as the atomic accesses to a mapping take it.
+macro_rules! at {
+    ($t:ident, $f:ident) => {
+        std::mem::offset_of!($t, $f) as u64
+    };
+}
+
+// The layouts RING.md gives, offset by offset: a field moved by an edit fails the build.
+const _: () = {
+    assert!(HEADER_SIZE == 4096 && ENTRY_SIZE == 32 && EXT_SIZE == 16);
+    assert!(at!(RingHeader, major) == 8 && at!(RingHeader, minor) == 10 && at!(RingHeader, header_size) == 12);
+    assert!(at!(RingHeader, pid) == 16 && at!(RingHeader, state) == 20 && at!(RingHeader, start_ticks) == 24);
+    assert!(at!(RingHeader, ticks_per_second) == 32 && at!(RingHeader, slot_events) == 40);
+    assert!(at!(RingHeader, max_slots) == 44 && at!(RingHeader, slot_table_offset) == 48);
+    assert!(at!(RingHeader, slots_offset) == 56 && at!(RingHeader, meta_offset) == 64);
+    assert!(at!(RingHeader, meta_capacity) == 72 && at!(RingHeader, meta_len) == 80);
+    assert!(at!(RingHeader, meta_dropped) == 88 && at!(RingHeader, chunks_offset) == 96);
+    assert!(at!(RingHeader, chunks_capacity) == 104 && at!(RingHeader, chunks_head) == 112);
+    assert!(at!(RingHeader, chunks_tail) == 120 && at!(RingHeader, chunks_evicted) == 128);
+    assert!(at!(RingHeader, slot_ext_offset) == 136 && at!(RingHeader, trace_len) == 144);
+    assert!(at!(RingHeader, trace) == 148);
+    assert!(at!(SlotEntry, start_ticks) == 8 && at!(SlotEntry, state) == 16 && at!(SlotEntry, len) == 20);
+    assert!(at!(SlotEntry, generation) == 24 && at!(SlotExt, reserved) == 8);
+};
 const EVENT_SIZE: u64 = std::mem::size_of::<RawEvent>() as u64;
 /// A chunk record's head (RING.md 3.5).
 pub const RECORD_HEAD: u64 = 24;
@@ -396,25 +504,26 @@ impl RingWriter {
             meta: Mutex::new(()),
             chunks: Mutex::new(ChunkRing::default()),
         };
+        let mut h = RingHeader::new_zeroed();
+        h.magic = MAGIC;
+        h.major = MAJOR.into();
+        h.minor = MINOR.into();
+        h.header_size = (HEADER_SIZE as u32).into();
+        h.pid = pid.into();
+        h.start_ticks = start_ticks.into();
+        h.ticks_per_second = ticks_per_second.into();
+        h.slot_events = layout.slot_events.into();
+        h.max_slots = layout.max_slots.into();
+        h.slot_table_offset = HEADER_SIZE.into();
+        h.slots_offset = slots_offset.into();
+        h.meta_offset = meta_offset.into();
+        h.meta_capacity = layout.meta_capacity.into();
+        h.chunks_offset = chunks_offset.into();
+        h.chunks_capacity = layout.chunks_capacity.into();
+        h.slot_ext_offset = layout.ext_offset().into();
         // SAFETY: the header lies within the mapping (size >= HEADER_SIZE), which nothing else uses yet.
-        let h = unsafe { std::slice::from_raw_parts_mut(w.map.as_mut_ptr(), HEADER_SIZE as usize) };
-        h[0..8].copy_from_slice(&MAGIC);
-        h[8..10].copy_from_slice(&MAJOR.to_le_bytes());
-        h[10..12].copy_from_slice(&MINOR.to_le_bytes());
-        h[12..16].copy_from_slice(&(HEADER_SIZE as u32).to_le_bytes());
-        h[16..20].copy_from_slice(&pid.to_le_bytes());
-        h[24..32].copy_from_slice(&start_ticks.to_le_bytes());
-        h[32..40].copy_from_slice(&ticks_per_second.to_le_bytes());
-        h[40..44].copy_from_slice(&layout.slot_events.to_le_bytes());
-        h[44..48].copy_from_slice(&layout.max_slots.to_le_bytes());
-        h[48..56].copy_from_slice(&HEADER_SIZE.to_le_bytes());
-        h[56..64].copy_from_slice(&slots_offset.to_le_bytes());
-        h[64..72].copy_from_slice(&meta_offset.to_le_bytes());
-        h[72..80].copy_from_slice(&layout.meta_capacity.to_le_bytes());
-        h[96..104].copy_from_slice(&chunks_offset.to_le_bytes());
-        h[104..112].copy_from_slice(&layout.chunks_capacity.to_le_bytes());
-        h[136..144].copy_from_slice(&layout.ext_offset().to_le_bytes());
-        w.u32_at(20).store(file_state::RECORDING, Ordering::Release);
+        unsafe { std::ptr::copy_nonoverlapping(h.as_bytes().as_ptr(), w.map.as_mut_ptr(), HEADER_SIZE as usize) };
+        w.u32_at(at!(RingHeader, state)).store(file_state::RECORDING, Ordering::Release);
         w
     }
 
@@ -432,8 +541,10 @@ impl RingWriter {
         // SAFETY: the header lies within the mapping; the recording writes these bytes once, before any
         // reader can have a reason to read them (they are read after the recording's death).
         let h = unsafe { std::slice::from_raw_parts_mut(self.map.as_mut_ptr(), HEADER_SIZE as usize) };
-        h[TRACE_AT..TRACE_AT + bytes.len()].copy_from_slice(&bytes);
-        h[144..148].copy_from_slice(&(bytes.len() as u32).to_le_bytes());
+        let trace_at = at!(RingHeader, trace) as usize;
+        h[trace_at..trace_at + bytes.len()].copy_from_slice(&bytes);
+        let len_at = at!(RingHeader, trace_len) as usize;
+        h[len_at..len_at + 4].copy_from_slice(&(bytes.len() as u32).to_le_bytes());
     }
 
     /// The file (empty for an anonymous ring).
@@ -510,20 +621,21 @@ impl RingWriter {
     pub fn filling(&self, slot: u32, thread_id: u64, start_ticks: u64, events_before: u64) {
         let e = self.entry(slot);
         if self.layout.slot_ext {
-            self.u64_at(self.layout.ext_offset() + slot as u64 * EXT_SIZE).store(events_before, Ordering::Release);
+            self.u64_at(self.layout.ext_offset() + slot as u64 * EXT_SIZE + at!(SlotExt, events_before))
+                .store(events_before, Ordering::Release);
         }
-        self.u64_at(e).store(thread_id, Ordering::Release);
-        self.u64_at(e + 8).store(start_ticks, Ordering::Release);
-        self.u32_at(e + 20).store(0, Ordering::Release);
-        self.u64_at(e + 24).fetch_add(1, Ordering::AcqRel);
-        self.u32_at(e + 16).store(state::FILLING, Ordering::Release);
+        self.u64_at(e + at!(SlotEntry, thread_id)).store(thread_id, Ordering::Release);
+        self.u64_at(e + at!(SlotEntry, start_ticks)).store(start_ticks, Ordering::Release);
+        self.u32_at(e + at!(SlotEntry, len)).store(0, Ordering::Release);
+        self.u64_at(e + at!(SlotEntry, generation)).fetch_add(1, Ordering::AcqRel);
+        self.u32_at(e + at!(SlotEntry, state)).store(state::FILLING, Ordering::Release);
     }
 
     /// The thread handed `slot`, with `len` events, to the writer.
     pub fn full(&self, slot: u32, len: u32) {
         let e = self.entry(slot);
-        self.u32_at(e + 20).store(len, Ordering::Release);
-        self.u32_at(e + 16).store(state::FULL, Ordering::Release);
+        self.u32_at(e + at!(SlotEntry, len)).store(len, Ordering::Release);
+        self.u32_at(e + at!(SlotEntry, state)).store(state::FULL, Ordering::Release);
     }
 
     /// The writer wrote `slot`'s events into the `.ocl` file (and handed them to the kernel), or into the
@@ -532,7 +644,7 @@ impl RingWriter {
         let e = self.entry(slot);
         // `thread_id` stays (RING.md 3.2, since 1.2): a reader following the recording reads a freed
         // slot's events until the slot is taken again.
-        self.u32_at(e + 16).store(state::FREE, Ordering::Release);
+        self.u32_at(e + at!(SlotEntry, state)).store(state::FREE, Ordering::Release);
     }
 
     /// The slots that are filling or full, as a dump takes them: a full slot whole, a filling one up to its
@@ -548,15 +660,15 @@ impl RingWriter {
     /// Appends a metadata record (RING.md 3.4); false if it did not fit (then counted as dropped).
     pub fn append_meta(&self, kind: u16, payload: &[u8]) -> bool {
         let _guard = self.meta.lock().unwrap_or_else(|e| e.into_inner());
-        let len = self.u64_at(80).load(Ordering::Acquire);
+        let len = self.u64_at(at!(RingHeader, meta_len)).load(Ordering::Acquire);
         let need = 6 + payload.len() as u64;
         if payload.len() > u32::MAX as usize - 2 || len + need > self.layout.meta_capacity {
-            self.u64_at(88).fetch_add(1, Ordering::AcqRel);
+            self.u64_at(at!(RingHeader, meta_dropped)).fetch_add(1, Ordering::AcqRel);
             return false;
         }
         let off = self.meta_offset + len;
         if self.file.as_ref().is_some_and(|f| reserve(f, off, need).is_err()) {
-            self.u64_at(88).fetch_add(1, Ordering::AcqRel);
+            self.u64_at(at!(RingHeader, meta_dropped)).fetch_add(1, Ordering::AcqRel);
             return false;
         }
         // SAFETY: [off, off + need) lies in the metadata region (checked against its capacity), which only
@@ -568,7 +680,7 @@ impl RingWriter {
             std::ptr::copy_nonoverlapping(kind.to_le_bytes().as_ptr(), p.add(4), 2);
             std::ptr::copy_nonoverlapping(payload.as_ptr(), p.add(6), payload.len());
         }
-        self.u64_at(80).store(len + need, Ordering::Release);
+        self.u64_at(at!(RingHeader, meta_len)).store(len + need, Ordering::Release);
         true
     }
 
@@ -604,8 +716,8 @@ impl RingWriter {
         }
         let tail = ring.records.front().map_or(start, |r| r.pos);
         let ch = self.chunks_offset;
-        self.u64_at(120).store(tail, Ordering::Release);
-        self.u64_at(128).store(ring.evicted, Ordering::Release);
+        self.u64_at(at!(RingHeader, chunks_tail)).store(tail, Ordering::Release);
+        self.u64_at(at!(RingHeader, chunks_evicted)).store(ring.evicted, Ordering::Release);
         let is_events = h.kind.get() == crate::chunk::kind::EVENTS;
         let thread_id = h.thread_id.get();
         let t = ring.threads.entry(thread_id).or_default();
@@ -647,7 +759,7 @@ impl RingWriter {
             last_ts: h.last_ts.get(),
         });
         ring.head = new_head;
-        self.u64_at(112).store(new_head, Ordering::Release);
+        self.u64_at(at!(RingHeader, chunks_head)).store(new_head, Ordering::Release);
         Ok(())
     }
 
@@ -695,7 +807,7 @@ impl RingWriter {
     /// The recording ended cleanly: marks the file so and removes it (the mapping stays valid for the
     /// buffers that still point into it, until the last reference goes).
     pub fn finish(&self) -> std::io::Result<()> {
-        self.u32_at(20).store(file_state::ENDED, Ordering::Release);
+        self.u32_at(at!(RingHeader, state)).store(file_state::ENDED, Ordering::Release);
         if self.file.is_none() {
             return Ok(());
         }
@@ -717,11 +829,15 @@ unsafe fn scan_slots(base: *const u8, layout: Layout, slots_offset: u64, until: 
         let mut out = Vec::new();
         for i in 0..layout.max_slots as u64 {
             let e = HEADER_SIZE + i * ENTRY_SIZE;
-            let st = u32_at(e + 16);
+            let st = u32_at(e + at!(SlotEntry, state));
             if st != state::FILLING && st != state::FULL {
                 continue;
             }
-            let (thread_id, start_ticks, len) = (u64_at(e), u64_at(e + 8), u32_at(e + 20));
+            let (thread_id, start_ticks, len) = (
+                u64_at(e + at!(SlotEntry, thread_id)),
+                u64_at(e + at!(SlotEntry, start_ticks)),
+                u32_at(e + at!(SlotEntry, len)),
+            );
             let slot = base.add((slots_offset + i * layout.slot_bytes()) as usize);
             let mut events = Vec::new();
             let mut last = start_ticks;
@@ -818,32 +934,35 @@ impl RingFile {
         if map.len() < HEADER_SIZE as usize || map[0..8] != MAGIC {
             return Err(bad("not an Ocular ring file (no OCLRING magic)".into()));
         }
-        let u16_at = |o: usize| u16::from_le_bytes(map[o..o + 2].try_into().expect("2 bytes"));
-        let u32_at = |o: usize| u32::from_le_bytes(map[o..o + 4].try_into().expect("4 bytes"));
-        let u64_at = |o: usize| u64::from_le_bytes(map[o..o + 8].try_into().expect("8 bytes"));
-        if u16_at(8) != MAJOR {
-            return Err(bad(format!("ring file version {}.{}, this Ocular reads {MAJOR}.x", u16_at(8), u16_at(10))));
+        // A copy: a recording may still be changing the header's counters.
+        let (h, _) = RingHeader::read_from_prefix(&map[..]).expect("checked: at least HEADER_SIZE bytes");
+        if h.major.get() != MAJOR {
+            return Err(bad(format!(
+                "ring file version {}.{}, this Ocular reads {MAJOR}.x",
+                h.major.get(),
+                h.minor.get()
+            )));
         }
         // 1.0 files have zeros where 1.1 describes the chunk region: no region.
-        let (chunks_offset, chunks_capacity) = (u64_at(96), u64_at(104));
+        let (chunks_offset, chunks_capacity) = (h.chunks_offset.get(), h.chunks_capacity.get());
         // 1.0 and 1.1 files have zeros where 1.2 places the slot extension table: none.
-        let ext_offset = u64_at(136);
+        let ext_offset = h.slot_ext_offset.get();
         let layout = Layout {
-            slot_events: u32_at(40),
-            max_slots: u32_at(44),
-            meta_capacity: u64_at(72),
+            slot_events: h.slot_events.get(),
+            max_slots: h.max_slots.get(),
+            meta_capacity: h.meta_capacity.get(),
             chunks_capacity: if chunks_offset == 0 { 0 } else { chunks_capacity },
             slot_ext: ext_offset != 0,
         };
-        let (slots_offset, meta_offset) = (u64_at(56), u64_at(64));
-        let (head, tail) = (u64_at(112), u64_at(120));
+        let (slots_offset, meta_offset) = (h.slots_offset.get(), h.meta_offset.get());
+        let (head, tail) = (h.chunks_head.get(), h.chunks_tail.get());
         let fits = layout.offsets().is_some_and(|(s, m, c, size)| {
             s == slots_offset
                 && layout.ext_offset() == ext_offset
                 && m == meta_offset
                 && c == chunks_offset
                 && size <= map.len() as u64
-                && u64_at(48) == HEADER_SIZE
+                && h.slot_table_offset.get() == HEADER_SIZE
                 && tail <= head
                 && head - tail <= layout.chunks_capacity
         });
@@ -856,9 +975,9 @@ impl RingFile {
                 layout.meta_capacity
             )));
         }
-        let trace_len = u32_at(144) as usize;
+        let trace_len = h.trace_len.get() as usize;
         let trace = (trace_len > 0 && trace_len <= TRACE_MAX).then(|| {
-            let bytes = &map[TRACE_AT..TRACE_AT + trace_len];
+            let bytes = &h.trace[..trace_len];
             #[cfg(unix)]
             let p = PathBuf::from(<std::ffi::OsStr as std::os::unix::ffi::OsStrExt>::from_bytes(bytes));
             #[cfg(not(unix))]
@@ -867,11 +986,11 @@ impl RingFile {
         });
         Ok(RingFile {
             trace,
-            pid: u32_at(16),
-            state: u32_at(20),
-            start_ticks: u64_at(24),
-            meta_dropped: u64_at(88),
-            chunks_evicted: u64_at(128),
+            pid: h.pid.get(),
+            state: h.state.get(),
+            start_ticks: h.start_ticks.get(),
+            meta_dropped: h.meta_dropped.get(),
+            chunks_evicted: h.chunks_evicted.get(),
             layout,
             slots_offset,
             meta_offset,
@@ -894,7 +1013,7 @@ impl RingFile {
 
     /// The metadata records (kind, payload), up to the first that does not fit the region.
     pub fn meta(&self) -> Vec<(u16, &[u8])> {
-        let len = self.u64_at(80).min(self.layout.meta_capacity);
+        let len = self.u64_at(at!(RingHeader, meta_len)).min(self.layout.meta_capacity);
         let region = &self.map[self.meta_offset as usize..(self.meta_offset + len) as usize];
         let mut out = Vec::new();
         let mut at = 0usize;
