@@ -72,6 +72,21 @@ pub struct ChunkHeader {
 pub const CHUNK_HEADER_LEN: usize = 56;
 const _: () = assert!(std::mem::size_of::<ChunkHeader>() == CHUNK_HEADER_LEN);
 
+/// The chunks laid end to end in `bytes` as a writer wrote them (a copy of a trace's chunks, not a file to
+/// check: the reader does that): each one's header and its whole bytes, header included. A chunk cut off
+/// at the end is given as far as it goes.
+pub fn chunks(bytes: &[u8]) -> impl Iterator<Item = (ChunkHeader, &[u8])> {
+    let mut at = 0usize;
+    std::iter::from_fn(move || {
+        let head = bytes.get(at..at.checked_add(CHUNK_HEADER_LEN)?)?;
+        let (header, _) = ChunkHeader::read_from_prefix(head).ok()?;
+        let end = at.saturating_add(CHUNK_HEADER_LEN).saturating_add(header.stored_len.get() as usize).min(bytes.len());
+        let chunk = &bytes[at..end];
+        at = end;
+        Some((header, chunk))
+    })
+}
+
 impl ChunkHeader {
     /// The CRC this header should carry for `payload`.
     pub fn compute_crc(&self, payload: &[u8]) -> u32 {
@@ -197,4 +212,28 @@ pub mod codec {
 
 pub(crate) fn hex(bytes: &[u8]) -> String {
     bytes.iter().map(|b| format!("{b:02x}")).collect::<Vec<_>>().join(" ")
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use zerocopy::FromZeros;
+
+    fn chunk(kind: u16, payload: &[u8]) -> Vec<u8> {
+        let mut h = ChunkHeader::new_zeroed();
+        h.sync = SYNC;
+        h.kind = kind.into();
+        h.stored_len = (payload.len() as u32).into();
+        [h.as_bytes(), payload].concat()
+    }
+
+    #[test]
+    fn chunks_splits_what_a_writer_laid_end_to_end_and_gives_a_cut_one_as_far_as_it_goes() {
+        let (a, b, c) = (chunk(kind::EVENTS, &[1; 10]), chunk(kind::SNAPSHOT, &[]), chunk(kind::CODE, &[3; 40]));
+        let bytes = [&a[..], &b[..], &c[..c.len() - 15]].concat();
+        let got: Vec<(u16, &[u8])> = chunks(&bytes).map(|(h, bytes)| (h.kind.get(), bytes)).collect();
+        assert_eq!(got, vec![(kind::EVENTS, &a[..]), (kind::SNAPSHOT, &b[..]), (kind::CODE, &c[..c.len() - 15])]);
+        // A tail shorter than a header is no chunk.
+        assert_eq!(chunks(&bytes[..a.len() + 20]).count(), 1);
+    }
 }

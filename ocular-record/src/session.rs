@@ -944,20 +944,14 @@ impl WriterJob {
             d.process(p)?;
         }
         let mut snapshots = Vec::new();
-        let mut at_byte = 0usize;
-        while at_byte + ocular_format::chunk::CHUNK_HEADER_LEN <= meta.len() {
-            let kind = u16::from_le_bytes([meta[at_byte + 4], meta[at_byte + 5]]);
-            let len = u32::from_le_bytes(meta[at_byte + 8..at_byte + 12].try_into().expect("4 bytes")) as usize;
-            let end = (at_byte + ocular_format::chunk::CHUNK_HEADER_LEN + len).min(meta.len());
-            let chunk = &meta[at_byte..end];
-            match kind {
+        for (header, chunk) in ocular_format::chunk::chunks(meta) {
+            match header.kind.get() {
                 // The dump is a whole trace: no ring to complete it from.
                 ocular_format::chunk::kind::RING => {}
                 // After every EVENTS chunk (FORMAT.md 3.2).
                 ocular_format::chunk::kind::SNAPSHOT => snapshots.push(chunk),
                 _ => d.copy_chunk(chunk)?,
             }
-            at_byte = end;
         }
         for dr in ring.dropped() {
             out.dropped += dr.events;
