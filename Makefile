@@ -76,12 +76,16 @@ wheels: check-python ## manylinux wheels into dist/, one per Python (NEW_PYTHONS
 test-wheel: check-python ## the first Python's wheel installed in a fresh venv without Rust: record and analyze with the ocular and ocular-analyze commands
 	scripts/test-wheel.sh $(firstword $(PYTHONS))
 
-lint: ## rustfmt, clippy with warnings as errors, docs without warnings
+lint: check-python ## rustfmt, clippy with warnings as errors, docs without warnings, the extension's stub against the extension (stubtest)
 	$(CARGO) fmt --all -- --check
 	$(CARGO) clippy --workspace --all-targets --locked -- -D warnings
 	$(CARGO) clippy -p ocular-analyze --all-targets --locked $(ANALYZE_FEATURES) -- -D warnings
 	PYO3_PYTHON=$(firstword $(PYTHONS)) $(CARGO) clippy -p ocular-record --features python --locked -- -D warnings
 	RUSTDOCFLAGS="-D warnings" $(CARGO) doc --workspace --no-deps --locked
+	@# The typed stub (python/ocular/_ocular.pyi) says what the built extension has: names, signatures, classes.
+	@venv=$$(scripts/venv.sh $(firstword $(PYTHONS)) | tail -n 1); set -e; \
+	    $$venv/bin/python -m pip install -q --disable-pip-version-check "mypy>=1.18"; \
+	    $$venv/bin/python -m mypy.stubtest ocular._ocular --ignore-disjoint-bases
 
 bench: bench-format bench-record bench-truth bench-analyze bench-startup bench-after-stop bench-flight bench-live bench-counters bench-follow ## every benchmark (prints tables; see BENCHMARKS.md)
 

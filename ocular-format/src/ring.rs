@@ -32,7 +32,7 @@ pub const ENTRY_SIZE: u64 = std::mem::size_of::<SlotEntry>() as u64;
 pub const EXT_SIZE: u64 = std::mem::size_of::<SlotExt>() as u64;
 
 /// The header (RING.md 3.1), field by field, little-endian. The fields a recording changes while it runs
-/// (`state`, `meta_len`, `meta_dropped`, `chunks_*`) are stored atomically at their offsets ([`at`]); the
+/// (`state`, `meta_len`, `meta_dropped`, `chunks_*`) are stored atomically at their offsets (their `offset_of!`); the
 /// others are written once, before the file is shared.
 #[repr(C)]
 #[derive(Debug, FromBytes, IntoBytes, KnownLayout, Immutable, Unaligned)]

@@ -2,12 +2,20 @@
 
 from os import PathLike
 from types import CodeType
-from typing import Any, Callable
+from typing import Any, Callable, final
+
+__all__ = ["ticks", "ticks_per_second", "clock_point", "start", "stop", "dump", "ring_path", "counter_errors",
+           "abandon_after_fork", "is_recording", "start_windows", "due_stacks_usable", "read", "file_events",
+           "own_sigterm", "complete_trace", "info", "hot", "stats", "export_chrome", "cli", "parse_run", "table",
+           "ArrowTable", "attach", "LiveCursor", "callbacks", "callbacks_gapless", "bench_callbacks", "TSC",
+           "FAST_INTS", "FRAME_FIELD"]
 
 TSC: bool
 callbacks: dict[str, Callable[..., Any]]
 callbacks_gapless: dict[str, Callable[..., Any]]
 FAST_INTS: bool
+# Where the running frame's pointer lies in this interpreter's thread state (0: not found).
+FRAME_FIELD: int
 bench_callbacks: dict[str, Callable[..., Any]]
 
 def ticks() -> int: ...
@@ -50,6 +58,7 @@ def complete_trace(path: str | PathLike[str]) -> tuple[int, int] | None: ...
 def file_events(path: str | PathLike[str]) -> tuple[int, int | None]: ...
 def attach(pid: int | None = None, path: str | PathLike[str] | None = None) -> LiveCursor: ...
 
+@final
 class LiveCursor:
     @property
     def pid(self) -> int: ...
@@ -81,6 +90,7 @@ def table(
     end_ns: int | None = None,
 ) -> tuple[ArrowTable, list[str]]: ...
 
+@final
 class ArrowTable:
     def __len__(self) -> int: ...
     def __arrow_c_stream__(self, requested_schema: object | None = None) -> object: ...

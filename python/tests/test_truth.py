@@ -24,6 +24,7 @@ pytestmark = pytest.mark.skipif(not ANALYZE, reason="OCULAR_ANALYZE (the analyze
 # Every iteration costs the same: a float addition, over itertools.repeat (range() would hand the longer
 # loop ints above 255, which CPython allocates, and the shorter one cached small ints).
 FUNCTIONS = """
+import time
 from itertools import repeat
 
 def light():
@@ -44,7 +45,10 @@ def main():
         light()
         light()
 
+# The share of the run the program had a CPU for: below 1 where other processes took it.
+wall, cpu = time.perf_counter(), time.process_time()
 main()
+print(round((time.process_time() - cpu) / (time.perf_counter() - wall), 3))
 """
 
 # The loop runs in the program's own measurement; the call after it is what the recorder sees next of its
@@ -107,7 +111,15 @@ def test_the_default_counts_functions_called_past_the_threshold_exactly(tmp_path
 
 
 def test_sampled_functions_called_past_the_threshold_keep_their_share_and_say_they_are_estimated(tmp_path):
-    path, _ = record(tmp_path, "functions", FUNCTIONS, sampled=True)
+    # A window in which the program lost its CPU to another process sees fewer calls than its length stands
+    # for: counts read low, past their interval (31,499 for 40,000 ±5,760 beside two busy loops on two
+    # cores; docs/costs-and-figures.md says so). The interval is checked on a run that had its CPU; after
+    # three shared ones, the bound is the one a shared CPU keeps.
+    for attempt in range(3):
+        path, out = record(tmp_path, "functions", FUNCTIONS, sampled=True)
+        cpu_share = float(out.split()[-1])
+        if cpu_share >= 0.9:
+            break
     rows = stats(path)
     heavy, light, main = rows["heavy"], rows["light"], rows["main"]
     # Calls: 40,000 and 80,000: the first 50,000 calls of the run recorded whole (the first window), the
@@ -115,7 +127,8 @@ def test_sampled_functions_called_past_the_threshold_keep_their_share_and_say_th
     assert heavy["calls_estimated"] and light["calls_estimated"]
     # Each within 10% or inside its 95% interval (12% low, inside it, in one run on a busy machine).
     for row, truth in ((heavy, 40000), (light, 80000)):
-        assert abs(row["calls"] - truth) <= max(0.1 * truth, row["calls_ci95"]), row
+        bound = max(0.1 * truth, row["calls_ci95"]) if cpu_share >= 0.9 else 0.35 * truth
+        assert abs(row["calls"] - truth) <= bound, (row, cpu_share)
     assert heavy["observed_calls"] < heavy["calls"]
     # Time: heavy 2/3 of the two, by construction; nothing of it lands in main, the caller.
     share = heavy["exclusive_ms"] / (heavy["exclusive_ms"] + light["exclusive_ms"])
