@@ -80,13 +80,7 @@ def _run(opts: dict, prog: str) -> int:
             runpy.run_module(module, run_name="__main__", alter_sys=True)
 
     try:
-        rec = Recording(opts["output"], opts["mode"], opts["threshold"], opts["include"], opts["exclude"],
-                        sampled=opts["sampled"], window_period=opts["window_period"],
-                        window_length=opts["window_length"],
-                        buffer_events=opts["buffer_events"], max_buffers=opts["max_buffers"],
-                        on_full=opts["on_full"], ring_file=opts["ring_file"], ring=opts["ring"],
-                        dump_on=opts["dump_on"], live=opts["live"], counters=opts["counters"], perf=opts["perf"],
-                        follow=opts["follow"], c_calls=opts["c_calls"])
+        rec = Recording(opts["output"], **opts["options"])
     except ValueError as e:
         print(f"{prog} run: {e}", file=sys.stderr)
         return 2

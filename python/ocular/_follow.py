@@ -23,14 +23,15 @@ import random
 import shutil
 import sys
 
+from . import _options
+
 ENV = "OCULAR_FOLLOW"
 SITE_DIR = os.path.join(os.path.dirname(os.path.abspath(__file__)), "_site")
 PACKAGE_DIR = os.path.dirname(os.path.abspath(__file__))
 
-# The options a child's recording takes from its run (Recording's keyword arguments).
-OPTIONS = ("mode", "deinstrument_threshold", "include_only", "exclude", "buffer_events", "max_buffers", "on_full",
-           "ring_file", "ring", "live", "counters", "perf", "sampled", "window_period",
-           "window_length", "c_calls")
+# The recording options a child does not take from its run as they are: it follows its own children by
+# being one, and a signal dumps each process's flight recorder through the run's own setting.
+NOT_INHERITED = ("follow", "dump_on")
 
 
 def children_dir(path: str) -> str:
@@ -76,7 +77,7 @@ class Run:
             "dir": self.dir,
             "run_id": self.run_id,
             "package": PACKAGE_DIR,
-            "options": {name: getattr(rec, name) for name in OPTIONS},
+            "options": {name: getattr(rec, name) for name in _options.names() if name not in NOT_INHERITED},
             "dump_on": rec.dump_on,
         }
         self._saved: dict[str, str | None] = {}

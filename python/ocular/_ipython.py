@@ -35,11 +35,21 @@ class OptionError(ValueError):
     """A bad option of %ocular or %%ocular: its message is the one line the user sees."""
 
 
-# `python -m ocular run`'s options that make sense for one cell: the recording's. The others (--ring,
-# --live, --counters, -m, --no-follow, ...) are about a whole program's process and are refused by name.
-_VALUE_OPTIONS = {"-o", "--output", "--mode", "--threshold", "--include", "--exclude", "--window-period",
-                  "--window-length"}
-_FLAGS = {"-h", "--help", "--sampled"}
+# `python -m ocular run`'s options that make sense for one cell: -o and the recording's (the options
+# defined under "Recording", `_options.recording()`). The others (--ring, --live, --counters, -m,
+# --no-follow, ...) are about a whole program's process and are refused by name.
+def _value_options() -> set[str]:
+    from . import _options
+
+    return {"-o", "--output"} | {s["flag"] for s in _options.recording() if s["value_name"]}
+
+
+def _flags() -> set[str]:
+    from . import _options
+
+    return {"-h", "--help"} | {s["flag"] for s in _options.recording() if not s["value_name"]}
+
+
 # A shell-like word: unquoted characters and quoted stretches, no unquoted whitespace.
 _WORD = re.compile(r"""(?:[^\s"']+|"(?:[^"\\]|\\.)*"|'[^']*')+""")
 _SPACE = re.compile(r"\s*")
@@ -74,7 +84,7 @@ def _split(line: str, magic: str) -> tuple[list[str], str]:
         pos = m.end()
         if wants_value:
             wants_value = False
-        elif "=" not in arg and arg in _VALUE_OPTIONS:
+        elif "=" not in arg and arg in _value_options():
             wants_value = True
     if wants_value:
         raise OptionError(f"{magic}: {words[-1]} needs a value")
@@ -91,21 +101,7 @@ def _parser(magic: str):
         def exit(self, status: int = 0, message: str | None = None):  # after --help
             raise _Done
 
-    def threshold(s: str) -> int:
-        n = int(s)
-        if n < 0:
-            raise ValueError(s)
-        return n
-
-    threshold.__name__ = "threshold (an int >= 0, 0 = gapless)"
-
-    def ms(s: str) -> float:
-        v = float(s)
-        if not v > 0:
-            raise ValueError(s)
-        return v / 1e3
-
-    ms.__name__ = "number of milliseconds"
+    from . import _options
 
     p = Parser(prog=magic, allow_abbrev=False,
                usage="%(prog)s [-o PATH] [--mode M] [--threshold N] [--include P]... [--exclude P]..." +
@@ -116,20 +112,8 @@ def _parser(magic: str):
     p.add_argument("-o", "--output", metavar="PATH",
                    help="the trace file (default: cell-N.ocl in a temporary directory made for this session, "
                         "N the cell's execution count)")
-    p.add_argument("--mode", default="adaptive", choices=("calls", "adaptive", "precise"),
-                   help="calls: function boundaries; adaptive: plus jumps and branches; precise: plus every "
-                        "instruction")
-    p.add_argument("--threshold", type=threshold, default=500, metavar="N",
-                   help="stop recording a jump, branch or instruction after N hits (0 = gapless)")
-    p.add_argument("--sampled", action="store_true",
-                   help="record function boundaries in windows only: cheaper, calls and times estimated")
-    p.add_argument("--window-period", type=ms, metavar="MS", help="with --sampled: a window every MS ms")
-    p.add_argument("--window-length", type=ms, metavar="MS",
-                   help="with --sampled: each window lasts MS ms (default 0.5)")
-    p.add_argument("--include", action="append", default=[], metavar="P",
-                   help="record only code whose file or qualified name contains P (repeatable)")
-    p.add_argument("--exclude", action="append", default=[], metavar="P",
-                   help="do not record code whose file or qualified name contains P (repeatable)")
+    for spec in _options.recording():
+        p.add_argument(spec["flag"], **_options.argparse_kwargs(spec, spec["name"]))
     return p
 
 
@@ -147,11 +131,14 @@ def parse_options(line: str, magic: str = "%%ocular"):
         name = w.split("=", 1)[0]
         if value:
             value = False
-        elif name in _VALUE_OPTIONS:
+        elif name in _value_options():
             value = "=" not in w
-        elif name not in _FLAGS:
-            raise OptionError(f"{magic}: {name} is not an option here: a cell takes -o, --mode, --threshold, "
-                              f"--include, --exclude, --sampled, --window-period and --window-length")
+        elif name not in _flags():
+            from . import _options
+
+            flags = ["-o"] + [s["flag"] for s in _options.recording()]
+            raise OptionError(f"{magic}: {name} is not an option here: a cell takes {', '.join(flags[:-1])} "
+                              f"and {flags[-1]}")
     try:
         ns = _parser(magic).parse_args(words)
     except _Done:
@@ -199,6 +186,7 @@ def _cell_number(ip: Any) -> int:
 def _record(ip: Any, magic: str, line: str, cell: str | None) -> "Trace | None":
     from IPython.core.error import UsageError
 
+    from . import _options
     from ._analysis import load
     from ._recorder import Recording
     from .errors import OcularError
@@ -226,9 +214,7 @@ def _record(ip: Any, magic: str, line: str, cell: str | None) -> "Trace | None":
     me = threading.get_native_id()
     kernel_threads = {t.native_id: t.name for t in threading.enumerate() if t.native_id not in (None, me)}
     try:
-        rec = Recording(path, opts.mode, opts.threshold, opts.include or None, opts.exclude or None,
-                        sampled=opts.sampled, window_period=opts.window_period,
-                        window_length=opts.window_length)
+        rec = Recording(path, **{s["name"]: getattr(opts, s["name"]) for s in _options.recording()})
         rec.start()
     except (OcularError, ValueError, OSError) as e:
         raise UsageError(f"{magic}: cannot record: {e}") from None

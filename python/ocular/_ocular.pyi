@@ -6,7 +6,8 @@ from typing import Any, Callable, final
 
 __all__ = ["ticks", "ticks_per_second", "clock_point", "start", "stop", "dump", "ring_path", "counter_errors",
            "abandon_after_fork", "is_recording", "start_windows", "due_stacks_usable", "read", "file_events",
-           "own_sigterm", "complete_trace", "info", "hot", "stats", "export_chrome", "cli", "parse_run", "table",
+           "own_sigterm", "complete_trace", "info", "hot", "stats", "export_chrome", "cli", "parse_run", "record_options",
+           "record_option_specs", "table",
            "ArrowTable", "attach", "LiveCursor", "callbacks", "callbacks_gapless", "bench_callbacks", "TSC",
            "FAST_INTS", "FRAME_FIELD"]
 
@@ -72,6 +73,8 @@ class LiveCursor:
 # The analyzer, inside the same extension: what ``ocular.load()`` and ``python -m ocular`` call.
 def cli(argv: list[str], prog: str = "ocular-analyze") -> int: ...
 def parse_run(argv: list[str], prog: str = "python -m ocular") -> dict[str, Any] | int: ...
+def record_options(prog: str = "python -m ocular") -> dict[str, Any]: ...
+def record_option_specs(prog: str = "python -m ocular") -> list[dict[str, Any]]: ...
 def info(path: str | PathLike[str], salvage: bool = False) -> dict[str, Any]: ...
 def stats(
     path: str | PathLike[str], per_thread: bool = False, salvage: bool = False

@@ -21,7 +21,7 @@ import warnings
 
 import pytest
 
-from ._recorder import MODES, record
+from ._recorder import record
 
 TYPE_CHECKING = False
 if TYPE_CHECKING:
@@ -57,15 +57,16 @@ def pytest_addoption(parser: pytest.Parser) -> None:
                 help="record each test into its own trace in DIR (made if missing), named after its id")
     g.addoption("--ocular-session", metavar="PATH", default=None,
                 help="record the whole session (collection, every test) into one trace")
-    g.addoption("--ocular-mode", choices=MODES, default="adaptive",
-                help="calls: function boundaries; adaptive: plus jumps and branches; precise: plus every "
-                     "instruction (default: adaptive)")
-    g.addoption("--ocular-threshold", metavar="N", type=int, default=500,
-                help="stop recording a jump, branch or instruction after N hits (0 = gapless; default 500)")
-    g.addoption("--ocular-include", metavar="P", action="append", default=[],
-                help="record only code whose file or qualified name contains P (repeatable)")
-    g.addoption("--ocular-exclude", metavar="P", action="append", default=[],
-                help="do not record code whose file or qualified name contains P (repeatable)")
+    # The recording's options (python -m ocular run's, defined once in the extension), prefixed. An
+    # interpreter the extension does not load in still gets --ocular, which then says why it cannot record.
+    try:
+        from . import _options
+
+        specs = _options.recording()
+    except ImportError:
+        specs = []
+    for spec in specs:
+        g.addoption("--ocular-" + spec["flag"][2:], **_options.argparse_kwargs(spec, "ocular_" + spec["name"]))
     g.addoption("--ocular-phases", choices=("call", "all"), default="call",
                 help="with --ocular: record the test's call only (default), or all: its setup and teardown too")
 
@@ -76,8 +77,6 @@ def pytest_configure(config: pytest.Config) -> None:
         return
     if opt.ocular is not None and opt.ocular_session is not None:
         raise pytest.UsageError("--ocular and --ocular-session record one at a time: give one of them")
-    if opt.ocular_threshold < 0:
-        raise pytest.UsageError(f"--ocular-threshold must be 0 or more, not {opt.ocular_threshold}")
     config.pluginmanager.register(OcularPlugin(config), "ocular-recorder")
 
 
@@ -98,8 +97,9 @@ class OcularPlugin:
     def __init__(self, config: pytest.Config) -> None:
         opt = config.option
         self.config = config
-        self.kwargs = dict(mode=opt.ocular_mode, deinstrument_threshold=opt.ocular_threshold,
-                           include_only=opt.ocular_include, exclude=opt.ocular_exclude)
+        from . import _options
+
+        self.kwargs = {s["name"]: getattr(opt, "ocular_" + s["name"]) for s in _options.recording()}
         self.phases = opt.ocular_phases
         self.worker = _xdist_worker(config)
         self.dir: str | None = None

@@ -209,8 +209,8 @@ def test_event_names_and_cli_option():
     assert event_names("calls", c_calls=True)[-3:] == ["CALL", "C_RETURN", "C_RAISE"]
     from ocular import _ocular
 
-    assert _ocular.parse_run(["run", "--c-calls", "x.py"])["c_calls"] is True
-    assert _ocular.parse_run(["run", "x.py"])["c_calls"] is False
+    assert _ocular.parse_run(["run", "--c-calls", "x.py"])["options"]["c_calls"] is True
+    assert _ocular.parse_run(["run", "x.py"])["options"]["c_calls"] is False
 
 
 @pytest.mark.parametrize("sampled", [False, True], ids=["default", "sampled"])

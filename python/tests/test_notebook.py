@@ -235,12 +235,12 @@ def test_repr_html_leaves_the_kernels_threads_out():
 
 def test_options_are_runs():
     ns, rest = parse_options("--mode calls --threshold 0 -o 'my trace.ocl' --include app --include lib", "%%ocular")
-    assert (ns.mode, ns.threshold, ns.output, ns.include, ns.exclude, rest) == (
+    assert (ns.mode, ns.deinstrument_threshold, ns.output, ns.include_only, ns.exclude, rest) == (
         "calls", 0, "my trace.ocl", ["app", "lib"], [], "")
     ns, rest = parse_options("--mode=precise --window-period 20 f(x, '-y  z')", "%ocular")
     assert (ns.mode, ns.window_period, rest) == ("precise", 0.02, "f(x, '-y  z')")
     ns, rest = parse_options("-- -x + 1", "%ocular")
-    assert (ns.mode, ns.threshold, rest) == ("adaptive", 500, "-x + 1")
+    assert (ns.mode, ns.deinstrument_threshold, rest) == ("adaptive", 500, "-x + 1")
 
 
 @pytest.mark.parametrize("magic,line,message", [
@@ -248,11 +248,11 @@ def test_options_are_runs():
      "%%ocular: argument --mode: invalid choice: 'fast' (choose from 'calls', 'adaptive', 'precise') "
      "(%%ocular --help lists the options)"),
     ("%%ocular", "--threshold -1",
-     "%%ocular: argument --threshold: invalid threshold (an int >= 0, 0 = gapless) value: '-1' "
+     "%%ocular: argument --threshold: invalid int >= 0 value: '-1' "
      "(%%ocular --help lists the options)"),
     ("%%ocular", "--ring 64MB",
      "%%ocular: --ring is not an option here: a cell takes -o, --mode, --threshold, --include, --exclude, "
-     "--sampled, --window-period and --window-length"),
+     "--sampled, --window-period, --window-length and --c-calls"),
     ("%%ocular", "--mode calls f()", "%%ocular: 'f()' is not an option: the code goes in the cell, below the "
                                      "%%ocular line"),
     ("%%ocular", "-o", "%%ocular: -o needs a value"),

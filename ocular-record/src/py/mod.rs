@@ -909,6 +909,8 @@ fn _ocular(m: &Bound<'_, PyModule>) -> PyResult<()> {
     m.add_function(wrap_pyfunction!(analyze::export_chrome, m)?)?;
     m.add_function(wrap_pyfunction!(analyze::cli, m)?)?;
     m.add_function(wrap_pyfunction!(cli::parse_run, m)?)?;
+    m.add_function(wrap_pyfunction!(cli::record_options, m)?)?;
+    m.add_function(wrap_pyfunction!(cli::record_option_specs, m)?)?;
     m.add_function(wrap_pyfunction!(analyze::table, m)?)?;
     m.add_class::<analyze::ArrowTable>()?;
     m.add_function(wrap_pyfunction!(live::attach, m)?)?;
