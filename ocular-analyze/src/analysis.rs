@@ -479,6 +479,9 @@ struct ThreadState {
     lead_on_due: bool,
     /// This thread's calls count from the current window's due moment (FORMAT.md 5.7, calls from due).
     calls_from_due: bool,
+    /// The window's stack ended in a frame at its first instruction (code id, and whether the opening
+    /// counted it as a call), until the thread's next event: that frame's PY_START may come next.
+    started_at_open: Option<(u32, bool)>,
     /// Missed windows (5.7) in which this thread was running Python code, since its last opened window:
     /// their calls were not recorded, and the next opened window's stand for them too.
     missed_running: u32,
@@ -1478,6 +1481,28 @@ fn step(
     ts.count += 1;
     let count = ts.count;
     let Some(kind) = e.event_kind() else { return };
+    // CPython's INSTRUMENTED_RESUME runs pending calls, a window's opening among them, before it fires
+    // PY_START: the frame the opening's stack found at its first instruction then starts here, recorded in
+    // the window. It is the same call (counting both read 25 calls of a function called 24 times).
+    let started_at_open = ts.started_at_open.take();
+    if kind == EventKind::PY_START && ts.stack.last().is_some_and(|f| f.code == id) {
+        match started_at_open {
+            Some((code, true)) if code == id => return,
+            Some((code, false)) if code == id => {
+                let s = per.entry(id).or_default();
+                s.parts.starts += 1;
+                if ts.phase == Phase::Complete {
+                    s.parts.calls[0] += 1;
+                } else if t < ts.calls_until {
+                    s.parts.calls[1] += 1;
+                    ts.window_funcs.entry(id).or_default()[2] += 1.0;
+                }
+                count_call(ts, t, tree);
+                return;
+            }
+            _ => {}
+        }
+    }
     match kind {
         EventKind::PY_START => per.entry(id).or_default().parts.starts += 1,
         EventKind::COUNT => {
@@ -1583,7 +1608,11 @@ fn step(
                     pop(ts, t, tree, per, tables);
                 }
                 push(ts, id, t, off, tables, tree);
-                if at_start && ts.calls_from_due && t < ts.calls_until {
+                let counted = at_start && ts.calls_from_due && t < ts.calls_until;
+                if at_start {
+                    ts.started_at_open = Some((id, counted));
+                }
+                if counted {
                     // The window opened at this call's first instruction, inside its span (5.7): the call
                     // started in the window, though no PY_START of it is recorded.
                     // Known to have happened, as a recorded one: no COUNT of it either.

@@ -355,3 +355,35 @@ fn a_missed_window_written_after_later_events_still_stands_for_its_length() {
     // Two windows of 100 ticks (1 us each), each standing for 20 times its length.
     assert!((f.inclusive_ms - 4.0).abs() < 1e-6, "{f:?}");
 }
+
+/// CPython's INSTRUMENTED_RESUME runs pending calls (a window's opening) before it fires PY_START: a window
+/// whose stack ends in a frame at its first instruction can be followed by that frame's PY_START, which is
+/// the same call, not a second one (a function called 24 times read 25). Without the PY_START (a plain
+/// RESUME, the function's PY_START switched off outside windows), the opening's stack alone counts it.
+#[test]
+fn a_call_a_window_found_at_its_first_instruction_is_counted_once_whether_its_py_start_follows_or_not() {
+    use ocular_format::event::due::CALLS_FROM_DUE;
+    use EventKind::*;
+    for py_start in [false, true] {
+        let mut e = vec![
+            ev(0, 0, 0, u32::MAX, WINDOW),
+            ev(0, MAIN, 0, 0, PY_START),
+            ev(1000, 0, 0, 0, WINDOW_END),
+            ev(2000, 0, 1, 100, WINDOW),
+            ev(2000, 0, CALLS_FROM_DUE, 1, DUE),
+            ev(2000, MAIN, 0, 0, DUE_STACK),
+            ev(2000, MAIN, 2, 0, STACK),
+            ev(2000, F, 0, 1, STACK),
+        ];
+        if py_start {
+            e.push(ev(2010, F, 0, 0, PY_START));
+        }
+        e.push(ev(2050, F, 2, 0, PY_RETURN));
+        e.push(ev(3000, MAIN, 2, 0, JUMP));
+        let (_dir, path) = write_trace(&e, &[], 3000);
+        let a = analyze(&path, Default::default()).unwrap();
+        let rows = stats::rows(&a, false, stats::SortBy::Exclusive);
+        let f = rows.iter().find(|r| r.function == "f").expect("f");
+        assert_eq!(f.observed_calls, 1, "PY_START after the stack: {py_start}; {f:?}");
+    }
+}
