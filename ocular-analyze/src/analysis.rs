@@ -1271,6 +1271,17 @@ pub fn analyze(path: &Path, opts: ReadOptions) -> ocular_format::Result<Analysis
     Ok(a)
 }
 
+/// A call of `id` recorded at `t`: in the complete part, or in a window while its calls count.
+fn recorded_call(ts: &mut ThreadState, per: &mut HashMap<u32, FunctionStats>, id: u32, t: u64) {
+    let s = per.entry(id).or_default();
+    if ts.phase == Phase::Complete {
+        s.parts.calls[0] += 1;
+    } else if t < ts.calls_until {
+        s.parts.calls[1] += 1;
+        ts.window_funcs.entry(id).or_default()[2] += 1.0;
+    }
+}
+
 /// A `DUE` marker (FORMAT.md 5.7), after its window's `WINDOW`: how the window's calls count, and whether
 /// the stack at the due moment follows.
 fn due_marker(ts: &mut ThreadState, e: &RawEvent) {
@@ -1489,14 +1500,8 @@ fn step(
         match started_at_open {
             Some((code, true)) if code == id => return,
             Some((code, false)) if code == id => {
-                let s = per.entry(id).or_default();
-                s.parts.starts += 1;
-                if ts.phase == Phase::Complete {
-                    s.parts.calls[0] += 1;
-                } else if t < ts.calls_until {
-                    s.parts.calls[1] += 1;
-                    ts.window_funcs.entry(id).or_default()[2] += 1.0;
-                }
+                per.entry(id).or_default().parts.starts += 1;
+                recorded_call(ts, per, id, t);
                 count_call(ts, t, tree);
                 return;
             }
@@ -1627,13 +1632,7 @@ fn step(
         }
         EventKind::PY_START | EventKind::PY_RESUME | EventKind::PY_THROW => {
             if kind == EventKind::PY_START {
-                let s = per.entry(id).or_default();
-                if ts.phase == Phase::Complete {
-                    s.parts.calls[0] += 1;
-                } else if t < ts.calls_until {
-                    s.parts.calls[1] += 1;
-                    ts.window_funcs.entry(id).or_default()[2] += 1.0;
-                }
+                recorded_call(ts, per, id, t);
             }
             call_from_loop(ts, t, tables);
             push(ts, id, t, off, tables, tree);
@@ -1655,13 +1654,7 @@ fn step(
         EventKind::CALL => {
             // A call of a C function (FORMAT.md 5.4): a frame under its Python caller, counted as a call.
             let Some(code) = c_code_id(e.arg.get()) else { return };
-            let s = per.entry(code).or_default();
-            if ts.phase == Phase::Complete {
-                s.parts.calls[0] += 1;
-            } else if t < ts.calls_until {
-                s.parts.calls[1] += 1;
-                ts.window_funcs.entry(code).or_default()[2] += 1.0;
-            }
+            recorded_call(ts, per, code, t);
             call_from_loop(ts, t, tables);
             push(ts, code, t, off, tables, tree);
             ts.stack.last_mut().expect("pushed").c_site = Some((id, off));
