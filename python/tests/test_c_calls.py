@@ -160,18 +160,24 @@ def test_c_calls_are_functions_counted_exactly_in_calls_mode(program, ocl):
 
 
 def test_times_c_functions_out_of_their_caller(program, ocl):
-    # A preemption inside one of neg's 0.3 us calls (4 ms once, beside two busy loops) outweighs all the
-    # others and breaks the split by count below: such a run is retried, not the bound widened.
-    for attempt in range(3):
+    # A preemption inside one of neg's 0.3 us calls (4 ms once, beside two busy loops), or inside map()'s
+    # making of its iterator (4.2 ms once), outweighs all the others and breaks the splits below: such a run
+    # is retried, not the bounds widened.
+    def preempted(rows):
+        srt, neg = rows["builtins.sorted"], rows["neg"]
+        # sorted's inclusive time contains its key function's (1,000 of neg's 1,500 calls; map's 500 are
+        # list's: two thirds of neg's time by count, not exactly by time, which read 6 us short of 0.9 of it
+        # once); list's holds map's iterator's work, map's own call only makes the iterator.
+        return (srt["inclusive_ms"] < srt["exclusive_ms"] + neg["inclusive_ms"] * 1000 / 1500 * 0.8
+                or rows["builtins.list"]["inclusive_ms"] < rows["builtins.map"]["inclusive_ms"])
+
+    for attempt in range(4):
         with ocular.record(ocl, mode="calls", c_calls=True):
             program.work()
         rows = stats(ocl)
-        work, srt, neg = rows["work"], rows["builtins.sorted"], rows["neg"]
-        # sorted's inclusive time contains its key function's (1,000 of neg's 1,500 calls; map's 500 are
-        # list's: two thirds of neg's time by count, not exactly by time, which read 6 us short of 0.9 of it
-        # once)
-        if srt["inclusive_ms"] >= srt["exclusive_ms"] + neg["inclusive_ms"] * 1000 / 1500 * 0.8 or attempt == 2:
+        if not preempted(rows):
             break
+    work, srt, neg = rows["work"], rows["builtins.sorted"], rows["neg"]
     assert srt["inclusive_ms"] >= srt["exclusive_ms"] + neg["inclusive_ms"] * 1000 / 1500 * 0.8, (srt, neg)
     # sorted of 300,000 items dominates work's own time, and is no longer in it
     assert srt["exclusive_ms"] > work["exclusive_ms"]
