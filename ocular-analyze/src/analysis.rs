@@ -482,6 +482,8 @@ struct ThreadState {
     /// The window's stack ended in a frame at its first instruction (code id, and whether the opening
     /// counted it as a call), until the thread's next event: that frame's PY_START may come next.
     started_at_open: Option<(u32, bool)>,
+    /// The code whose start (PY_START or COUNT) was the thread's last event, window markers aside.
+    started_last: Option<u32>,
     /// Missed windows (5.7) in which this thread was running Python code, since its last opened window:
     /// their calls were not recorded, and the next opened window's stand for them too.
     missed_running: u32,
@@ -1496,6 +1498,11 @@ fn step(
     // PY_START: the frame the opening's stack found at its first instruction then starts here, recorded in
     // the window. It is the same call (counting both read 25 calls of a function called 24 times).
     let started_at_open = ts.started_at_open.take();
+    ts.started_last = match kind {
+        EventKind::PY_START | EventKind::COUNT => Some(id),
+        EventKind::WINDOW | EventKind::WINDOW_END | EventKind::STACK => ts.started_last,
+        _ => None,
+    };
     if kind == EventKind::PY_START && ts.stack.last().is_some_and(|f| f.code == id) {
         match started_at_open {
             Some((code, true)) if code == id => return,
@@ -1613,7 +1620,9 @@ fn step(
                     pop(ts, t, tree, per, tables);
                 }
                 push(ts, id, t, off, tables, tree);
-                let counted = at_start && ts.calls_from_due && t < ts.calls_until;
+                // CPython 3.12's INSTRUMENTED_RESUME fires PY_START before it runs pending calls: a frame
+                // whose start was the thread's last event was counted then (a call read twice otherwise).
+                let counted = at_start && ts.calls_from_due && t < ts.calls_until && ts.started_last != Some(id);
                 if at_start {
                     ts.started_at_open = Some((id, counted));
                 }

@@ -387,3 +387,40 @@ fn a_call_a_window_found_at_its_first_instruction_is_counted_once_whether_its_py
         assert_eq!(f.observed_calls, 1, "PY_START after the stack: {py_start}; {f:?}");
     }
 }
+
+/// CPython 3.12's INSTRUMENTED_RESUME fires PY_START before it runs pending calls: a window's opening then
+/// finds at its first instruction a frame whose start (here counted outside windows) was the thread's
+/// last event. That call is counted once (c_hash, called 48 times, read 49).
+#[test]
+fn a_call_started_just_before_the_window_found_it_at_its_first_instruction_is_counted_once() {
+    use ocular_format::event::due::CALLS_FROM_DUE;
+    use EventKind::*;
+    let calls = |count_first: bool| {
+        let mut e = vec![
+            ev(0, 0, 0, u32::MAX, WINDOW),
+            ev(0, MAIN, 0, 0, PY_START),
+            ev(1000, 0, 0, 0, WINDOW_END),
+            ev(1500, G, 0, 0, COUNT),
+        ];
+        if count_first {
+            e.push(ev(1990, F, 0, 0, COUNT));
+        }
+        e.extend([
+            ev(2000, 0, 1, 100, WINDOW),
+            ev(2000, 0, CALLS_FROM_DUE, 1, DUE),
+            ev(2000, MAIN, 0, 0, DUE_STACK),
+            ev(2000, MAIN, 2, 0, STACK),
+            ev(2000, F, 0, 1, STACK),
+            ev(2050, F, 2, 0, PY_RETURN),
+            ev(3000, MAIN, 2, 0, JUMP),
+        ]);
+        let (_dir, path) = write_trace(&e, &[], 3000);
+        let a = analyze(&path, Default::default()).unwrap();
+        let rows = stats::rows(&a, false, stats::SortBy::Exclusive);
+        let f = rows.iter().find(|r| r.function == "f").expect("f");
+        (f.calls, f.observed_calls)
+    };
+    // Counted before the opening, or by the opening's stack: one call either way.
+    let (before, at_opening) = (calls(true), calls(false));
+    assert_eq!(before.0, at_opening.0, "counted first: {before:?}; by the stack: {at_opening:?}");
+}
