@@ -482,8 +482,9 @@ struct ThreadState {
     /// The window's stack ended in a frame at its first instruction (code id, and whether the opening
     /// counted it as a call), until the thread's next event: that frame's PY_START may come next.
     started_at_open: Option<(u32, bool)>,
-    /// The code whose start (PY_START or COUNT) was the thread's last event, window markers aside.
-    started_last: Option<u32>,
+    /// The code whose start (PY_START or COUNT) was the thread's last event, window markers aside, and
+    /// its tick.
+    started_last: Option<(u32, u64)>,
     /// Missed windows (5.7) in which this thread was running Python code, since its last opened window:
     /// their calls were not recorded, and the next opened window's stand for them too.
     missed_running: u32,
@@ -1499,7 +1500,7 @@ fn step(
     // the window. It is the same call (counting both read 25 calls of a function called 24 times).
     let started_at_open = ts.started_at_open.take();
     ts.started_last = match kind {
-        EventKind::PY_START | EventKind::COUNT => Some(id),
+        EventKind::PY_START | EventKind::COUNT => Some((id, t)),
         EventKind::WINDOW | EventKind::WINDOW_END | EventKind::STACK => ts.started_last,
         _ => None,
     };
@@ -1621,8 +1622,10 @@ fn step(
                 }
                 push(ts, id, t, off, tables, tree);
                 // CPython 3.12's INSTRUMENTED_RESUME fires PY_START before it runs pending calls: a frame
-                // whose start was the thread's last event was counted then (a call read twice otherwise).
-                let counted = at_start && ts.calls_from_due && t < ts.calls_until && ts.started_last != Some(id);
+                // whose start was the thread's last event, after the window fell due, was counted then (a
+                // call read twice otherwise). One before it, in an earlier window, was another call.
+                let started = ts.started_last.is_some_and(|(code, at)| code == id && at >= ts.window_from);
+                let counted = at_start && ts.calls_from_due && t < ts.calls_until && !started;
                 if at_start {
                     ts.started_at_open = Some((id, counted));
                 }
