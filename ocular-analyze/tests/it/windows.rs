@@ -395,18 +395,19 @@ fn a_call_a_window_found_at_its_first_instruction_is_counted_once_whether_its_py
 fn a_call_started_just_before_the_window_found_it_at_its_first_instruction_is_counted_once() {
     use ocular_format::event::due::CALLS_FROM_DUE;
     use EventKind::*;
-    let calls = |count_first: bool| {
+    // f's COUNT at `count_at` (None: none); the window fell due at 1950 (50 us before its opening at 2000).
+    let calls = |count_at: Option<u64>| {
         let mut e = vec![
             ev(0, 0, 0, u32::MAX, WINDOW),
             ev(0, MAIN, 0, 0, PY_START),
             ev(1000, 0, 0, 0, WINDOW_END),
             ev(1500, G, 0, 0, COUNT),
         ];
-        if count_first {
-            e.push(ev(1990, F, 0, 0, COUNT));
+        if let Some(at) = count_at {
+            e.push(ev(at, F, 0, 0, COUNT));
         }
         e.extend([
-            ev(2000, 0, 1, 100, WINDOW),
+            ev(2000, 50, 1, 100, WINDOW),
             ev(2000, 0, CALLS_FROM_DUE, 1, DUE),
             ev(2000, MAIN, 0, 0, DUE_STACK),
             ev(2000, MAIN, 2, 0, STACK),
@@ -420,7 +421,10 @@ fn a_call_started_just_before_the_window_found_it_at_its_first_instruction_is_co
         let f = rows.iter().find(|r| r.function == "f").expect("f");
         (f.calls, f.observed_calls)
     };
-    // Counted before the opening, or by the opening's stack: one call either way.
-    let (before, at_opening) = (calls(true), calls(false));
+    // Counted after the window fell due, or by the opening's stack: one call either way.
+    let (before, at_opening) = (calls(Some(1990)), calls(None));
     assert_eq!(before.0, at_opening.0, "counted first: {before:?}; by the stack: {at_opening:?}");
+    // Counted before it fell due (before the gap): another call, and the stack's is counted too.
+    let earlier = calls(Some(1200));
+    assert_eq!(earlier.0, at_opening.0 + 1, "an earlier call: {earlier:?}; by the stack: {at_opening:?}");
 }
