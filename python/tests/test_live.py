@@ -38,8 +38,10 @@ print(os.getpid(), flush=True)
 while not os.path.exists(go):
     time.sleep(0.005)
 def run():
-    for _ in range(rounds):
+    for i in range(rounds):
         wl.work(n)
+        if i == 0:
+            open(go + ".running", "w").close()  # in its loop: a snapshot from now on sees it work
         if pause:
             time.sleep(pause)
 ts = [threading.Thread(target=run) for _ in range(threads - 1)]
@@ -167,6 +169,11 @@ def test_top_once_and_json_show_the_hottest_function(tmp_path):
     p, pid, go, out = _start(tmp_path, rounds=100_000, n=20_000, mode="calls")
     try:
         go.write_text("")
+        # Sampled once the program is in its loop (a snapshot of a CI run once held no function at all).
+        running = tmp_path / "go.running"
+        deadline = time.monotonic() + 60
+        while not running.exists() and time.monotonic() < deadline:
+            time.sleep(0.01)
         r = subprocess.run([ANALYZE, "top", str(pid), "--json", "--seconds", "0.5"], capture_output=True,
                            text=True, timeout=60)
         assert r.returncode == 0, r.stderr
