@@ -42,6 +42,8 @@ def run():
         wl.work(n)
         if i == 0:
             open(go + ".running", "w").close()  # in its loop: a snapshot from now on sees it work
+        if i == rounds // 2:
+            open(go + ".half", "w").close()  # half done: more events made than a live ring holds
         if pause:
             time.sleep(pause)
 ts = [threading.Thread(target=run) for _ in range(threads - 1)]
@@ -100,20 +102,24 @@ def test_a_cursor_in_another_process_sees_what_the_file_holds(tmp_path):
 
 
 def test_a_cursor_that_falls_behind_counts_exactly_what_it_missed(tmp_path):
-    # 2 threads make ~10 M events without pause; the cursor polls only every 0.3 s, so the recording
-    # reuses most slots before it reads them: what it got plus what it missed is what was recorded.
+    # 2 threads make ~10 M events without pause; the cursor first polls once a thread is half done (2.4 M
+    # events of its own, where the live ring holds ~1.1 M), so the recording reuses slots before the cursor
+    # reads them, however fast or slow the machine: what it got plus what it missed is what was recorded.
     p, pid, go, out = _start(tmp_path, rounds=20, n=120_000, threads=2, mode="calls")
     try:
         cur = ocular.attach(pid)
         go.write_text("")
+        half = tmp_path / "go.half"
+        while not half.exists() and p.poll() is None:
+            time.sleep(0.01)
         got = missed = 0
         while True:
-            time.sleep(0.3)
             raw, m, ended = cur._c.poll()
             got += len(raw)
             missed += m
             if ended:
                 break
+            time.sleep(0.3)
     finally:
         p.communicate(timeout=120)
     want, f = _file_counts(out)
