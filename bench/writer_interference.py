@@ -66,8 +66,11 @@ def floor():
 
 def into_nothing():
     mon.use_tool_id(2, "ocular")
-    _ocular.start(None, {}, "adaptive", 0, [], [], 65536, 64, 0.0, _interp.boot_thread_name,
-                  _interp.boot_thread_name.__code__, threading.get_native_id(), "", [])
+    _ocular.start(None, {}, {
+        "mode": "adaptive", "threshold": 0, "include_only": [], "exclude": [], "buffer_events": 65536,
+        "max_buffers": 64, "event_cost_ticks": 0.0, "thread_name": _interp.boot_thread_name,
+        "boot_code": _interp.boot_thread_name.__code__, "main_native_id": threading.get_native_id(),
+        "main_name": "", "internal": []})
     try:
         return with_callbacks(2, _callbacks(0, "adaptive"))
     finally:

@@ -2,7 +2,7 @@
 
 from os import PathLike
 from types import CodeType
-from typing import Any, Callable, final
+from typing import Any, Callable, NotRequired, TypedDict, final
 
 __all__ = ["ticks", "ticks_per_second", "clock_point", "start", "stop", "dump", "ring_path", "counter_errors",
            "abandon_after_fork", "is_recording", "start_windows", "due_stacks_usable", "read", "file_events",
@@ -22,29 +22,30 @@ bench_callbacks: dict[str, Callable[..., Any]]
 def ticks() -> int: ...
 def ticks_per_second(window_ms: int) -> float: ...
 def clock_point() -> tuple[int, int, int]: ...
-def start(
-    path: str | PathLike[str] | None,
-    header: dict[str, Any],
-    mode: str,
-    threshold: int,
-    include_only: list[str],
-    exclude: list[str],
-    buffer_events: int,
-    max_buffers: int,
-    event_cost_ticks: float,
-    thread_name: Callable[[], str],
-    boot_code: CodeType,
-    main_native_id: int,
-    main_name: str,
-    internal: list[str],
-    calibration: list[tuple[int, float]] = ...,
-    on_full: str = "drop",
-    ring: bool = True,
-    flight: int = 0,
-    live: bool = False,
-    counters: list[str] = ...,
-    sampled: bool = ...,
-) -> str | None: ...
+class _StartOptions(TypedDict):
+    """What ``start`` is given besides the file and its header (``StartOptions`` in ``src/py/mod.rs``)."""
+
+    mode: str
+    threshold: int
+    include_only: list[str]
+    exclude: list[str]
+    buffer_events: int
+    max_buffers: int
+    event_cost_ticks: float
+    thread_name: Callable[[], str]
+    boot_code: CodeType
+    main_native_id: int
+    main_name: str
+    internal: list[str]
+    calibration: NotRequired[list[tuple[int, float]]]
+    on_full: NotRequired[str]
+    ring: NotRequired[bool]
+    flight: NotRequired[int]
+    live: NotRequired[bool]
+    counters: NotRequired[list[str]]
+    sampled: NotRequired[bool]
+
+def start(path: str | PathLike[str] | None, header: dict[str, Any], options: _StartOptions) -> str | None: ...
 def stop(names: dict[int, str], speed: list[tuple[int, float]] = ...) -> dict[str, Any]: ...
 def abandon_after_fork() -> None: ...
 def is_recording() -> bool: ...

@@ -13,6 +13,7 @@ if TYPE_CHECKING:
     from typing import Any, Callable, Iterable, TypeVar
 
     from ._live import Cursor
+    from ._ocular import _StartOptions
 
 from . import _interp
 from .errors import AlreadyRecording, ToolIdInUse
@@ -233,6 +234,16 @@ _SPEED_START = 252
 _SPEED_STOP = 253
 
 
+def _discard_options(mode: str, threshold: int, buffer_events: int) -> _StartOptions:
+    """Options of a calibration's recording: the recording's callbacks, into nothing, with small buffers."""
+    return {
+        "mode": mode, "threshold": threshold, "include_only": [], "exclude": [],
+        "buffer_events": min(buffer_events, 8192), "max_buffers": 2, "event_cost_ticks": 0.0,
+        "thread_name": _interp.boot_thread_name, "boot_code": _interp.boot_thread_name.__code__,
+        "main_native_id": threading.get_native_id(), "main_name": "", "internal": [],
+    }
+
+
 def _calibrate_instrument(mode: str, tool: int, threshold: int, buffer_events: int) -> tuple[float, float]:
     """What the interpreter spends, in ticks, instrumenting a code object at its first call after its events
     were re-armed (a window's sys.monitoring.restart_events() re-arms every code object, and each one the
@@ -273,8 +284,7 @@ def _calibrate_instrument(mode: str, tool: int, threshold: int, buffer_events: i
     names = [n for n in event_names(mode) if n in _KIND]
     callbacks = _callbacks(2**32 - 1, mode)
     off = differences(0)
-    nat.start(None, {}, mode, 2**32 - 1, [], [], min(buffer_events, 8192), 2, 0.0, _interp.boot_thread_name,
-              _interp.boot_thread_name.__code__, threading.get_native_id(), "", [])
+    nat.start(None, {}, _discard_options(mode, 2**32 - 1, buffer_events))
     try:
         for n in names:
             mon.register_callback(tool, getattr(mon.events, n), callbacks[n])
@@ -349,8 +359,7 @@ def _calibrate(mode: str, tool: int, threshold: int, buffer_events: int, c_calls
     # The same callbacks as the recording, with a threshold that is never reached.
     never = 0 if threshold == 0 else 2**32 - 1
     # Small buffers: the calibration records a few thousand events into nothing.
-    nat.start(None, {}, "calls" if mode == "c_calls" else mode, never, [], [], min(buffer_events, 8192), 2, 0.0,
-              _interp.boot_thread_name, _interp.boot_thread_name.__code__, threading.get_native_id(), "", [])
+    nat.start(None, {}, _discard_options("calls" if mode == "c_calls" else mode, never, buffer_events))
     # Untraced and traced runs alternate, and the median of the pairs' differences is the cost: a slow
     # moment of the machine then shifts one pair, not a whole phase of the measurement.
     diffs = []
@@ -584,11 +593,14 @@ class Recording:
                 header["process"] = self._process
             boot = threading.Thread._bootstrap.__code__  # type: ignore[attr-defined]
             main = threading.main_thread()
-            no_ring = nat.start(self.path, header, self.mode, self.deinstrument_threshold, self.include_only,
-                      self.exclude, self.buffer_events, self.max_buffers, cost,
-                      _interp.boot_thread_name, boot, main.native_id or 0, main.name, [_OWN_CODE], per_kind,
-                      self.on_full, self.ring_file, self.ring, self.live, self.counters,
-                      sampled=self.sampled)
+            no_ring = nat.start(self.path, header, {
+                "mode": self.mode, "threshold": self.deinstrument_threshold, "include_only": self.include_only,
+                "exclude": self.exclude, "buffer_events": self.buffer_events, "max_buffers": self.max_buffers,
+                "event_cost_ticks": cost, "thread_name": _interp.boot_thread_name, "boot_code": boot,
+                "main_native_id": main.native_id or 0, "main_name": main.name, "internal": [_OWN_CODE],
+                "calibration": per_kind, "on_full": self.on_full, "ring": self.ring_file, "flight": self.ring,
+                "live": self.live, "counters": self.counters, "sampled": self.sampled,
+            })
             if no_ring:
                 import warnings
 

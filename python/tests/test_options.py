@@ -80,3 +80,34 @@ def test_a_child_takes_every_option_of_its_run_but_following_and_the_dump_signal
     run = _follow.Run(rec)
     assert set(run.config["options"]) == set(_options.names()) - {"follow", "dump_on"}
     assert (run.config["options"]["mode"], run.config["options"]["c_calls"]) == ("calls", True)
+
+
+def test_the_native_start_takes_one_typed_object_and_refuses_unknown_keys():
+    import ast
+    import os
+
+    import pytest
+
+    from ocular import _ocular, _recorder
+
+    opts = _recorder._discard_options("calls", 0, 1024)
+    with pytest.raises(ValueError, match='start: unknown option "thresold"'):
+        _ocular.start(None, {}, {**opts, "thresold": 5})
+    missing = dict(opts)
+    del missing["max_buffers"]
+    with pytest.raises(Exception, match="max_buffers"):
+        _ocular.start(None, {}, missing)
+    assert not _ocular.is_recording()
+    # Every key the stub's _StartOptions declares is one the extension reads: all of them at once start a
+    # recording (into nothing), which then stops.
+    stub = ast.parse(open(os.path.join(os.path.dirname(_ocular.__file__), "_ocular.pyi")).read())
+    cls = next(n for n in stub.body if isinstance(n, ast.ClassDef) and n.name == "_StartOptions")
+    keys = {n.target.id for n in cls.body if isinstance(n, ast.AnnAssign)}
+    optional = {"calibration": [], "on_full": "drop", "ring": False, "flight": 0, "live": False, "counters": [],
+                "sampled": True}
+    assert keys == set(opts) | set(optional)
+    _ocular.start(None, {}, {**opts, **optional})
+    try:
+        assert _ocular.is_recording()
+    finally:
+        _ocular.stop({})

@@ -291,39 +291,102 @@ fn header_from(d: &Bound<'_, PyDict>, options: Options, cost: f64) -> PyResult<H
     })
 }
 
-/// Starts recording into `path`, or, with `path=None`, into nothing (calibration). Callbacks must be
-/// registered and events enabled by the caller afterwards. Returns why there is no ring file, if one was
-/// asked for and could not be made (the recording goes on without: RING.md).
-#[pyfunction]
-#[pyo3(signature = (path, header, mode, threshold, include_only, exclude, buffer_events, max_buffers,
-                    event_cost_ticks, thread_name, boot_code, main_native_id, main_name, internal,
-                    calibration=Vec::new(), on_full="drop", ring=true, flight=0, live=false, counters=Vec::new(),
-                    sampled=true))]
-#[allow(clippy::too_many_arguments)]
-fn start(
-    py: Python<'_>,
-    path: Option<std::path::PathBuf>,
-    header: &Bound<'_, PyDict>,
-    mode: &str,
+/// What `start` is given besides the file and its header: one typed object at the boundary, read from a
+/// dict whose keys are these fields' names (`_StartOptions` in `_ocular.pyi`).
+#[derive(FromPyObject)]
+#[pyo3(from_item_all)]
+struct StartOptions<'py> {
+    mode: String,
     threshold: u32,
     include_only: Vec<String>,
     exclude: Vec<String>,
     buffer_events: usize,
     max_buffers: usize,
     event_cost_ticks: f64,
+    /// The function that names a thread from its bootstrap frame, and that frame's code.
     thread_name: Py<PyAny>,
-    boot_code: &Bound<'_, PyAny>,
+    boot_code: Bound<'py, PyAny>,
     main_native_id: u64,
     main_name: String,
+    /// Paths of Ocular's own Python code: never recorded.
     internal: Vec<String>,
+    #[pyo3(default)]
     calibration: Vec<(u8, f64)>,
-    on_full: &str,
+    #[pyo3(default = "drop".to_string())]
+    on_full: String,
+    #[pyo3(default = true)]
     ring: bool,
+    #[pyo3(default)]
     flight: u64,
+    #[pyo3(default)]
     live: bool,
+    #[pyo3(default)]
     counters: Vec<String>,
+    #[pyo3(default = true)]
     sampled: bool,
+}
+
+/// The keys `StartOptions` reads: any other is a caller's mistake, said rather than ignored.
+const START_OPTIONS: [&str; 19] = [
+    "mode",
+    "threshold",
+    "include_only",
+    "exclude",
+    "buffer_events",
+    "max_buffers",
+    "event_cost_ticks",
+    "thread_name",
+    "boot_code",
+    "main_native_id",
+    "main_name",
+    "internal",
+    "calibration",
+    "on_full",
+    "ring",
+    "flight",
+    "live",
+    "counters",
+    "sampled",
+];
+
+/// Starts recording into `path`, or, with `path=None`, into nothing (calibration). Callbacks must be
+/// registered and events enabled by the caller afterwards. Returns why there is no ring file, if one was
+/// asked for and could not be made (the recording goes on without: RING.md).
+#[pyfunction]
+fn start(
+    py: Python<'_>,
+    path: Option<std::path::PathBuf>,
+    header: &Bound<'_, PyDict>,
+    options: &Bound<'_, PyDict>,
 ) -> PyResult<Option<String>> {
+    for k in options.keys() {
+        let k: String = k.extract()?;
+        if !START_OPTIONS.contains(&k.as_str()) {
+            return Err(PyValueError::new_err(format!("start: unknown option {k:?}")));
+        }
+    }
+    let StartOptions {
+        mode,
+        threshold,
+        include_only,
+        exclude,
+        buffer_events,
+        max_buffers,
+        event_cost_ticks,
+        thread_name,
+        boot_code,
+        main_native_id,
+        main_name,
+        internal,
+        calibration,
+        on_full,
+        ring,
+        flight,
+        live,
+        counters,
+        sampled,
+    } = options.extract()?;
+    let (mode, on_full) = (mode.as_str(), on_full.as_str());
     // SAFETY: GIL held (we have `py`); no Python call while the reference is alive.
     if unsafe { state() }.recorder.is_some() {
         return Err(PyRuntimeError::new_err("Ocular is already recording in this process: stop it first"));
