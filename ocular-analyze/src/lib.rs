@@ -23,3 +23,4 @@ pub mod specialize;
 pub mod stats;
 pub mod table;
 pub mod top;
+pub mod walk;

@@ -26,6 +26,7 @@
 //! Memory: one stack per thread and one accumulator per distinct run (code object, start, end), which
 //! are few; the runs are spread over lines when the pass ends.
 
+use crate::walk::{Frames, Step, Walk};
 use ocular_format::{Body, CodeObject, EventKind, Header, Mode, ReadOptions, Reader};
 use rustc_hash::{FxHashMap as HashMap, FxHashSet as HashSet};
 use serde::Serialize;
@@ -154,19 +155,32 @@ impl Frame {
     }
 }
 
-#[derive(Default)]
 struct Thread {
     stack: Vec<Frame>,
     /// Sum of the recorder's cost of the thread's events so far, ticks.
     cost: f64,
-    /// Recorder pauses not yet in `cost` (FORMAT.md 5.6).
-    pauses: ocular_format::Pauses,
-    /// Between windows: function boundaries are not recorded.
-    gap: bool,
-    /// When the current window ends (`u64::MAX`: open until its WINDOW_END).
-    window_end: u64,
-    /// While a window's STACK events arrive: how many frames they have confirmed.
-    sync: Option<usize>,
+    /// Windows, their stacks and the recorder's pauses.
+    walk: Walk,
+}
+
+/// A thread's frames and the pass, as the walk moves them.
+struct Moves<'a> {
+    stack: &'a mut Vec<Frame>,
+    pass: &'a mut Pass,
+}
+
+impl Frames for Moves<'_> {
+    fn depth(&self) -> usize {
+        self.stack.len()
+    }
+
+    fn code(&self, i: usize) -> u32 {
+        self.stack[i].code
+    }
+
+    fn lose_above(&mut self, depth: usize, _t: u64) {
+        truncate(self.stack, depth, self.pass);
+    }
 }
 
 /// A run's identity: code id, start, end, the previous run's last instruction, flags.
@@ -233,15 +247,15 @@ impl Pass {
 
 /// Pops the frames above `depth`, whose ends were not recorded; the frame left on top spans time it
 /// cannot account for.
-fn truncate(th: &mut Thread, depth: usize, pass: &mut Pass) {
-    if th.stack.len() <= depth {
+fn truncate(stack: &mut Vec<Frame>, depth: usize, pass: &mut Pass) {
+    if stack.len() <= depth {
         return;
     }
-    while th.stack.len() > depth {
-        let f = th.stack.pop().expect("longer than depth");
+    while stack.len() > depth {
+        let f = stack.pop().expect("longer than depth");
         pass.lose(&f);
     }
-    if let Some(top) = th.stack.last_mut() {
+    if let Some(top) = stack.last_mut() {
         top.tainted = true;
         top.callee = None;
     }
@@ -265,15 +279,16 @@ pub fn analyze(path: &Path, opts: ReadOptions) -> ocular_format::Result<Lines> {
     let mut pass = Pass { single: precise && threshold == 0, ..Pass::default() };
     let mut threads: HashMap<u64, Thread> = HashMap::default();
     let mut code: HashMap<u32, CodeObject> = HashMap::default();
-    let ticks_per_us = header.ticks_per_second / 1e6;
     while let Some(c) = r.next_chunk()? {
         match c.body {
             Body::Events(evs) => {
-                let th = threads
-                    .entry(c.info.thread_id)
-                    .or_insert_with(|| Thread { window_end: u64::MAX, ..Thread::default() });
+                let th = threads.entry(c.info.thread_id).or_insert_with(|| Thread {
+                    stack: Vec::new(),
+                    cost: 0.0,
+                    walk: Walk::new(header.ticks_per_second),
+                });
                 for e in evs {
-                    step(th, e, &cost, ticks_per_us, &mut pass, &mut out.windowed);
+                    step(th, e, &cost, &mut pass, &mut out.windowed);
                 }
             }
             Body::Code(objs) => {
@@ -301,83 +316,41 @@ pub fn analyze(path: &Path, opts: ReadOptions) -> ocular_format::Result<Lines> {
 
 /// One event of a thread.
 #[inline]
-fn step(
-    th: &mut Thread,
-    e: &ocular_format::RawEvent,
-    cost: &[f64; 256],
-    ticks_per_us: f64,
-    pass: &mut Pass,
-    windowed: &mut bool,
-) {
+fn step(th: &mut Thread, e: &ocular_format::RawEvent, cost: &[f64; 256], pass: &mut Pass, windowed: &mut bool) {
     let t = e.ticks.get();
     let id = e.code.get();
     let off = e.offset.get();
-    if th.pauses.pause(e) {
-        return; // a recorder pause (FORMAT.md 5.6): taken out with the cost of the event after the next
+    let step = th.walk.step(&mut Moves { stack: &mut th.stack, pass }, e);
+    if step == Step::Pause {
+        return; // taken out with the cost of the event after the next
     }
     // The recorder's pauses are its time, taken out of the run they fell in as the events' own cost is.
-    th.cost += th.pauses.take() as f64;
-    let Some(kind) = e.event_kind() else { return };
-    if kind.is_recorder_note() {
-        // Due moments and counted calls (FORMAT.md 5.7, 5.8) change no line's time but a counted call's cost.
-        th.cost += cost[e.kind as usize];
+    th.cost += th.walk.paused() as f64;
+    if step == Step::Unknown {
         return;
-    }
-    if kind != EventKind::STACK {
-        if let Some(depth) = th.sync.take() {
-            // The window's stack is complete: frames above what it confirmed have returned.
-            truncate(th, depth, pass);
-        }
-    }
-    if !th.gap && t >= th.window_end {
-        th.gap = true;
     }
     th.cost += cost[e.kind as usize];
     let now = th.cost;
-    if th.gap && e.flags & ocular_format::event::flags::ALWAYS != 0 {
-        // A coroutine's or asyncio loop function's boundary between windows (FORMAT.md 5.5): the frames
-        // below it were not recorded, so it is left out as the other boundaries there are.
-        return;
-    }
-    match kind {
-        EventKind::WINDOW => {
-            let len = e.arg.get();
-            th.gap = false;
-            th.window_end =
-                if len == u32::MAX { u64::MAX } else { t.saturating_add((len as f64 * ticks_per_us).ceil() as u64) };
-            *windowed |= len != u32::MAX;
-            th.sync = Some(0);
-        }
-        EventKind::WINDOW_END => th.gap = true,
-        EventKind::STACK => {
-            let Some(depth) = th.sync else { return };
-            if id == 0 {
-                return; // a frame of code that is not recorded: not on the stacks (as in `analysis`)
-            }
-            th.sync = Some(depth + 1);
-            if th.stack.get(depth).is_some_and(|f| f.code == id) {
-                // The same activation as before the gap, as far as can be told.
-                return;
-            }
-            truncate(th, depth, pass);
+    let gap = th.walk.gap();
+    match step {
+        Step::Opened { len_us, .. } => *windowed |= len_us != u32::MAX,
+        Step::Found { same: false, .. } => {
             if let Some(top) = th.stack.last_mut() {
                 top.tainted = true;
             }
             th.stack.push(Frame::on(&th.stack, id, None, t, now));
         }
-        EventKind::PY_START | EventKind::PY_RESUME | EventKind::PY_THROW => {
+        Step::Enter(_) => {
             if let Some(top) = th.stack.last_mut() {
                 top.catch_up(t, now);
                 top.callee = Some((t, now));
             }
             th.stack.push(Frame::on(&th.stack, id, Some(off), t, now));
         }
-        EventKind::PY_RETURN | EventKind::PY_YIELD | EventKind::PY_UNWIND => {
-            let Some(pos) = th.stack.iter().rposition(|f| f.code == id) else { return };
-            truncate(th, pos + 1, pass);
-            let mut f = th.stack.pop().expect("found");
+        Step::Exit(_) => {
+            let mut f = th.stack.pop().expect("the walk found it on top");
             f.catch_up(t, now);
-            pass.close(&mut f, off, 0, th.gap, None);
+            pass.close(&mut f, off, 0, gap, None);
             if let Some(parent) = th.stack.last_mut() {
                 if let Some((ct, cc)) = parent.callee.take() {
                     parent.total += t.saturating_sub(ct) as f64 - (now - cc);
@@ -385,11 +358,7 @@ fn step(
                 parent.mark = (t, now);
             }
         }
-        EventKind::JUMP
-        | EventKind::BRANCH
-        | EventKind::BRANCH_LEFT
-        | EventKind::BRANCH_RIGHT
-        | EventKind::INSTRUCTION => {
+        Step::Location { kind, enter } => {
             if kind == EventKind::JUMP && e.arg.get() < off {
                 // A loop's backward jumps are recorded for twice the threshold, counted per loop head.
                 *pass.heads.entry((id, e.arg.get())).or_default() += 1;
@@ -397,25 +366,18 @@ fn step(
             } else {
                 *pass.hits.entry((id, off)).or_default() += 1;
             }
-            if th.gap {
+            if gap {
                 pass.in_gap.insert(id);
             }
-            if th.stack.last().map_or(true, |f| f.code != id) {
-                // Calls or returns that were not recorded (between windows, or lost): the frame this event
-                // is in returned to, or was called since.
-                match th.stack.iter().rposition(|f| f.code == id) {
-                    Some(pos) => truncate(th, pos + 1, pass),
-                    None => {
-                        if let Some(top) = th.stack.last_mut() {
-                            top.catch_up(t, now);
-                            top.tainted = true;
-                        }
-                        th.stack.push(Frame::on(&th.stack, id, None, t, now));
-                    }
+            if enter {
+                // Called unrecorded (between windows, or lost): its time so far is not its run's.
+                if let Some(top) = th.stack.last_mut() {
+                    top.catch_up(t, now);
+                    top.tainted = true;
                 }
+                th.stack.push(Frame::on(&th.stack, id, None, t, now));
             }
-            let gap = th.gap;
-            let f = th.stack.last_mut().expect("pushed above");
+            let f = th.stack.last_mut().expect("on top");
             f.catch_up(t, now);
             if kind == EventKind::INSTRUCTION {
                 let flags = if pass.single { EXCLUSIVE | SINGLE } else { EXCLUSIVE };

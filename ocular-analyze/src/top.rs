@@ -1,6 +1,7 @@
 //! `top`: a live view of a running recording (RING.md 6): the hottest functions and loops of the last
 //! seconds, per thread or merged, from a cursor that follows the recording's ring file.
 
+use crate::walk::{Frames, Step, Walk};
 use ocular_format::live::{Cursor, End};
 use ocular_format::{EventKind, Header, RawEvent};
 use serde::Serialize;
@@ -39,12 +40,29 @@ struct Bucket {
     last_tick: u64,
 }
 
-#[derive(Debug, Default)]
+#[derive(Debug)]
 struct ThreadState {
     stack: Vec<u32>,
     last: Option<u64>,
-    /// Recorder pauses (FORMAT.md 5.6) not yet taken out.
-    pauses: ocular_format::Pauses,
+    /// Windows, their stacks and the recorder's pauses.
+    walk: Walk,
+}
+
+/// A thread's stack as the walk moves it.
+struct Moves<'a>(&'a mut Vec<u32>);
+
+impl Frames for Moves<'_> {
+    fn depth(&self) -> usize {
+        self.0.len()
+    }
+
+    fn code(&self, i: usize) -> u32 {
+        self.0[i]
+    }
+
+    fn lose_above(&mut self, depth: usize, _t: u64) {
+        self.0.truncate(depth);
+    }
 }
 
 /// The aggregation behind the view.
@@ -186,7 +204,11 @@ impl Top {
         let gaps = std::cell::RefCell::new(Vec::new());
         let p = self.cursor.poll_gaps(
             |tid, e| {
-                let ts = threads.entry(tid).or_default();
+                let ts = threads.entry(tid).or_insert_with(|| ThreadState {
+                    stack: Vec::new(),
+                    last: None,
+                    walk: Walk::new(tps),
+                });
                 if gaps.borrow().contains(&tid) {
                     // Events were missed just before: the time across the gap and the stack are unknown.
                     gaps.borrow_mut().retain(|&t| t != tid);
@@ -337,15 +359,15 @@ fn step(
     (window_end, due): (&mut u64, &mut Due),
     windowed: &mut bool,
 ) {
-    if ts.pauses.pause(e) {
+    let step = ts.walk.step(&mut Moves(&mut ts.stack), e);
+    if step == Step::Pause {
         return;
     }
-    let paused = ts.pauses.take();
+    let paused = ts.walk.paused();
     let t = e.ticks.get();
-    let kind = EventKind::from_u8(e.kind);
     let code = e.code.get();
-    match kind {
-        Some(EventKind::DUE) => {
+    match step {
+        Step::Note(EventKind::DUE) => {
             use ocular_format::event::due::{CALLS_FROM_DUE, MISSED};
             let flags = e.offset.get();
             if flags & CALLS_FROM_DUE != 0 && flags & MISSED == 0 && due.len > 0 {
@@ -354,12 +376,10 @@ fn step(
             return;
         }
         // Due stacks and counted calls (FORMAT.md 5.7, 5.8) place no time here.
-        Some(k) if k.is_recorder_note() => return,
-        Some(EventKind::WINDOW) => {
+        Step::Note(_) => return,
+        Step::Opened { len_us: len, .. } => {
             *windowed = true;
-            ts.stack.clear();
             ts.last = None;
-            let len = e.arg.get();
             let end = if len == u32::MAX { u64::MAX } else { t + (len as f64 * tps / 1e6) as u64 };
             // A missed window's marker comes before the opened one's, at the same tick: the last one holds.
             *due = if len == u32::MAX {
@@ -377,14 +397,20 @@ fn step(
             }
             return;
         }
-        Some(EventKind::WINDOW_END) => {
+        Step::Closed => {
             *windowed = true;
             *window_end = t;
             ts.last = None;
             return;
         }
-        Some(EventKind::STACK) => {
-            ts.stack.push(code);
+        Step::Found { same, .. } => {
+            if !same {
+                ts.stack.push(code);
+            }
+            ts.last = Some(t);
+            return;
+        }
+        Step::Other(EventKind::STACK) => {
             ts.last = Some(t);
             return;
         }
@@ -395,17 +421,18 @@ fn step(
     if *windowed && in_window {
         b.window_cost += cost.0[e.kind as usize];
     }
+    let back_jump = matches!(step, Step::Location { kind: EventKind::JUMP, .. }) && e.arg.get() < e.offset.get();
     if *windowed && !in_window {
         ts.last = None;
-        if kind == Some(EventKind::JUMP) && e.arg.get() < e.offset.get() {
+        if back_jump {
             *b.loops.entry((code, e.arg.get())).or_default() += 1;
         }
         return;
     }
     if let Some(last) = ts.last {
-        let running = match (ts.stack.last(), kind) {
+        let running = match (ts.stack.last(), step) {
             (Some(&top), _) => Some(top),
-            (None, Some(EventKind::PY_RETURN | EventKind::PY_YIELD | EventKind::PY_UNWIND)) => Some(code),
+            (None, Step::ExitUnknown(_)) => Some(code),
             _ => None,
         };
         if let Some(r) = running {
@@ -414,21 +441,23 @@ fn step(
         }
     }
     ts.last = Some(t);
-    match kind {
-        Some(EventKind::PY_START) => {
-            if !*windowed || t < due.calls_until {
+    match step {
+        Step::Enter(kind) => {
+            if kind == EventKind::PY_START && (!*windowed || t < due.calls_until) {
                 b.funcs.entry((tid, code)).or_default().calls += 1;
             }
             ts.stack.push(code);
         }
-        Some(EventKind::PY_RESUME | EventKind::PY_THROW) => ts.stack.push(code),
-        Some(EventKind::PY_RETURN | EventKind::PY_YIELD | EventKind::PY_UNWIND) => {
-            if let Some(i) = ts.stack.iter().rposition(|&c| c == code) {
-                ts.stack.truncate(i);
-            }
+        Step::Exit(_) => {
+            ts.stack.pop();
         }
-        Some(EventKind::JUMP) if e.arg.get() < e.offset.get() => {
-            *b.loops.entry((code, e.arg.get())).or_default() += 1;
+        Step::Location { enter, .. } => {
+            if enter {
+                ts.stack.push(code); // called unrecorded
+            }
+            if back_jump {
+                *b.loops.entry((code, e.arg.get())).or_default() += 1;
+            }
         }
         _ => {}
     }

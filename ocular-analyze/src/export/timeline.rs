@@ -13,6 +13,7 @@
 //!   frames at its opening, and every frame still open when the window closes ends there. Such slices are
 //!   `clipped` (a window edge, not the call's own start or end), and every call carries its window.
 
+use crate::walk::{Frames, Step, Walk};
 use ocular_format::{Body, CodeObject, EventKind, Header, RawEvent, ReadOptions, Reader};
 use rustc_hash::FxHashMap as HashMap;
 use std::path::Path;
@@ -131,15 +132,46 @@ struct Frame {
     loops: Vec<(u32, u64)>,
 }
 
-#[derive(Default)]
 struct Thread {
     stack: Vec<Frame>,
     last: u64,
-    /// Function boundaries are being recorded (always, in a recording without windows).
-    open: bool,
     /// The current window's sequence number and, for a timed one, its end tick.
     window: Option<u32>,
     window_end: Option<u64>,
+    /// Windows, their stacks and the recorder's pauses.
+    walk: Walk,
+}
+
+/// A thread's frames as the walk moves them: the ones it ends, with the tick they end at, wait in
+/// `ended` for their items.
+struct Moves<'a> {
+    stack: &'a mut Vec<Frame>,
+    ended: &'a mut Vec<(Frame, u64)>,
+}
+
+impl Frames for Moves<'_> {
+    fn depth(&self) -> usize {
+        self.stack.len()
+    }
+
+    fn code(&self, i: usize) -> u32 {
+        self.stack[i].code
+    }
+
+    fn lose_above(&mut self, depth: usize, t: u64) {
+        while self.stack.len() > depth {
+            let fr = self.stack.pop().expect("longer than depth");
+            self.ended.push((fr, t));
+        }
+    }
+
+    /// Every frame still open when its window closes ends there, at the window's edge.
+    fn window_ended(&mut self, end: u64) {
+        while let Some(mut fr) = self.stack.pop() {
+            fr.call.clipped = true;
+            self.ended.push((fr, end));
+        }
+    }
 }
 
 /// An opened trace, ready to be walked.
@@ -189,6 +221,7 @@ impl Timeline {
         let mut calls = 0u64;
         let ticks_per_us = header.ticks_per_second / 1e6;
         let mut counter_totals: HashMap<(u64, u8), u64> = HashMap::default();
+        let mut ended: Vec<(Frame, u64)> = Vec::new();
         crate::progress::begin("exporting", self.size);
         while let Some(c) = self.reader.next_chunk()? {
             crate::progress::at(c.info.offset);
@@ -232,56 +265,59 @@ impl Timeline {
                     if !threads.contains_key(&tid) {
                         f(&code, Item::Thread { tid, name: names.get(&tid).map(String::as_str) })?;
                     }
-                    let th = threads.entry(tid).or_insert_with(|| Thread { open: true, ..Thread::default() });
+                    let th = threads.entry(tid).or_insert_with(|| Thread {
+                        stack: Vec::new(),
+                        last: 0,
+                        window: None,
+                        window_end: None,
+                        walk: Walk::new(header.ticks_per_second),
+                    });
                     read += evs.len() as u64;
                     f(&code, Item::Events { tid, events: evs })?;
                     for e in evs {
                         let (id, ticks) = (e.code.get(), e.ticks.get());
                         th.last = ticks;
-                        if let Some(end) = th.window_end.filter(|&end| ticks >= end) {
-                            close_window(th, tid, end, &code, &mut f)?;
+                        let step = th.walk.step(&mut Moves { stack: &mut th.stack, ended: &mut ended }, e);
+                        // Frames the walk ended: above an exit or a location of a frame below them, or all of
+                        // them where the window closed.
+                        for (fr, at) in ended.drain(..) {
+                            f(&code, Item::End { tid, ticks: at, code: fr.code, call: fr.call })?;
                         }
-                        match e.event_kind() {
-                            Some(EventKind::WINDOW) => {
-                                close_window(th, tid, ticks, &code, &mut f)?;
-                                let len = e.arg.get();
-                                th.open = true;
+                        if th.walk.gap() {
+                            th.window_end = None;
+                        }
+                        match step {
+                            Step::Opened { len_us, end } => {
+                                // A window opened without its predecessor's close: the frames end here.
+                                while let Some(mut fr) = th.stack.pop() {
+                                    fr.call.clipped = true;
+                                    f(&code, Item::End { tid, ticks, code: fr.code, call: fr.call })?;
+                                }
                                 th.window = Some(e.offset.get());
-                                th.window_end = (len != u32::MAX)
-                                    .then(|| ticks.saturating_add((len as f64 * ticks_per_us).ceil() as u64));
-                            }
-                            Some(EventKind::WINDOW_END) => {
-                                close_window(th, tid, ticks, &code, &mut f)?;
-                                th.open = false;
+                                th.window_end = (len_us != u32::MAX).then_some(end);
                             }
                             // A frame found on a window's stack began before the window: clipped.
-                            Some(
-                                k @ (EventKind::STACK
-                                | EventKind::PY_START
-                                | EventKind::PY_RESUME
-                                | EventKind::PY_THROW),
-                            ) if th.open && id != 0 => {
+                            Step::Found { same: false, .. } | Step::Enter(_) if !th.walk.gap() => {
                                 let call = Call {
                                     id: calls,
                                     parent: th.stack.last().map(|fr| fr.call.id),
                                     start: ticks,
                                     depth: th.stack.len() as u32,
                                     window: th.window,
-                                    clipped: k == EventKind::STACK,
+                                    clipped: matches!(step, Step::Found { .. }),
                                 };
                                 calls += 1;
                                 th.stack.push(Frame { code: id, call, loops: Vec::new() });
                                 f(&code, Item::Begin { tid, ticks, code: id, call: call.id })?;
                             }
-                            Some(EventKind::PY_RETURN | EventKind::PY_YIELD | EventKind::PY_UNWIND) => {
-                                let Some(pos) = th.stack.iter().rposition(|fr| fr.code == id) else { continue };
-                                while th.stack.len() > pos {
-                                    let fr = th.stack.pop().expect("non-empty");
-                                    f(&code, Item::End { tid, ticks, code: fr.code, call: fr.call })?;
-                                }
+                            Step::Exit(_) => {
+                                let fr = th.stack.pop().expect("the walk found it on top");
+                                f(&code, Item::End { tid, ticks, code: fr.code, call: fr.call })?;
                             }
-                            Some(EventKind::JUMP) if self.loops && e.arg.get() < e.offset.get() => {
-                                let Some(top) = th.stack.last_mut().filter(|fr| fr.code == id) else { continue };
+                            Step::Location { kind: EventKind::JUMP, enter: false }
+                                if self.loops && e.arg.get() < e.offset.get() =>
+                            {
+                                let Some(top) = th.stack.last_mut() else { continue };
                                 let head = e.arg.get();
                                 let cycles = match top.loops.iter_mut().find(|l| l.0 == head) {
                                     Some(l) => Some(ticks.saturating_sub(std::mem::replace(&mut l.1, ticks))),
@@ -320,25 +356,4 @@ impl Timeline {
         }
         Ok((read, self.reader.report().warnings(&self.path)))
     }
-}
-
-/// Ends every open frame of a thread at `ticks`, where its window closed, and stops taking function
-/// boundaries until the next window.
-fn close_window(
-    th: &mut Thread,
-    tid: u64,
-    ticks: u64,
-    code: &HashMap<u32, CodeObject>,
-    f: &mut impl FnMut(&HashMap<u32, CodeObject>, Item<'_>) -> std::io::Result<()>,
-) -> std::io::Result<()> {
-    if th.window.is_none() {
-        return Ok(());
-    }
-    while let Some(mut fr) = th.stack.pop() {
-        fr.call.clipped = true;
-        f(code, Item::End { tid, ticks, code: fr.code, call: fr.call })?;
-    }
-    th.open = false;
-    th.window_end = None;
-    Ok(())
 }

@@ -1,0 +1,360 @@
+//! The walk of one thread's events: what the recording's own structure means for the call stack, said
+//! once for every pass that keeps a stack. Windows (FORMAT.md 5.3), the stack a window's opening writes
+//! (`STACK`), the recorder's pauses (5.6) and its notes (5.7, 5.8) are interpreted here; a pass keeps its
+//! own frames and is told, per event, what happened to them.
+//!
+//! Rules:
+//! - Between windows function boundaries are not recorded (the gap). A window opens at its `WINDOW`
+//!   marker and ends at its `WINDOW_END`, or, for a timed one, at its length: the first event at or past
+//!   it is in the gap.
+//! - The `STACK` events after an opening are the thread's stack then, outermost first. A frame of the same
+//!   code at the same depth as before is the same activation, as far as can be told; any other ends the
+//!   frames from that depth up (unrecorded ends). At the first other event the stack is complete: frames
+//!   above what it confirmed have returned.
+//! - An exit (`PY_RETURN`, `PY_YIELD`, `PY_UNWIND`) of a frame below the top ends the frames above it
+//!   first; an exit of code not on the stack (the recording started inside it) moves nothing.
+//! - A location event (a jump, a branch, an instruction) of code not on top: the frames above its
+//!   innermost frame have returned, or, not on the stack at all, it was called unrecorded.
+//! - A coroutine's or asyncio loop function's boundary in the gap (recorded for the async view, 5.5) is
+//!   left out, as the boundaries around it there are not recorded.
+
+use ocular_format::event::flags;
+use ocular_format::{EventKind, Pauses, RawEvent};
+
+/// A pass's stack of frames, as the walk sees it.
+pub trait Frames {
+    /// Frames on the stack.
+    fn depth(&self) -> usize;
+    /// The code id of the frame at `i` (0: outermost).
+    fn code(&self, i: usize) -> u32;
+    /// The frames from `depth` up ended without their ends recorded, before the event at tick `t`.
+    fn lose_above(&mut self, depth: usize, t: u64);
+    /// The thread's window ended at tick `end` (its length ran out before the current event, or its end
+    /// marker came), before the current event moves anything.
+    fn window_ended(&mut self, _end: u64) {}
+}
+
+/// What one event is, for the stack, after the walk has ended the frames it implies ended.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Step {
+    /// A recorder pause: no event of the program. Its ticks come out with the next event's
+    /// ([`Walk::paused`]).
+    Pause,
+    /// A kind this reader does not know.
+    Unknown,
+    /// A recorder note (`DUE`, `DUE_STACK`, `COUNT`): no frame moves.
+    Note(EventKind),
+    /// A window opened: `len_us` its length (`u32::MAX`: until its end marker), `end` the tick it ends
+    /// at (`u64::MAX`: at its marker). The stack follows as [`Step::Found`].
+    Opened {
+        /// Length in microseconds.
+        len_us: u32,
+        /// End tick.
+        end: u64,
+    },
+    /// A window's end marker (after [`Frames::window_ended`]).
+    Closed,
+    /// A frame of the stack at an opening, at `depth`: `same` when the frame there is that activation
+    /// (nothing to do), otherwise the frames from `depth` up have been lost and this one is to be pushed.
+    Found {
+        /// Its depth.
+        depth: usize,
+        /// The activation already there.
+        same: bool,
+    },
+    /// A function's start or resumption: a frame to push.
+    Enter(EventKind),
+    /// The exit of the frame on top (frames above it already lost).
+    Exit(EventKind),
+    /// An exit of code not on the stack: nothing moves.
+    ExitUnknown(EventKind),
+    /// A location event of the frame on top; `enter`: its frame was not on the stack and is to be pushed
+    /// first (called unrecorded).
+    Location {
+        /// The event's kind.
+        kind: EventKind,
+        /// Push its frame first.
+        enter: bool,
+    },
+    /// An event that moves no frame here (C calls, a boundary left out in the gap, a stack frame of
+    /// unrecorded code or outside an opening).
+    Other(EventKind),
+}
+
+/// One thread's walk.
+#[derive(Debug)]
+pub struct Walk {
+    pauses: Pauses,
+    paused: u64,
+    gap: bool,
+    window_end: u64,
+    windowed: bool,
+    /// While a window's `STACK` events arrive: how many frames they have confirmed.
+    sync: Option<usize>,
+    ticks_per_us: f64,
+}
+
+impl Walk {
+    /// A thread's walk in a file whose clock runs at `ticks_per_second`.
+    pub fn new(ticks_per_second: f64) -> Self {
+        Walk {
+            pauses: Pauses::default(),
+            paused: 0,
+            gap: false,
+            window_end: u64::MAX,
+            windowed: false,
+            sync: None,
+            ticks_per_us: ticks_per_second / 1e6,
+        }
+    }
+
+    /// Whether the last event fell between windows.
+    #[inline]
+    pub fn gap(&self) -> bool {
+        self.gap
+    }
+
+    /// Whether a timed window was seen: figures from this thread are estimates.
+    #[inline]
+    pub fn windowed(&self) -> bool {
+        self.windowed
+    }
+
+    /// The recorder's pauses between the thread's previous event and the last one, in ticks: not the
+    /// program's time.
+    #[inline]
+    pub fn paused(&self) -> u64 {
+        self.paused
+    }
+
+    /// While a window's stack is being read: the frames it has confirmed.
+    #[inline]
+    pub fn syncing(&self) -> Option<usize> {
+        self.sync
+    }
+
+    /// Walks `e`: ends the frames it implies ended (through `frames`), and says what is left to do.
+    #[inline]
+    pub fn step(&mut self, frames: &mut impl Frames, e: &RawEvent) -> Step {
+        if self.pauses.pause(e) {
+            return Step::Pause;
+        }
+        self.paused = self.pauses.take();
+        let Some(kind) = e.event_kind() else { return Step::Unknown };
+        if kind.is_recorder_note() {
+            return Step::Note(kind);
+        }
+        let t = e.ticks.get();
+        let id = e.code.get();
+        if kind != EventKind::STACK {
+            if let Some(depth) = self.sync.take() {
+                frames.lose_above(depth, t);
+            }
+        }
+        if !self.gap && t >= self.window_end {
+            self.gap = true;
+            frames.window_ended(self.window_end);
+        }
+        if self.gap && e.flags & flags::ALWAYS != 0 {
+            return Step::Other(kind);
+        }
+        match kind {
+            EventKind::WINDOW => {
+                let len_us = e.arg.get();
+                self.gap = false;
+                self.window_end = if len_us == u32::MAX {
+                    u64::MAX
+                } else {
+                    t.saturating_add((f64::from(len_us) * self.ticks_per_us).ceil() as u64)
+                };
+                self.windowed |= len_us != u32::MAX;
+                self.sync = Some(0);
+                Step::Opened { len_us, end: self.window_end }
+            }
+            EventKind::WINDOW_END => {
+                if !self.gap {
+                    self.gap = true;
+                    frames.window_ended(t);
+                }
+                Step::Closed
+            }
+            EventKind::STACK => {
+                let Some(depth) = self.sync else { return Step::Other(kind) };
+                if id == 0 {
+                    return Step::Other(kind); // a frame of code that is not recorded: on no stack
+                }
+                self.sync = Some(depth + 1);
+                let same = depth < frames.depth() && frames.code(depth) == id;
+                if !same {
+                    frames.lose_above(depth, t);
+                }
+                Step::Found { depth, same }
+            }
+            EventKind::PY_START | EventKind::PY_RESUME | EventKind::PY_THROW => Step::Enter(kind),
+            EventKind::PY_RETURN | EventKind::PY_YIELD | EventKind::PY_UNWIND => match innermost(frames, id) {
+                Some(pos) => {
+                    frames.lose_above(pos + 1, t);
+                    Step::Exit(kind)
+                }
+                None => Step::ExitUnknown(kind),
+            },
+            EventKind::JUMP
+            | EventKind::BRANCH
+            | EventKind::BRANCH_LEFT
+            | EventKind::BRANCH_RIGHT
+            | EventKind::INSTRUCTION => {
+                let d = frames.depth();
+                if d > 0 && frames.code(d - 1) == id {
+                    return Step::Location { kind, enter: false };
+                }
+                match innermost(frames, id) {
+                    Some(pos) => {
+                        frames.lose_above(pos + 1, t);
+                        Step::Location { kind, enter: false }
+                    }
+                    None => Step::Location { kind, enter: true },
+                }
+            }
+            _ => Step::Other(kind),
+        }
+    }
+}
+
+/// The depth of the innermost frame of `code`.
+#[inline]
+fn innermost(frames: &impl Frames, code: u32) -> Option<usize> {
+    (0..frames.depth()).rev().find(|&i| frames.code(i) == code)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use ocular_format::event::RawEvent;
+
+    /// A stack of code ids that logs what the walk did to it.
+    #[derive(Default)]
+    struct Log {
+        stack: Vec<u32>,
+        lost: Vec<(usize, u64)>,
+        ended: Vec<u64>,
+    }
+
+    impl Frames for Log {
+        fn depth(&self) -> usize {
+            self.stack.len()
+        }
+        fn code(&self, i: usize) -> u32 {
+            self.stack[i]
+        }
+        fn lose_above(&mut self, depth: usize, t: u64) {
+            if self.stack.len() > depth {
+                self.stack.truncate(depth);
+                self.lost.push((depth, t));
+            }
+        }
+        fn window_ended(&mut self, end: u64) {
+            self.ended.push(end);
+        }
+    }
+
+    fn ev(kind: EventKind, t: u64, code: u32, arg: u32) -> RawEvent {
+        RawEvent::new(t, code, 0, arg, kind as u8)
+    }
+
+    /// Applies a step as a pass would: pushes what is to be pushed, pops exits.
+    fn apply(log: &mut Log, w: &mut Walk, e: RawEvent) -> Step {
+        let s = w.step(log, &e);
+        match s {
+            Step::Found { same: false, .. } | Step::Enter(_) | Step::Location { enter: true, .. } => {
+                log.stack.push(e.code.get())
+            }
+            Step::Exit(_) => {
+                log.stack.pop();
+            }
+            _ => {}
+        }
+        s
+    }
+
+    #[test]
+    fn a_window_s_stack_keeps_the_same_activations_and_ends_the_rest() {
+        let mut w = Walk::new(1e6); // a tick a microsecond
+        let mut log = Log::default();
+        for (i, c) in [1, 2, 3].into_iter().enumerate() {
+            apply(&mut log, &mut w, ev(EventKind::PY_START, i as u64, c, 0));
+        }
+        // A timed window of 10 us at tick 100: the last event before it was at tick 2.
+        assert_eq!(apply(&mut log, &mut w, ev(EventKind::WINDOW, 100, 0, 10)), Step::Opened { len_us: 10, end: 110 });
+        assert!(w.windowed());
+        assert_eq!(apply(&mut log, &mut w, ev(EventKind::STACK, 100, 1, 0)), Step::Found { depth: 0, same: true });
+        assert_eq!(apply(&mut log, &mut w, ev(EventKind::STACK, 100, 4, 0)), Step::Found { depth: 1, same: false });
+        assert_eq!(log.stack, [1, 4]);
+        assert_eq!(log.lost, [(1, 100)]);
+        // The first event after the stack: complete.
+        assert_eq!(apply(&mut log, &mut w, ev(EventKind::PY_START, 101, 5, 0)), Step::Enter(EventKind::PY_START));
+        assert_eq!(log.stack, [1, 4, 5]);
+        // Past the window's length: in the gap, after the window ended at its length.
+        assert_eq!(
+            apply(&mut log, &mut w, ev(EventKind::JUMP, 120, 1, 0)),
+            Step::Location { kind: EventKind::JUMP, enter: false }
+        );
+        assert_eq!(log.ended, [110]);
+        assert!(w.gap());
+        assert_eq!(log.stack, [1]);
+        assert_eq!(log.lost.last(), Some(&(1, 120)));
+    }
+
+    #[test]
+    fn a_stack_shorter_than_before_ends_the_frames_above_it_at_the_next_event() {
+        let mut w = Walk::new(1e6);
+        let mut log = Log::default();
+        for c in [1, 2, 3] {
+            apply(&mut log, &mut w, ev(EventKind::PY_START, 0, c, 0));
+        }
+        apply(&mut log, &mut w, ev(EventKind::WINDOW, 10, 0, u32::MAX));
+        apply(&mut log, &mut w, ev(EventKind::STACK, 10, 1, 0));
+        apply(&mut log, &mut w, ev(EventKind::STACK, 10, 0, 0)); // unrecorded code: on no stack
+        assert_eq!(log.stack, [1, 2, 3]);
+        assert_eq!(w.syncing(), Some(1));
+        apply(&mut log, &mut w, ev(EventKind::JUMP, 11, 1, 0));
+        assert_eq!(log.stack, [1]);
+        assert!(!w.gap());
+    }
+
+    #[test]
+    fn exits_of_deeper_frames_end_those_above_and_unknown_exits_move_nothing() {
+        let mut w = Walk::new(1e6);
+        let mut log = Log::default();
+        for c in [1, 2, 3] {
+            apply(&mut log, &mut w, ev(EventKind::PY_START, 0, c, 0));
+        }
+        assert_eq!(apply(&mut log, &mut w, ev(EventKind::PY_RETURN, 1, 9, 0)), Step::ExitUnknown(EventKind::PY_RETURN));
+        assert_eq!(log.stack, [1, 2, 3]);
+        assert_eq!(apply(&mut log, &mut w, ev(EventKind::PY_RETURN, 2, 2, 0)), Step::Exit(EventKind::PY_RETURN));
+        assert_eq!(log.stack, [1]);
+        assert_eq!(log.lost, [(2, 2)]);
+        // A location of code not on the stack was called unrecorded.
+        assert_eq!(
+            apply(&mut log, &mut w, ev(EventKind::JUMP, 3, 7, 0)),
+            Step::Location { kind: EventKind::JUMP, enter: true }
+        );
+        assert_eq!(log.stack, [1, 7]);
+    }
+
+    #[test]
+    fn pauses_come_out_with_the_next_event_and_notes_move_nothing() {
+        let mut w = Walk::new(1e6);
+        let mut log = Log::default();
+        apply(&mut log, &mut w, ev(EventKind::PY_START, 0, 1, 0));
+        // A pause of 40 ticks (FORMAT.md 5.6) lies in the interval that ends at the event after the next.
+        let pause = RawEvent::new(5, 0, 0, 40, EventKind::PAUSE as u8);
+        assert_eq!(w.step(&mut log, &pause), Step::Pause);
+        assert_eq!(apply(&mut log, &mut w, ev(EventKind::COUNT, 50, 2, 0)), Step::Note(EventKind::COUNT));
+        assert_eq!(w.paused(), 0);
+        assert_eq!(log.stack, [1]);
+        apply(&mut log, &mut w, ev(EventKind::JUMP, 60, 1, 0));
+        assert_eq!(w.paused(), 40);
+        apply(&mut log, &mut w, ev(EventKind::JUMP, 70, 1, 0));
+        assert_eq!(w.paused(), 0);
+    }
+}
