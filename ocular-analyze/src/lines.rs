@@ -263,7 +263,7 @@ fn truncate(stack: &mut Vec<Frame>, depth: usize, pass: &mut Pass) {
 
 /// Reads `path` once and gathers time and hits per line.
 pub fn analyze(path: &Path, opts: ReadOptions) -> ocular_format::Result<Lines> {
-    let mut r = Reader::open_with(path, opts)?;
+    let r = Reader::open_with(path, opts)?;
     let header = r.header().clone();
     let mut out = Lines { pid: header.pid, mode: Some(header.options.mode), ..Lines::default() };
     if !out.has_lines() {
@@ -271,6 +271,8 @@ pub fn analyze(path: &Path, opts: ReadOptions) -> ocular_format::Result<Lines> {
         // no trailer, which is only that it was not read to the end).
         return Ok(out);
     }
+    // Decoded ahead on a thread of its own.
+    let mut r = ocular_format::Prefetch::new(r)?;
     let mut cost = ocular_format::cost_table(header.event_cost_ticks, None);
     // The stop's calibration comes after the events it applies to (FORMAT.md 6.6).
     let stop = crate::analysis::read_samples(path, opts, &header)?.stop_calibration;
@@ -309,7 +311,7 @@ pub fn analyze(path: &Path, opts: ReadOptions) -> ocular_format::Result<Lines> {
             pass.lose(f);
         }
     }
-    out.warnings = r.report().warnings(&path.display().to_string());
+    out.warnings = r.finish().report().warnings(&path.display().to_string());
     finish(&mut out, pass, &code, &header, threshold);
     Ok(out)
 }

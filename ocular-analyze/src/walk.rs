@@ -134,7 +134,7 @@ impl Walk {
     }
 
     /// Walks `e`: ends the frames it implies ended (through `frames`), and says what is left to do.
-    #[inline]
+    #[inline(always)]
     pub fn step(&mut self, frames: &mut impl Frames, e: &RawEvent) -> Step {
         if self.pauses.pause(e) {
             return Step::Pause;

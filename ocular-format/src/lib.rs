@@ -35,6 +35,7 @@ pub mod event;
 pub mod linetable;
 pub mod live;
 mod meta;
+pub mod prefetch;
 mod reader;
 pub mod ring;
 mod writer;
@@ -47,6 +48,7 @@ pub use meta::{
     CounterSample, CounterSamples, Dropped, Header, Lost, Mode, OpcodeTable, Options, Position, ProcessInfo, RingInfo,
     ThreadInfo, Trailer,
 };
+pub use prefetch::Prefetch;
 pub use reader::{
     process_alive, Body, Chunk, ChunkInfo, Damage, Mismatch, ReadOptions, Reader, Report, Source, ThreadLoss,
     MAX_LOSS_RANGES,

@@ -209,10 +209,12 @@ impl Timeline {
     /// Walks the file, calling `f` with the code objects known so far and each item. Returns the number
     /// of events read and the reader's warnings.
     pub fn run(
-        mut self,
+        self,
         mut f: impl FnMut(&HashMap<u32, CodeObject>, Item<'_>) -> std::io::Result<()>,
     ) -> anyhow::Result<(u64, Vec<String>)> {
         let header = self.reader.header().clone();
+        // Decoded ahead on a thread of its own, beside the writing of the items.
+        let mut reader = ocular_format::Prefetch::new(self.reader)?;
         let mut code: HashMap<u32, CodeObject> = HashMap::default();
         let mut uops: HashMap<(u32, u32), usize> = HashMap::default();
         let mut names: HashMap<u64, String> = HashMap::default();
@@ -223,7 +225,7 @@ impl Timeline {
         let mut counter_totals: HashMap<(u64, u8), u64> = HashMap::default();
         let mut ended: Vec<(Frame, u64)> = Vec::new();
         crate::progress::begin("exporting", self.size);
-        while let Some(c) = self.reader.next_chunk()? {
+        while let Some(c) = reader.next_chunk()? {
             crate::progress::at(c.info.offset);
             match c.body {
                 Body::Code(objs) => {
@@ -354,6 +356,6 @@ impl Timeline {
             }
             f(&code, Item::ThreadDone { tid, name: names.get(&tid).map(String::as_str) })?;
         }
-        Ok((read, self.reader.report().warnings(&self.path)))
+        Ok((read, reader.finish().report().warnings(&self.path)))
     }
 }

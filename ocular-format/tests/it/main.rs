@@ -4,6 +4,7 @@ mod alloc_meter;
 mod damage;
 mod frozen;
 mod golden;
+mod prefetch;
 mod ring;
 mod roundtrip;
 mod seal;
