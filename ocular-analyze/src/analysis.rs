@@ -882,6 +882,9 @@ struct Tables {
     /// recording counted any.
     count_ended: std::collections::HashSet<u32>,
     counted_any: bool,
+    /// The file is of 2.10 or later: outside windows every call start is counted until its function's last
+    /// counted call (FORMAT.md 5.8).
+    counts_starts: bool,
     /// Bytes of bytecode per code id, and the interpreter's cost of instrumenting a code object (ticks:
     /// per object, per byte; FORMAT.md 6.6), paid at its first call in each later window.
     code_len: HashMap<u32, u32>,
@@ -1115,7 +1118,7 @@ pub fn analyze(path: &Path, opts: ReadOptions) -> ocular_format::Result<Analysis
     let mut cost = ocular_format::cost_table(header.event_cost_ticks, None);
     let precise = header.options.mode == Mode::Precise;
     let mut threads: HashMap<u64, ThreadState> = HashMap::default();
-    let mut tables = Tables::default();
+    let mut tables = Tables { counts_starts: version >= (2, 10), ..Tables::default() };
     // Since 2.2 a thresholded recording records function boundaries in windows only (FORMAT.md 5.3).
     let mut log = WindowLog { ticks_per_us: header.ticks_per_second / 1e6, ..WindowLog::default() };
     // The run's span, first to last event of any thread: no function runs longer than it on one thread.
@@ -1639,9 +1642,15 @@ fn step(
                 }
                 push(ts, id, t, off, tables, tree);
                 // CPython 3.12's INSTRUMENTED_RESUME fires PY_START before it runs pending calls: a frame
-                // whose start was the thread's last event, after the window fell due, was counted then (a
-                // call read twice otherwise). One before it, in an earlier window, was another call.
-                let started = ts.started_last.is_some_and(|(code, at)| code == id && at >= ts.window_from);
+                // whose start was the thread's last event was counted then (a call read twice otherwise).
+                // That start is this call if it came after the window fell due, or if every start of the
+                // function since is recorded (its calls outside windows still counted, 5.8): a thread
+                // preempted between the start and its RESUME's check opens the window there, its start
+                // before the due moment. Otherwise, one in an earlier window may have been another call,
+                // its return and the next start unrecorded.
+                let every_start = tables.counts_starts && !tables.count_ended.contains(&id);
+                let started =
+                    ts.started_last.is_some_and(|(code, at)| code == id && (at >= ts.window_from || every_start));
                 let counted = at_start && ts.calls_from_due && t < ts.calls_until && !started;
                 if at_start {
                     ts.started_at_open = Some((id, counted));

@@ -390,21 +390,25 @@ fn a_call_a_window_found_at_its_first_instruction_is_counted_once_whether_its_py
 
 /// CPython 3.12's INSTRUMENTED_RESUME fires PY_START before it runs pending calls: a window's opening then
 /// finds at its first instruction a frame whose start (here counted outside windows) was the thread's
-/// last event. That call is counted once (c_hash, called 48 times, read 49).
+/// last event. That call is counted once (c_hash, called 48 times, read 49), also when the thread was
+/// preempted between the start and the opening, the start before the window fell due (waiter, 24 calls,
+/// read 25 beside two busy loops): while a function's calls are still counted, every other start of it
+/// would have been recorded.
 #[test]
 fn a_call_started_just_before_the_window_found_it_at_its_first_instruction_is_counted_once() {
     use ocular_format::event::due::CALLS_FROM_DUE;
     use EventKind::*;
-    // f's COUNT at `count_at` (None: none); the window fell due at 1950 (50 us before its opening at 2000).
-    let calls = |count_at: Option<u64>| {
+    // f's COUNT at `count_at`, with its `arg` (1: f's last counted call; None: no COUNT); the window fell
+    // due at 1950 (50 us before its opening at 2000).
+    let calls = |count_at: Option<(u64, u32)>| {
         let mut e = vec![
             ev(0, 0, 0, u32::MAX, WINDOW),
             ev(0, MAIN, 0, 0, PY_START),
             ev(1000, 0, 0, 0, WINDOW_END),
             ev(1500, G, 0, 0, COUNT),
         ];
-        if let Some(at) = count_at {
-            e.push(ev(at, F, 0, 0, COUNT));
+        if let Some((at, last)) = count_at {
+            e.push(ev(at, F, 0, last, COUNT));
         }
         e.extend([
             ev(2000, 50, 1, 100, WINDOW),
@@ -422,9 +426,16 @@ fn a_call_started_just_before_the_window_found_it_at_its_first_instruction_is_co
         (f.calls, f.observed_calls)
     };
     // Counted after the window fell due, or by the opening's stack: one call either way.
-    let (before, at_opening) = (calls(Some(1990)), calls(None));
+    let (before, at_opening) = (calls(Some((1990, 0))), calls(None));
     assert_eq!(before.0, at_opening.0, "counted first: {before:?}; by the stack: {at_opening:?}");
-    // Counted before it fell due (before the gap): another call, and the stack's is counted too.
-    let earlier = calls(Some(1200));
-    assert_eq!(earlier.0, at_opening.0 + 1, "an earlier call: {earlier:?}; by the stack: {at_opening:?}");
+    // Counted before it fell due, f's calls still counted: any later start of f would have a COUNT, so the
+    // frame at its first instruction is that call (the thread was preempted before its RESUME's check).
+    let preempted = calls(Some((1200, 0)));
+    assert_eq!(preempted.0, at_opening.0, "preempted: {preempted:?}; by the stack: {at_opening:?}");
+    // Its last counted call before it fell due: later starts go unrecorded, so the frame may be another
+    // call, and the stack's is counted too.
+    // The window counts it as a call of its own (observed), as it does not when that last counted start
+    // came after the window fell due.
+    let (earlier, last_after_due) = (calls(Some((1200, 1))), calls(Some((1990, 1))));
+    assert_eq!((earlier.1, last_after_due.1), (1, 0), "an earlier call: {earlier:?}; after: {last_after_due:?}");
 }
