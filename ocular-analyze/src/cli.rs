@@ -543,9 +543,9 @@ fn has_events(path: &std::path::Path, opts: ReadOptions) -> anyhow::Result<()> {
             events += u64::from(c.info.count);
         }
     }
-    let pid = r.header().pid;
+    let h = r.header();
     let rep = r.report();
-    if events > 0 || rep.trailer.is_some() || ocular_format::process_alive(pid) {
+    if events > 0 || rep.trailer.is_some() || ocular_format::recording_alive(h.pid, h.start_ticks, h.ticks_per_second) {
         return Ok(());
     }
     let why = if let Some((offset, bytes)) = rep.truncated {

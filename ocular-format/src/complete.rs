@@ -66,7 +66,8 @@ pub fn complete_into(src: &Path, dst: &Path) -> Result<Option<Completed>> {
     let report = r.report().clone();
     // Its process gone, a trace without a trailer is completed even when the ring adds nothing (a process
     // killed while idle, its last buffer already written): it then reads as closed.
-    let gone = report.recovered.is_some() || !crate::reader::process_alive(header.pid);
+    let gone = report.recovered.is_some()
+        || !crate::reader::recording_alive(header.pid, header.start_ticks, header.ticks_per_second);
     let recovered = match (&written, &report.recovered) {
         (Ok(()), rec) if report.trailer.is_none() && gone => rec.clone().unwrap_or_default(),
         _ => {

@@ -50,8 +50,8 @@ pub use meta::{
 };
 pub use prefetch::Prefetch;
 pub use reader::{
-    process_alive, Body, Chunk, ChunkInfo, Damage, Mismatch, ReadOptions, Reader, Report, Source, ThreadLoss,
-    MAX_LOSS_RANGES,
+    now_ticks, process_alive, recording_alive, Body, Chunk, ChunkInfo, Damage, Mismatch, ReadOptions, Reader, Report,
+    Source, ThreadLoss, MAX_LOSS_RANGES,
 };
 pub use writer::{frame_c_function, frame_code, Writer, WriterOptions};
 

@@ -134,7 +134,7 @@ impl Cursor {
         let st = self.ring.live_u32(20);
         let ended = if st == crate::ring::file_state::ENDED {
             Some(End::Stopped)
-        } else if !crate::reader::process_alive(self.ring.pid) {
+        } else if !self.ring.owner_alive() {
             Some(End::Gone)
         } else {
             None
@@ -305,7 +305,7 @@ pub fn find_ring(pid: u32) -> crate::Result<PathBuf> {
         })
         .filter_map(|p| {
             let r = RingFile::open(&p).ok()?;
-            (r.pid == pid && r.state == crate::ring::file_state::RECORDING).then(|| {
+            (r.pid == pid && r.state == crate::ring::file_state::RECORDING && r.owner_alive()).then(|| {
                 let n = p
                     .file_stem()
                     .and_then(|s| s.to_str())

@@ -497,7 +497,7 @@ impl Reader<Source> {
         if ring.state == crate::ring::file_state::ENDED {
             return Err(refuse("the ring file of a recording that ended cleanly: read its .ocl file".into()));
         }
-        if process_alive(ring.pid) {
+        if ring.owner_alive() {
             return Err(refuse(format!(
                 "the recording (process {}) is still running: its ring is being rewritten; ask it for a dump \
                  (rec.dump(), or the signal given to --dump-on), or read it once the process has ended",
@@ -587,6 +587,54 @@ pub fn process_alive(pid: u32) -> bool {
     {
         let _ = pid;
         false
+    }
+}
+
+/// Whether the recording that began at `start_ticks` (its header's, on this machine's tick counter) still
+/// runs: its process is alive and is the one that made it. Process ids are reused, and the runtime directory
+/// keeps a killed recording's ring until its trace is complete: a process that started after the recording
+/// did merely holds its pid now (reading a ring through it would show a recording that never moves).
+pub fn recording_alive(pid: u32, start_ticks: u64, ticks_per_second: f64) -> bool {
+    if !process_alive(pid) {
+        return false;
+    }
+    let Some(age) = process_age(pid).filter(|_| ticks_per_second > 0.0) else { return true };
+    let now = now_ticks();
+    // A start far after now: a recording of an earlier boot (the counter restarts at boot).
+    if start_ticks > now.saturating_add(ticks_per_second as u64) {
+        return false;
+    }
+    let since = now.saturating_sub(start_ticks) as f64 / ticks_per_second;
+    // The process's start is known to 10 ms and the tick rate to about 1e-4: a second, and a thousandth of
+    // the time since, cover both.
+    since <= age + 1.0 + since * 1e-3
+}
+
+/// Seconds since process `pid` started (Linux: its start in clock ticks after boot, against the uptime).
+fn process_age(pid: u32) -> Option<f64> {
+    let stat = std::fs::read_to_string(format!("/proc/{pid}/stat")).ok()?;
+    // Fields after the command name start at the third (state); the start time is the 22nd.
+    let start: f64 = stat[stat.rfind(')')? + 1..].split_whitespace().nth(19)?.parse().ok()?;
+    // SAFETY: sysconf has no preconditions.
+    let hz = unsafe { libc::sysconf(libc::_SC_CLK_TCK) };
+    let uptime: f64 = std::fs::read_to_string("/proc/uptime").ok()?.split_whitespace().next()?.parse().ok()?;
+    (hz > 0).then(|| uptime - start / hz as f64)
+}
+
+/// The tick counter recordings on this machine use (FORMAT.md 4.1): the TSC on x86-64, `CLOCK_MONOTONIC`
+/// nanoseconds elsewhere.
+pub fn now_ticks() -> u64 {
+    #[cfg(target_arch = "x86_64")]
+    {
+        // SAFETY: rdtsc has no preconditions on x86-64.
+        unsafe { core::arch::x86_64::_rdtsc() }
+    }
+    #[cfg(not(target_arch = "x86_64"))]
+    {
+        let mut ts = libc::timespec { tv_sec: 0, tv_nsec: 0 };
+        // SAFETY: clock_gettime writes one timespec to a valid pointer.
+        unsafe { libc::clock_gettime(libc::CLOCK_MONOTONIC, &mut ts) };
+        ts.tv_sec as u64 * 1_000_000_000 + ts.tv_nsec as u64
     }
 }
 
@@ -682,13 +730,13 @@ impl<R: Read + Seek> Reader<R> {
         });
         let Some(ring) = found else {
             if let Some(named) = self.ring.as_ref().filter(|n| !std::path::Path::new(n).exists()) {
-                if !process_alive(header.pid) {
+                if !recording_alive(header.pid, header.start_ticks, header.ticks_per_second) {
                     self.report.ring_gone = Some(named.clone());
                 }
             }
             return None;
         };
-        if ring.state != crate::ring::file_state::RECORDING || process_alive(ring.pid) {
+        if ring.state != crate::ring::file_state::RECORDING || ring.owner_alive() {
             return None;
         }
         let mut out = std::collections::VecDeque::new();

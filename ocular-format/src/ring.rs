@@ -284,7 +284,7 @@ pub fn sweep(dir: &Path, age: std::time::Duration, keep: usize) -> usize {
         .flatten()
         .map(|e| e.path())
         .filter(|p| p.extension().is_some_and(|x| x == "ring"))
-        .filter(|p| RingFile::open(p).is_ok_and(|r| !crate::reader::process_alive(r.pid)))
+        .filter(|p| RingFile::open(p).is_ok_and(|r| !r.owner_alive()))
         .filter_map(|p| Some((std::fs::metadata(&p).ok()?.modified().ok()?, p)))
         .collect();
     dead.sort_by_key(|d| std::cmp::Reverse(d.0));
@@ -319,7 +319,7 @@ pub enum Settled {
 /// hold the only copy of what the recording did.
 pub fn settle(ring: &Path) -> crate::Result<Settled> {
     let r = RingFile::open(ring)?;
-    if crate::reader::process_alive(r.pid) {
+    if r.owner_alive() {
         return Err(crate::Error::Corrupt {
             path: ring.display().to_string(),
             offset: 0,
@@ -451,7 +451,7 @@ impl RingWriter {
         let (_, _, _, size) = layout.offsets().ok_or_else(|| bad("ring file too large"))?;
         // A new file, never one in use: two recordings must not share slots. (A file left there by a
         // recording of a process that is gone, with this pid, is replaced.)
-        if path.exists() && RingFile::open(path).is_ok_and(|r| !crate::reader::process_alive(r.pid) || r.pid != pid) {
+        if path.exists() && RingFile::open(path).is_ok_and(|r| !r.owner_alive() || r.pid != pid) {
             let _ = std::fs::remove_file(path);
         }
         let mut opts = std::fs::OpenOptions::new();
@@ -1056,6 +1056,11 @@ impl RingFile {
     /// The recording's tick rate.
     pub fn ticks_per_second(&self) -> f64 {
         f64::from_le_bytes(self.map[32..40].try_into().expect("8 bytes"))
+    }
+
+    /// Whether the recording that made this ring still runs (not merely a process with its pid).
+    pub fn owner_alive(&self) -> bool {
+        crate::reader::recording_alive(self.pid, self.start_ticks, self.ticks_per_second())
     }
 
     pub(crate) fn slots_offset(&self) -> u64 {

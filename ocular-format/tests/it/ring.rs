@@ -154,6 +154,10 @@ fn killed_trace_with(dir: &std::path::Path, pid: u32, header_record: bool) -> st
     let ring_path = path_for(&ocl);
     let mut header = testing::header();
     header.pid = pid;
+    if pid == std::process::id() {
+        // A recording of this process, which started after it did (else its pid is all it shares with it).
+        header.start_ticks = ocular_format::now_ticks();
+    }
     let ring = RingWriter::create(&ring_path, pid, header.start_ticks, header.ticks_per_second, LAYOUT).unwrap();
     ring.set_trace(&ocl);
     if header_record {
@@ -245,9 +249,9 @@ fn a_ring_file_is_not_used_while_its_process_runs_nor_for_another_trace() {
 fn a_ring_file_in_use_is_never_taken_over() {
     let dir = tempfile::tempdir().unwrap();
     let p = dir.path().join("r");
-    let _first = RingWriter::create(&p, std::process::id(), 0, 1e9, LAYOUT).unwrap();
+    let _first = RingWriter::create(&p, std::process::id(), ocular_format::now_ticks(), 1e9, LAYOUT).unwrap();
     // Two recordings sharing slots wrote over each other's events: the second is refused instead.
-    let e = RingWriter::create(&p, std::process::id(), 0, 1e9, LAYOUT).unwrap_err();
+    let e = RingWriter::create(&p, std::process::id(), ocular_format::now_ticks(), 1e9, LAYOUT).unwrap_err();
     assert_eq!(e.kind(), std::io::ErrorKind::AlreadyExists);
     assert_ne!(ocular_format::ring::path_for_recording(&p, 7, 0), ocular_format::ring::path_for_recording(&p, 7, 1));
 }
@@ -260,7 +264,9 @@ fn a_sweep_keeps_the_newest_rings_of_gone_processes_and_every_live_one() {
         RingWriter::create(&dir.path().join(format!("d{i}.ring")), gone, 0, 1e9, LAYOUT).unwrap();
         std::thread::sleep(std::time::Duration::from_millis(20)); // distinct modification times
     }
-    let _live = RingWriter::create(&dir.path().join("live.ring"), std::process::id(), 0, 1e9, LAYOUT).unwrap();
+    let _live =
+        RingWriter::create(&dir.path().join("live.ring"), std::process::id(), ocular_format::now_ticks(), 1e9, LAYOUT)
+            .unwrap();
     std::fs::write(dir.path().join("other.ring"), b"not a ring").unwrap();
     assert_eq!(ocular_format::ring::sweep(dir.path(), std::time::Duration::from_secs(3600), 2), 3);
     let mut left: Vec<String> =
@@ -436,6 +442,10 @@ fn killed_flight(dir: &std::path::Path, pid: u32) -> (std::path::PathBuf, std::p
     let ring_path = dir.join("fr.ring");
     let mut header = testing::header();
     header.pid = pid;
+    if pid == std::process::id() {
+        // A recording of this process, which started after it did (else its pid is all it shares with it).
+        header.start_ticks = ocular_format::now_ticks();
+    }
     let ring = RingWriter::create(&ring_path, pid, header.start_ticks, header.ticks_per_second, FLIGHT).unwrap();
     assert!(ring.append_meta(0x0001, &postcard::to_allocvec(&header).unwrap()));
     let mut w = Writer::new(std::fs::File::create(&ocl).unwrap(), "fr.ocl", &header, WriterOptions::default()).unwrap();
@@ -522,7 +532,7 @@ fn a_cursor_follows_slots_from_when_it_opens_and_counts_exactly_what_it_missed()
     use ocular_format::live::{Cursor, End};
     let dir = tempfile::tempdir().unwrap();
     let path = dir.path().join("live.ring");
-    let w = RingWriter::create(&path, std::process::id(), 0, 1e9, LAYOUT).unwrap();
+    let w = RingWriter::create(&path, std::process::id(), ocular_format::now_ticks(), 1e9, LAYOUT).unwrap();
     // Thread 5 has recorded 3 events before the cursor opens: they are not delivered.
     w.prepare_slot(0).unwrap();
     w.filling(0, 5, 100, 0);
@@ -600,6 +610,32 @@ fn a_cursor_refuses_a_ring_file_that_cannot_be_followed() {
     let e = find_ring(std::process::id()).unwrap_err().to_string();
     let said = format!("process {}: it is not recording with Ocular (no ring file of it in ", std::process::id());
     assert!(e.starts_with(&said), "{e}");
+}
+
+#[test]
+fn a_ring_of_a_pid_that_a_later_process_reuses_is_a_dead_recordings() {
+    use ocular_format::live::{find_ring, Cursor, End};
+    // GIVEN a ring in the runtime directory naming this process's pid, from a recording that began before
+    // this process did: a killed recording's, whose pid the system has given to this process since
+    let dir = ocular_format::ring::runtime_dir().expect("a runtime directory");
+    let pid = std::process::id();
+    let uptime: f64 =
+        std::fs::read_to_string("/proc/uptime").unwrap().split_whitespace().next().unwrap().parse().unwrap();
+    let tps = 1e6;
+    let before_boot_plus_10s = ocular_format::now_ticks() - ((uptime + 10.0) * tps) as u64;
+    let stale = dir.join(format!("reused.ocl.{pid}-0.ring"));
+    let _w = RingWriter::create(&stale, pid, before_boot_plus_10s, tps, LAYOUT).unwrap();
+    // THEN it is no recording of this process: not followed, read as ended, and settled by a sweep
+    assert!(!RingFile::open(&stale).unwrap().owner_alive());
+    let e = find_ring(pid).unwrap_err().to_string();
+    assert!(e.contains("it is not recording with Ocular"), "{e}");
+    assert_eq!(Cursor::open(&stale).unwrap().poll(|_, _| {}).ended, Some(End::Gone));
+    let settled = ocular_format::ring::settle(&stale);
+    assert!(settled.is_ok() && !stale.exists(), "{settled:?}");
+    // WHILE a ring this process makes now is its own
+    let tmp = tempfile::tempdir().unwrap();
+    let own = RingWriter::create(&tmp.path().join("own.ring"), pid, ocular_format::now_ticks(), 1e9, LAYOUT).unwrap();
+    assert!(RingFile::open(own.path()).unwrap().owner_alive());
 }
 
 #[test]
