@@ -26,6 +26,11 @@ fn windowed() -> (tempfile::TempDir, std::path::PathBuf) {
 
 /// [`windowed`] with counter samples (ticks, period) of one counter, `page-faults`, on its thread.
 fn windowed_with(samples: &[(u64, u64)]) -> (tempfile::TempDir, std::path::PathBuf) {
+    write_trace(&windowed_events(), samples, 11_000)
+}
+
+/// [`windowed`]'s events.
+fn windowed_events() -> Vec<RawEvent> {
     use EventKind::*;
     let mut e = vec![
         ev(0, 0, 0, u32::MAX, WINDOW),
@@ -49,7 +54,7 @@ fn windowed_with(samples: &[(u64, u64)]) -> (tempfile::TempDir, std::path::PathB
     }
     // Between windows nothing of the kind is recorded; the run's last event, at 11000.
     e.push(ev(11_000, MAIN, 2, 0, JUMP));
-    write_trace(&e, samples, 11_000)
+    e
 }
 
 /// Writes `e` (thread 7) and counter `samples` (ticks, period) of one counter, `page-faults`, with the code
@@ -185,6 +190,30 @@ fn stats_add_the_complete_part_to_the_windows_scaled_by_the_time_they_stand_for(
         ),
         "{text}"
     );
+}
+
+/// A function whose calls were counted between the windows and that no window saw: its time reads 0, an
+/// estimate, and its interval is that of two windows spent wholly in it, as for one a window saw (chance
+/// puts no window on a function holding a few percent of a run about one run in eight).
+#[test]
+fn a_function_that_ran_only_between_windows_has_the_interval_of_two_windows_spent_in_it() {
+    use EventKind::*;
+    let mut e = windowed_events();
+    let end = e.pop().expect("the last event");
+    for at in [1500, 2500, 3500] {
+        e.push(ev(at, 4, 0, 0, COUNT));
+    }
+    e.sort_by_key(|x| x.ticks.get());
+    e.push(end);
+    let (_dir, path) = write_trace(&e, &[], 11_000);
+    let a = analyze(&path, Default::default()).unwrap();
+    let rows = stats::rows(&a, false, stats::SortBy::Exclusive);
+    let h = rows.iter().find(|r| r.function == "h").expect("h");
+    assert_eq!((h.calls, h.calls_estimated, h.inclusive_ms, h.estimated), (3, false, 0.0, true), "{h:?}");
+    // 1.96 x the scale (10) x two windows of 100 ticks, in ms.
+    let two_windows = 1.96 * 10.0 * (2.0f64 * 100.0 * 100.0).sqrt() / 1e3;
+    assert!((h.inclusive_ci95_ms - two_windows).abs() < 1e-9, "{} {two_windows}", h.inclusive_ci95_ms);
+    assert!((h.exclusive_ci95_ms - two_windows).abs() < 1e-9, "{} {two_windows}", h.exclusive_ci95_ms);
 }
 
 #[test]
