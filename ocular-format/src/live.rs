@@ -305,15 +305,11 @@ pub fn find_ring(pid: u32) -> crate::Result<PathBuf> {
         })
         .filter_map(|p| {
             let r = RingFile::open(&p).ok()?;
-            (r.pid == pid && r.state == crate::ring::file_state::RECORDING && r.owner_alive()).then(|| {
-                let n = p
-                    .file_stem()
-                    .and_then(|s| s.to_str())
-                    .and_then(|s| s.rsplit('-').next())
-                    .and_then(|n| n.parse().ok())
-                    .unwrap_or(0);
-                (n, p)
-            })
+            // A recording of the process that has this pid now, or, if none runs with it, the last one that
+            // did (killed: what its ring holds is read, and the reader says it ended). A ring of an earlier
+            // process that had the pid is never taken for a running one's.
+            let ours = r.owner_alive() || !crate::reader::process_alive(pid);
+            (r.pid == pid && r.state == crate::ring::file_state::RECORDING && ours).then_some((r.start_ticks, p))
         })
         .collect();
     found.sort();
