@@ -473,16 +473,15 @@ def test_a_ring_file_that_cannot_be_made_is_said_and_the_recording_goes_on(tmp_p
 
 
 def test_a_full_disk_leaves_the_program_unharmed_and_a_closed_trace_that_counts_the_rest_as_lost(tmp_path):
-    # A real write failure, partial chunk included: the process may write files of 200 kB at most
-    # (RLIMIT_FSIZE: the kernel fails the write that crosses it, as a full disk does). Before, the trace
-    # ended without a trailer and read as a killed recording whose ring was gone, and two warnings said
-    # "could not write" and "dropped N events".
+    # A real write failure, partial chunk included: the process may write files of 100 kB at most (the run's
+    # trace compresses to about 400; RLIMIT_FSIZE: the kernel fails the write that crosses it, as a full disk
+    # does). The trace must close at its last whole chunk with the rest counted as lost, in one warning.
     out = tmp_path / "t.ocl"
     script = tmp_path / "w.py"
     script.write_text(textwrap.dedent(f"""
         import resource, signal, warnings, ocular
         signal.signal(signal.SIGXFSZ, signal.SIG_IGN)
-        resource.setrlimit(resource.RLIMIT_FSIZE, (200_000, 200_000))
+        resource.setrlimit(resource.RLIMIT_FSIZE, (100_000, 100_000))
         def f(x):
             return x + 1
         with warnings.catch_warnings(record=True) as w:
@@ -501,7 +500,7 @@ def test_a_full_disk_leaves_the_program_unharmed_and_a_closed_trace_that_counts_
     assert re.search(r"could not write .*t\.ocl: .*File too large.*the program went on unharmed, and the trace "
                      r"holds what came before: the \d+ events from \d+\.\d+ s into the recording on are counted "
                      r"in it as lost", said[0]), said[0]
-    assert os.path.getsize(out) <= 200_000
+    assert os.path.getsize(out) <= 100_000
     info = json.loads(subprocess.run([sys.executable, "-m", "ocular", "info", "--json", str(out)], capture_output=True,
                                      text=True, check=True).stdout)
     assert info["closed_cleanly"] and info["lost_events"] > 0, info
@@ -526,9 +525,9 @@ def test_a_trace_deleted_while_it_is_written_is_written_again_at_the_stop(tmp_pa
 
 
 def test_a_flight_recorder_that_cannot_write_keeps_its_ring_and_a_cut_dump_is_removed(tmp_path):
-    # Files of at most 100 kB (RLIMIT_FSIZE, as a full disk): the dump fails, and so does the trace at the
-    # stop. Before, the dump was left cut off (it read as a trace that ended early) and the trace kept its
-    # metadata only: every event of the run was gone with the ring.
+    # Files of at most 20 kB (RLIMIT_FSIZE, as a full disk; the run's trace compresses to 75-90 kB): the dump
+    # fails, and so does the trace at the stop. A cut dump would read as a trace that ended early, and the
+    # events must survive in the ring.
     run = tmp_path / "run"
     run.mkdir(mode=0o700)
     out = tmp_path / "t.ocl"
@@ -543,7 +542,7 @@ def test_a_flight_recorder_that_cannot_write_keeps_its_ring_and_a_cut_dump_is_re
             with ocular.record({str(out)!r}, mode="calls", ring="8MB") as rec:
                 for i in range(300_000):
                     f(i)
-                resource.setrlimit(resource.RLIMIT_FSIZE, (100_000, 100_000))
+                resource.setrlimit(resource.RLIMIT_FSIZE, (20_000, 20_000))
                 rec.dump()
                 for i in range(1000):
                     f(i)
