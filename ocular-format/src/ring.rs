@@ -312,12 +312,29 @@ pub enum Settled {
     Unnamed,
 }
 
+/// Where [`settle`] writes a dead recording's ring as a trace of its own when the directory of its trace is
+/// gone or unwritable (a test's temporary directory, removed after the recording was killed):
+/// `$XDG_DATA_HOME/ocular/recovered`, by default `~/.local/share/ocular/recovered`. On disk, not in memory
+/// as rings are, so nothing is lost and the runtime directory does not grow without bound.
+pub fn recovered_dir() -> Option<PathBuf> {
+    let absolute = |d: std::ffi::OsString| Some(PathBuf::from(d)).filter(|p| p.is_absolute());
+    std::env::var_os("XDG_DATA_HOME")
+        .and_then(absolute)
+        .or_else(|| std::env::var_os("HOME").and_then(absolute).map(|h| h.join(".local/share")))
+        .map(|d| d.join("ocular").join("recovered"))
+}
+
 /// Puts what the ring file at `ring` holds of a dead recording into a trace, then removes the ring: its
 /// trace (named in its header since 1.4) completed from it, or, if the trace is gone or belongs to another
-/// recording now, a trace of its own beside where the trace was (`run.ocl.PID-N.recovered.ocl`). An error
-/// (the trace's directory is gone or unwritable, the disk is full) leaves the ring where it was: it may
-/// hold the only copy of what the recording did.
+/// recording now, a trace of its own beside where the trace was (`run.ocl.PID-N.recovered.ocl`), or in
+/// [`recovered_dir`] if that directory is gone or unwritable. An error (nowhere to write, the disk is full)
+/// leaves the ring where it was: it may hold the only copy of what the recording did.
 pub fn settle(ring: &Path) -> crate::Result<Settled> {
+    settle_to(ring, recovered_dir().as_deref())
+}
+
+/// As [`settle`], with `fallback` (made if missing) instead of [`recovered_dir`].
+pub fn settle_to(ring: &Path, fallback: Option<&Path>) -> crate::Result<Settled> {
     let r = RingFile::open(ring)?;
     if r.owner_alive() {
         return Err(crate::Error::Corrupt {
@@ -356,13 +373,37 @@ pub fn settle(ring: &Path) -> crate::Result<Settled> {
         return if ring.exists() { remove(Settled::Completed(trace)) } else { Ok(Settled::Completed(trace)) };
     }
     let name = ring.file_name().map_or_else(|| "trace".into(), |n| n.to_string_lossy().into_owned());
-    let own = trace.with_file_name(format!("{}.recovered.ocl", name.trim_end_matches(".ring")));
-    crate::complete::complete_into(ring, &own)?;
-    if ring.exists() {
-        remove(Settled::Written(own))
-    } else {
-        Ok(Settled::Written(own))
+    let name = name.trim_end_matches(".ring");
+    let beside = trace.parent().map(Path::to_path_buf);
+    let mut first_error = None;
+    for dir in [beside.as_deref(), fallback].into_iter().flatten() {
+        if Some(dir) == fallback {
+            let mut made = std::fs::DirBuilder::new();
+            #[cfg(unix)]
+            std::os::unix::fs::DirBuilderExt::mode(&mut made, 0o700);
+            let _ = made.recursive(true).create(dir);
+        }
+        // Never over an earlier recovered trace (a pid used again, a second sweep's).
+        let own = (1..)
+            .map(|i| match i {
+                1 => dir.join(format!("{name}.recovered.ocl")),
+                _ => dir.join(format!("{name}.recovered-{i}.ocl")),
+            })
+            .find(|p| !p.exists())
+            .expect("some name is free");
+        match crate::complete::complete_into(ring, &own) {
+            Ok(_) if ring.exists() => return remove(Settled::Written(own)),
+            Ok(_) => return Ok(Settled::Written(own)),
+            Err(e) => {
+                first_error.get_or_insert(e);
+            }
+        }
     }
+    Err(first_error.unwrap_or_else(|| crate::Error::Corrupt {
+        path: ring.display().to_string(),
+        offset: 0,
+        what: format!("its trace {} has no directory to write a recovered trace in", trace.display()),
+    }))
 }
 
 /// The recording's side of a ring file.

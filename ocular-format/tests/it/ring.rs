@@ -683,3 +683,38 @@ fn a_killed_recording_gets_its_c_functions_from_its_ring_file() {
     assert_eq!(all.cfuncs.iter().map(|f| f.qualname.as_str()).collect::<Vec<_>>(), ["len", "isinstance"]);
     assert!(all.report.clean());
 }
+
+#[test]
+fn a_ring_whose_trace_directory_is_gone_is_written_to_the_fallback_directory_never_over_another() {
+    let runtime = tempfile::tempdir().unwrap();
+    let data = tempfile::tempdir().unwrap();
+    let fallback = data.path().join("ocular/recovered");
+    let mut written = vec![];
+    for _ in 0..2 {
+        let traces = tempfile::tempdir().unwrap();
+        let ocl = killed_trace_with(traces.path(), dead_pid(), true);
+        // The ring in the runtime directory, as a recording's is; its trace's directory then removed (a
+        // test's temporary directory, after its recording was killed).
+        let ring = runtime.path().join("run.ocl.4242-0.ring");
+        std::fs::rename(path_for(&ocl), &ring).unwrap();
+        drop(traces);
+        assert!(!ocl.exists());
+        // Nowhere to write: the ring stays, with the error of the place beside the trace.
+        let e = ocular_format::ring::settle_to(&ring, None).unwrap_err().to_string();
+        assert!(e.contains("run.ocl.4242-0.recovered.ocl"), "{e}");
+        assert!(ring.exists());
+        let settled = ocular_format::ring::settle_to(&ring, Some(&fallback)).unwrap();
+        let ocular_format::ring::Settled::Written(own) = settled else { panic!("{settled:?}") };
+        assert!(!ring.exists());
+        let (mut ticks, r) = read_all(&own);
+        ticks.sort();
+        assert_eq!(ticks, ALL_TICKS, "every event the ring held is in {}", own.display());
+        assert!(r.report().trailer.is_some());
+        written.push(own);
+    }
+    // The same ring name a second time (a pid used again) does not replace the first recovered trace.
+    assert_eq!(
+        written,
+        [fallback.join("run.ocl.4242-0.recovered.ocl"), fallback.join("run.ocl.4242-0.recovered-2.ocl")]
+    );
+}
