@@ -472,7 +472,7 @@ fn cost_note(a: &Analysis, rows: &[Row]) -> Option<String> {
         format!(
             "times marked ~ are the clock's less the recorder's cost of the events in them, {:.1} ns each {measured}; \
              that measurement moves with the machine's speed, so their 95% intervals take the cost as anything from \
-             none to twice it",
+             none to three times it",
             h.event_cost_ticks * ratio * 1e9 / h.ticks_per_second
         )
     })

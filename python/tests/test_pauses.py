@@ -113,7 +113,8 @@ def test_the_time_a_thread_waited_for_the_recorder_is_not_the_programs(tmp_path)
             break
     else:
         pytest.fail(f"the waits did not dominate: (wall, pauses, cost, work) in ms, 8 tries: {tries}")
-    # The time it ran, less the recorder's cost, which may be up to twice the measurement (analysis.rs,
-    # COST_UNCERTAINTY); with the pauses left in it would read `wall - cost`, more than twice `running`.
+    # The time it ran, less the recorder's cost as the analyzer takes it out (the start's measurement brought
+    # to the machine's speed at the stop: up to twice it); with the pauses left in it would read `wall - cost`,
+    # more than twice `running`.
     running = wall - paused
     assert running - 2 * cost - 0.1 * running <= got <= 1.05 * running, tries[-1]
