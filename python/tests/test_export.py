@@ -258,7 +258,7 @@ def test_parquet_functions_table_is_stats_with_the_intervals_of_its_estimates(tm
     script.write_text(WINDOWED)
     ocl = tmp_path / "windowed.ocl"
     subprocess.run([sys.executable, "-m", "ocular", "run", "-q", "--sampled", "-o", str(ocl), str(script)],
-                   check=True)
+                   check=True, timeout=600)
     out = tmp_path / "windowed.parquet"
     r = subprocess.run([ANALYZE, "export", "--parquet", "-o", str(out), str(ocl)], capture_output=True, text=True)
     assert r.returncode == 0, r.stderr

@@ -37,7 +37,10 @@ def run(tmp_path, variant, traced, *options, rounds=None):
     cmd = [sys.executable]
     if traced:
         cmd += ["-m", "ocular", "run", "-o", str(tmp_path / f"{variant}.ocl"), *options]
-    subprocess.run(cmd + [WORKLOAD, variant, rounds or ROUNDS[variant]], env=env, check=True, capture_output=True)
+    # A timeout: a recording that hangs fails its test instead of the suite (a sampled recording's window
+    # opener once deadlocked the program, its signal arriving while CPython ran pending calls).
+    subprocess.run(cmd + [WORKLOAD, variant, rounds or ROUNDS[variant]], env=env, check=True, capture_output=True,
+                   timeout=600)
     return json.loads(out.read_text())
 
 

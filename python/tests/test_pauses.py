@@ -93,12 +93,14 @@ def test_a_thread_held_up_for_a_buffer_has_the_pause_written_after_the_event_tha
 
 
 def test_the_time_a_thread_waited_for_the_recorder_is_not_the_programs(tmp_path):
-    # The work recorded while it waits for the writer for more than twice as long as it runs, timed by the
-    # program itself (perf_counter around the call). With the pauses taken out, the work reads its own wall
-    # time less the pauses, less what recording its events cost; left in, it would read 3x or more. Both figures come from the one run, so a busy
-    # machine, which stretches the work and the pauses alike, moves them together (a second recording
-    # without waits, as the reference, read 6-10 ms beside two busy loops where this one read 2.5, and 1x
-    # on a quiet machine). Up to 8 tries, for the waits to dominate.
+    # The work recorded while it waits for the writer for longer than it runs, timed by the program itself
+    # (perf_counter around the call). With the pauses taken out, the work reads its own wall time less the
+    # pauses, less what recording its events cost; left in, it would read 2x or more. Both figures come from
+    # the one run, so a busy machine, which stretches the work and the pauses alike, moves them together (a
+    # second recording without waits, as the reference, read 6-10 ms beside two busy loops where this one
+    # read 2.5, and 1x on a quiet machine). Up to 8 tries, for the waits to dominate: pinned to one core
+    # they were 1.9x the running time in 8 of 8 (the writer shares the core), so more than the running time
+    # is asked, not twice it.
     tries = []
     for k in range(8):
         waited = record(tmp_path / f"wait{k}.ocl", "adaptive", **WAIT)
@@ -109,12 +111,12 @@ def test_the_time_a_thread_waited_for_the_recorder_is_not_the_programs(tmp_path)
         cost = info["events"] * info["event_cost_ns"] / 1e6
         got = work_ms(waited)
         tries.append((wall, paused, cost, got))
-        if paused > 2 * (wall - paused) > 0:
+        if paused > wall - paused > 0:
             break
     else:
         pytest.fail(f"the waits did not dominate: (wall, pauses, cost, work) in ms, 8 tries: {tries}")
     # The time it ran, less the recorder's cost as the analyzer takes it out (the start's measurement brought
     # to the machine's speed at the stop: up to twice it); with the pauses left in it would read `wall - cost`,
-    # more than twice `running`.
+    # more than `2 running - cost`.
     running = wall - paused
     assert running - 2 * cost - 0.1 * running <= got <= 1.05 * running, tries[-1]

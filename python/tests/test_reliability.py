@@ -412,7 +412,9 @@ def test_a_killed_recordings_ring_goes_into_its_trace_before_later_recordings_re
         r = _python(["-m", "ocular", "run", "-q", "--mode", "calls", "-o", str(tmp_path / f"t{i}.ocl"), str(killed)],
                     tmp_path)
         assert r.returncode == -signal.SIGKILL, r.stderr
-    assert len(list((run / "ocular").glob("*.ring"))) == 10
+    # Each killed run leaves its ring; a later run's sweep may already have settled the oldest beyond 8 (on
+    # one core the last run's writer thread swept before the run killed itself).
+    assert 9 <= len(list((run / "ocular").glob("*.ring"))) <= 10
     ended = tmp_path / "ended.py"
     ended.write_text("pass\n")
     r = _python(["-m", "ocular", "run", "-q", "-o", str(tmp_path / "last.ocl"), str(ended)], tmp_path)

@@ -84,7 +84,7 @@ def record(tmp_path, name, source, *args, mode="adaptive", sampled=False):
     script.write_text(textwrap.dedent(source))
     out = tmp_path / f"{name}-{mode}{'-sampled' if sampled else ''}.ocl"
     r = subprocess.run([sys.executable, "-m", "ocular", "run", "-q", "--mode", mode, *(["--sampled"] * sampled),
-                        "-o", str(out), str(script), *args], capture_output=True, text=True)
+                        "-o", str(out), str(script), *args], capture_output=True, text=True, timeout=600)
     assert r.returncode == 0, r.stderr
     return str(out), r.stdout
 
