@@ -961,6 +961,7 @@ fn _ocular(m: &Bound<'_, PyModule>) -> PyResult<()> {
     m.add_function(wrap_pyfunction!(abandon_after_fork, m)?)?;
     m.add_function(wrap_pyfunction!(is_recording, m)?)?;
     m.add_function(wrap_pyfunction!(windows::start_windows, m)?)?;
+    m.add_function(wrap_pyfunction!(windows::window_signal, m)?)?;
     m.add_function(wrap_pyfunction!(due::due_stacks_usable, m)?)?;
     m.add_function(wrap_pyfunction!(read::read, m)?)?;
     m.add_function(wrap_pyfunction!(read::file_events, m)?)?;

@@ -13,11 +13,14 @@
 //! (mostly for I/O), and windows would then always start just after a file read (measured: importlib's
 //! `_compile_bytecode` rose to the top 3 of programs where it is not). Instead it asks the main thread to
 //! open it, with `Py_AddPendingCall`, which the interpreter runs at its next safe point (a call or a
-//! backward jump, microseconds later, wherever the program is). CPython 3.12 and 3.13 only wake the main
-//! thread for a pending call when the call is added *on* the main thread, so the request travels as a
-//! real-time signal to the main thread, whose handler adds the call (what `Py_AddPendingCall` is made
-//! for). Only when the main thread does not get there within `FALLBACK` (blocked, or in a long C call)
-//! does a second thread take the GIL itself.
+//! backward jump, microseconds later, wherever the program is). The request travels as a real-time signal
+//! to the main thread, handled by Python's `signal` module with [`window_signal`] as its handler: CPython's
+//! own C handler only sets a flag (it is async-signal-safe), and the interpreter calls the handler at its
+//! next safe point on the main thread. A C handler of Ocular's own that queued a pending call deadlocked
+//! the program: `Py_AddPendingCall` takes the lock the interrupted main thread held while it ran pending
+//! calls. Only when the main thread does not get there within `FALLBACK` (blocked, or in a long C call), or
+//! the recording started off the main thread (no handler can be installed there), does a second thread
+//! take the GIL itself.
 //!
 //! A safe point can be far off: a long C call, an explicit collection or a sleep holds it back for as long
 //! as it lasts. So the window stands for the span from when it was due (FORMAT.md 5.7): at that moment the
@@ -51,79 +54,24 @@ const FALLBACK: Duration = Duration::from_millis(2);
 /// pending call and the fallback both try to take it; the one that does opens the window.
 static SCHEDULED_FOR: AtomicU64 = AtomicU64::new(0);
 
-/// The signal that carries the request to the main thread, and the handler it had before (restored when
-/// the opener stops).
-struct Signal {
-    signo: libc::c_int,
-    old: libc::sigaction,
-}
-
-/// Runs on the main thread when the opener's signal arrives: only queues the pending call (the one thing
-/// CPython allows a signal handler to do).
-extern "C" fn on_signal(_signo: libc::c_int) {
-    // SAFETY: Py_AddPendingCall is async-signal-safe by design; it may fail (queue full), and the opener's
-    // fallback then opens the window (the main thread may then have started functions before it opened).
-    if unsafe { ffi::Py_AddPendingCall(Some(pending_open), std::ptr::null_mut()) } != 0 {
-        ASKED_MAIN.store(false, Ordering::Release);
-    }
-}
-
-/// Installs `on_signal` on a real-time signal nobody else handles (from SIGRTMAX - 1 down).
-fn install_signal() -> Option<Signal> {
-    // SAFETY: sigaction with valid pointers; the handler only calls an async-signal-safe function.
-    unsafe {
-        let (lo, hi) = (libc::SIGRTMIN() + 4, libc::SIGRTMAX() - 1);
-        for signo in (lo..=hi).rev() {
-            let mut old: libc::sigaction = std::mem::zeroed();
-            if libc::sigaction(signo, std::ptr::null(), &mut old) != 0 || old.sa_sigaction != libc::SIG_DFL {
-                continue;
-            }
-            let mut sa: libc::sigaction = std::mem::zeroed();
-            sa.sa_sigaction = on_signal as extern "C" fn(libc::c_int) as usize;
-            sa.sa_flags = libc::SA_RESTART;
-            libc::sigemptyset(&mut sa.sa_mask);
-            if libc::sigaction(signo, &sa, &mut old) == 0 {
-                return Some(Signal { signo, old });
-            }
-        }
-        None
-    }
-}
-
-impl Drop for Signal {
-    fn drop(&mut self) {
-        // A request sent just before the stop may still be pending on the main thread (not yet scheduled
-        // to take it): restored to its default at once, it would kill the process (seen once in CI:
-        // "Real-time signal 29"). Ignoring the signal first discards every pending one; then the saved
-        // disposition comes back.
-        // SAFETY: sigaction with valid pointers; SIG_IGN and the saved disposition.
-        unsafe {
-            let mut ignore: libc::sigaction = std::mem::zeroed();
-            ignore.sa_sigaction = libc::SIG_IGN;
-            libc::sigemptyset(&mut ignore.sa_mask);
-            libc::sigaction(self.signo, &ignore, std::ptr::null_mut());
-            libc::sigaction(self.signo, &self.old, std::ptr::null_mut());
-        }
-    }
-}
-
 /// Takes the scheduled window of `generation`, if nobody has.
 fn claim(generation: u64) -> bool {
     SCHEDULED_FOR.compare_exchange(generation, 0, Ordering::AcqRel, Ordering::Relaxed).is_ok()
 }
 
-/// Run by the main thread at a safe point (`Py_AddPendingCall`), with the GIL held. Never fails: an
-/// error here would be raised into the program.
-extern "C" fn pending_open(_arg: *mut std::os::raw::c_void) -> std::os::raw::c_int {
-    // SAFETY: pending calls run with the GIL held, on a thread attached to the interpreter.
+/// The handler of the opener's signal, installed with Python's `signal` module on the main thread (by the
+/// `ocular` package, before `start_windows`): run by the interpreter at its next safe point, with the GIL.
+/// Never fails: an error here would be raised into the program.
+#[pyfunction]
+pub(super) fn window_signal(py: Python<'_>, signum: i32, frame: Bound<'_, PyAny>) {
+    let _ = (signum, frame);
+    // SAFETY: GIL held (a Python signal handler runs with it, on the main thread).
     unsafe {
         let generation = state().generation;
         if claim(generation) {
-            let py = Python::assume_attached();
             open(py, generation);
         }
     }
-    0
 }
 
 /// The opener thread: dropping `stop` wakes it and ends it.
@@ -146,12 +94,13 @@ impl Opener {
     }
 }
 
-/// Whether the main thread was asked, by the signal, to open the window now scheduled; cleared by the
-/// signal handler if it could not queue the request.
+/// Whether the main thread was asked, by the signal, to open the window now scheduled.
 static ASKED_MAIN: AtomicBool = AtomicBool::new(false);
 
 /// Starts opening a window of `length` seconds every `period` seconds (on average) in the current
-/// recording; `main_ident` is the main thread's `threading.get_ident()` (its pthread_t), which opens them.
+/// recording; `main_ident` is the main thread's `threading.get_ident()` (its pthread_t), which opens them
+/// when `signo` (a real-time signal whose Python handler is [`window_signal`]) is sent to it; 0: no signal,
+/// the fallback thread opens every window.
 /// A recording without windows (calls mode, a threshold of 0) ignores it.
 ///
 /// Windows fall due on a schedule of their own (FORMAT.md 5.7): each due moment is drawn from the one
@@ -160,7 +109,8 @@ static ASKED_MAIN: AtomicBool = AtomicBool::new(false);
 /// the window; a second thread (`ocular-windows-gil`) takes the GIL itself when the main thread has not
 /// answered within `FALLBACK`, so that the schedule never waits for the GIL.
 #[pyfunction]
-pub(super) fn start_windows(py: Python<'_>, period: f64, length: f64, main_ident: u64) -> PyResult<()> {
+#[pyo3(signature = (period, length, main_ident, signo = 0))]
+pub(super) fn start_windows(py: Python<'_>, period: f64, length: f64, main_ident: u64, signo: i32) -> PyResult<()> {
     if !(period > 0.0 && length > 0.0 && length * 2.0 <= period && length < 1000.0) {
         return Err(PyRuntimeError::new_err(format!(
             "window length {length} s and period {period} s: both must be above 0, and the length at most half the period"
@@ -185,8 +135,8 @@ pub(super) fn start_windows(py: Python<'_>, period: f64, length: f64, main_ident
     rec.window_len = ((length * 1e6).round() as u32, (length * rec.ticks_per_second).round() as u64);
     let (tx, rx) = mpsc::channel::<()>();
     let handle = crate::threads::spawn("ocular-windows", move || {
-        // Without a free signal every window is opened by the fallback.
-        let signal = install_signal();
+        // Without a signal every window is opened by the fallback.
+        let signal = (signo > 0).then_some(signo);
         let (ftx, frx) = mpsc::channel::<Instant>();
         let fallback = crate::threads::spawn("ocular-windows-gil", move || {
             while let Ok(mut deadline) = frx.recv() {
@@ -241,9 +191,9 @@ pub(super) fn start_windows(py: Python<'_>, period: f64, length: f64, main_ident
             ASKED_MAIN.store(asked, Ordering::Release);
             super::due::queue(generation, asked);
             SCHEDULED_FOR.store(generation, Ordering::Release);
-            if let Some(sig) = &signal {
+            if let Some(signo) = signal {
                 // SAFETY: the main thread outlives the recording (its stop joins this thread).
-                unsafe { libc::pthread_kill(main_ident as libc::pthread_t, sig.signo) };
+                unsafe { libc::pthread_kill(main_ident as libc::pthread_t, signo) };
             }
             if ftx.send(Instant::now() + FALLBACK).is_err() {
                 break;
