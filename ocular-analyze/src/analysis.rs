@@ -1521,7 +1521,7 @@ fn step(
     ts.count += 1;
     let count = ts.count;
     let Some(kind) = e.event_kind() else { return };
-    // CPython's INSTRUMENTED_RESUME runs pending calls, a window's opening among them, before it fires
+    // CPython's INSTRUMENTED_RESUME runs signal handlers, a window's opening among them, before it fires
     // PY_START: the frame the opening's stack found at its first instruction then starts here, recorded in
     // the window. It is the same call (counting both read 25 calls of a function called 24 times).
     let started_at_open = ts.started_at_open.take();
@@ -1647,7 +1647,7 @@ fn step(
                     pop(ts, t, tree, per, tables);
                 }
                 push(ts, id, t, off, tables, tree);
-                // CPython 3.12's INSTRUMENTED_RESUME fires PY_START before it runs pending calls: a frame
+                // CPython 3.12's INSTRUMENTED_RESUME fires PY_START before it runs signal handlers: a frame
                 // whose start was the thread's last event was counted then (a call read twice otherwise).
                 // That start is this call if it came after the window fell due, or if every start of the
                 // function since is recorded (its calls outside windows still counted, 5.8): a thread

@@ -385,7 +385,7 @@ fn a_missed_window_written_after_later_events_still_stands_for_its_length() {
     assert!((f.inclusive_ms - 4.0).abs() < 1e-6, "{f:?}");
 }
 
-/// CPython's INSTRUMENTED_RESUME runs pending calls (a window's opening) before it fires PY_START: a window
+/// CPython's INSTRUMENTED_RESUME runs signal handlers (a window's opening) before it fires PY_START: a window
 /// whose stack ends in a frame at its first instruction can be followed by that frame's PY_START, which is
 /// the same call, not a second one (a function called 24 times read 25). Without the PY_START (a plain
 /// RESUME, the function's PY_START switched off outside windows), the opening's stack alone counts it.
@@ -417,7 +417,7 @@ fn a_call_a_window_found_at_its_first_instruction_is_counted_once_whether_its_py
     }
 }
 
-/// CPython 3.12's INSTRUMENTED_RESUME fires PY_START before it runs pending calls: a window's opening then
+/// CPython 3.12's INSTRUMENTED_RESUME fires PY_START before it runs signal handlers: a window's opening then
 /// finds at its first instruction a frame whose start (here counted outside windows) was the thread's
 /// last event. That call is counted once (c_hash, called 48 times, read 49), also when the thread was
 /// preempted between the start and the opening, the start before the window fell due (waiter, 24 calls,

@@ -12,15 +12,14 @@
 //! does not take the GIL to open it: a thread waiting for the GIL gets it when the program releases it
 //! (mostly for I/O), and windows would then always start just after a file read (measured: importlib's
 //! `_compile_bytecode` rose to the top 3 of programs where it is not). Instead it asks the main thread to
-//! open it, with `Py_AddPendingCall`, which the interpreter runs at its next safe point (a call or a
-//! backward jump, microseconds later, wherever the program is). The request travels as a real-time signal
-//! to the main thread, handled by Python's `signal` module with [`window_signal`] as its handler: CPython's
-//! own C handler only sets a flag (it is async-signal-safe), and the interpreter calls the handler at its
-//! next safe point on the main thread. A C handler of Ocular's own that queued a pending call deadlocked
-//! the program: `Py_AddPendingCall` takes the lock the interrupted main thread held while it ran pending
-//! calls. Only when the main thread does not get there within `FALLBACK` (blocked, or in a long C call), or
-//! the recording started off the main thread (no handler can be installed there), does a second thread
-//! take the GIL itself.
+//! open it at its next safe point (a call or a backward jump, microseconds later, wherever the program
+//! is). The request travels as a real-time signal to the main thread, handled by Python's `signal` module
+//! with [`window_signal`] as its handler: CPython's own C handler only sets a flag (it is
+//! async-signal-safe), and the interpreter calls the handler at its next safe point on the main thread. A
+//! C handler of Ocular's own that queued a pending call (`Py_AddPendingCall`) deadlocked the program: that
+//! takes a lock the interrupted main thread may hold while it runs pending calls. Only when the main
+//! thread does not get there within `FALLBACK` (blocked, or in a long C call), or the recording started
+//! off the main thread (no handler can be installed there), does a second thread take the GIL itself.
 //!
 //! A safe point can be far off: a long C call, an explicit collection or a sleep holds it back for as long
 //! as it lasts. So the window stands for the span from when it was due (FORMAT.md 5.7): at that moment the
@@ -47,11 +46,11 @@ pub(super) fn marker(ticks: u64, kind: EventKind, seq: u32, arg: u32) -> RawEven
     RawEvent::new(ticks, 0, seq, arg, kind as u8)
 }
 
-/// How long the opener waits for the main thread to run its pending call before taking the GIL itself.
+/// How long the opener waits for the main thread to run the signal's handler before taking the GIL itself.
 const FALLBACK: Duration = Duration::from_millis(2);
 
 /// The recording generation a scheduled window belongs to, while nobody has opened it yet (0: none). The
-/// pending call and the fallback both try to take it; the one that does opens the window.
+/// signal's handler and the fallback both try to take it; the one that does opens the window.
 static SCHEDULED_FOR: AtomicU64 = AtomicU64::new(0);
 
 /// Takes the scheduled window of `generation`, if nobody has.
