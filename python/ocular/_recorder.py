@@ -199,11 +199,12 @@ _KIND = {"PY_START": 0, "PY_RESUME": 1, "PY_RETURN": 2, "PY_YIELD": 3, "CALL": 4
 
 
 def _install_window_signal(nat: Any) -> int:
-    """A real-time signal nobody handles (from SIGRTMAX - 1 down), handled from now on by the extension's
-    `window_signal` through Python's `signal` module: the window opener sends it to the main thread, and the
-    interpreter runs the handler at its next safe point. 0 off the main thread (only it may install
-    handlers) or if every such signal is taken: the opener's fallback thread then opens every window."""
-    if threading.current_thread() is not threading.main_thread():
+    """On CPython 3.12, a real-time signal nobody handles (from SIGRTMAX - 1 down), handled from now on by
+    the extension's `window_signal` through Python's `signal` module: the window opener sends it to the
+    main thread, and the interpreter runs the handler at its next safe point. 0 off the main thread (only it
+    may install handlers) or if every such signal is taken: the opener's fallback thread then opens every
+    window. 0 from 3.13, where the opener asks the main thread with a pending call instead."""
+    if sys.version_info >= (3, 13) or threading.current_thread() is not threading.main_thread():
         return 0
     for signo in range(_signal.SIGRTMAX - 1, _signal.SIGRTMIN + 3, -1):
         handler = _signal.getsignal(signo)
