@@ -197,14 +197,15 @@ def run_ocular(*args):
 
 @pytest.fixture(scope="module")
 def lossy(tmp_path_factory):
-    """A trace that lost events: 20 threads share one spare 64-event buffer, and the writer falls behind."""
+    """A trace that lost events: 20 threads share one spare 64-event buffer, and the writer falls behind
+    (800,000 events: a fast machine's writer kept up with all but 49 of 80,000)."""
     import warnings
 
     path = str(tmp_path_factory.mktemp("lossy") / "lossy.ocl")
     with warnings.catch_warnings(record=True) as w:
         warnings.simplefilter("always")
         with ocular.record(path, mode="calls", buffer_events=64, max_buffers=1) as rec:
-            _many_threads(20, 2000)
+            _many_threads(20, 20000)
     assert rec.lost > 0, "the writer kept up: nothing was lost, so nothing can be reported"
     assert any("Ocular dropped" in str(x.message) and "on_full='wait'" in str(x.message) for x in w)
     return path, rec
@@ -227,10 +228,17 @@ def test_stats_hot_and_tables_warn_of_losses_and_carry_them(lossy):
     t = ocular.load(path)
     said = (r"thread \d+ lost \d+ of its \d+ events \(\d+\.\d%\) (from|in \d+ stretches between) [\d.]+ ms "
             r"(to|and) [\d.]+ ms after the start")
+    lossy_threads = [x for x in t.info()["threads"] if x["lost"]]
     with pytest.warns(UserWarning) as w:
         rows = t.stats()
-    assert re.search(said, str(w[0].message)), str(w[0].message)
-    assert re.search(r"\d+ more threads lost \d+ events in all", str(w[-1].message)), str(w[-1].message)
+    said_lines = [str(x.message) for x in w if " lost " in str(x.message)]
+    # One line per thread for the first eight, then one line for the rest (how many threads lose events
+    # depends on how far the writer falls behind on this machine).
+    assert len(said_lines) == min(len(lossy_threads), 8) + (len(lossy_threads) > 8), said_lines
+    assert all(re.search(said, line) for line in said_lines[:8]), said_lines
+    if len(lossy_threads) > 8:
+        rest = sum(x["lost"] for x in sorted(lossy_threads, key=lambda x: (-x["lost"], x["id"]))[8:])
+        assert f"{len(lossy_threads) - 8} more threads lost {rest} events in all" in said_lines[-1], said_lines[-1]
     assert all(0 < r["lost_share"] < 1 for r in rows)
     with pytest.warns(UserWarning, match="lost"):
         report = t.hot()
