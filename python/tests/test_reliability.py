@@ -197,15 +197,20 @@ def run_ocular(*args):
 
 @pytest.fixture(scope="module")
 def lossy(tmp_path_factory):
-    """A trace that lost events: 20 threads share one spare 64-event buffer, and the writer falls behind
-    (800,000 events: a fast machine's writer kept up with all but 49 of 80,000)."""
+    """A trace that lost events: 20 threads share one spare 64-event buffer, and the writer, held 200 us a
+    buffer by the test hook, falls behind on any machine (a fast machine's writer left alone kept up with
+    all but 49 of 80,000 events)."""
     import warnings
 
     path = str(tmp_path_factory.mktemp("lossy") / "lossy.ocl")
-    with warnings.catch_warnings(record=True) as w:
-        warnings.simplefilter("always")
-        with ocular.record(path, mode="calls", buffer_events=64, max_buffers=1) as rec:
-            _many_threads(20, 20000)
+    os.environ["OCULAR_TEST_WRITER_DELAY_US"] = "200"
+    try:
+        with warnings.catch_warnings(record=True) as w:
+            warnings.simplefilter("always")
+            with ocular.record(path, mode="calls", buffer_events=64, max_buffers=1) as rec:
+                _many_threads(20, 2000)
+    finally:
+        os.environ.pop("OCULAR_TEST_WRITER_DELAY_US", None)
     assert rec.lost > 0, "the writer kept up: nothing was lost, so nothing can be reported"
     assert any("Ocular dropped" in str(x.message) and "on_full='wait'" in str(x.message) for x in w)
     return path, rec
