@@ -139,10 +139,14 @@ impl Cursor {
         } else {
             None
         };
-        self.read_meta();
         let mut batches = std::mem::take(&mut self.scratch);
         batches.clear();
         self.read_slots(&mut batches);
+        // After the slots: the recording appends a code object's record before the first event that uses
+        // it, so every event read above has its code known here. Read before them, an event of a code
+        // object first seen between the two reads had none (its function read "?"; under load, once in a
+        // busy-machine test run).
+        self.read_meta();
         batches.sort_by_key(|b| (b.0, b.1));
         let mut out = Poll { ended, ..Poll::default() };
         for (tid, first, evs) in batches.drain(..) {
