@@ -1,17 +1,18 @@
-//! Writes the frozen format fixture of the current format version (`testdata/v2.12/synthetic.ocl`): every
+//! Writes the frozen format fixture of the current format version (`testdata/v2.13/synthetic.ocl`): every
 //! chunk kind, two threads, a lost record, a snapshot, a window with its stack (since 2.2), the ring file's
 //! path (since 2.3), a flight recorder's dropped range (since 2.4), counter samples (since 2.5), the run of
 //! processes it belongs to (since 2.6), calls of two C functions, one of which raised (since 2.7), a
 //! coroutine's frame id and what it awaited (since 2.8), a recorder pause (since 2.9), due windows and a counted call (since 2.10), a calibration with the cost of instrumenting a code object
-//! (since 2.11), the machine's speed at the start and the stop (since 2.12), and a trailer.
+//! (since 2.11), the machine's speed at the start and the stop (since 2.12), a span with its records (since
+//! 2.13), and a trailer.
 //! Frozen files are never rewritten: this refuses to overwrite one.
 //!
-//!     cargo run -p ocular-format --example make_fixture -- testdata/v2.12/synthetic.ocl
+//!     cargo run -p ocular-format --example make_fixture -- testdata/v2.13/synthetic.ocl
 
 use ocular_format::*;
 
 fn main() -> Result<()> {
-    let path = std::env::args().nth(1).unwrap_or_else(|| "testdata/v2.12/synthetic.ocl".into());
+    let path = std::env::args().nth(1).unwrap_or_else(|| "testdata/v2.13/synthetic.ocl".into());
     if std::path::Path::new(&path).exists() {
         eprintln!("{path} exists: frozen fixtures are never rewritten; make a new version's directory instead");
         std::process::exit(1);
@@ -154,6 +155,34 @@ fn main() -> Result<()> {
             RawEvent::new(t + 500, 1, 10, 0, EventKind::PY_RETURN as u8),
         ],
     )?;
+    // Since 2.13 (FORMAT.md 5.9): a span of thread 1001 (key 1) around a call of `main`, with an
+    // OpenTelemetry trace id, span id and an attribute; it ends in error.
+    let mut spans = span::begin_events(
+        300_000,
+        1,
+        &span::SpanBegin {
+            name: "GET /orders".into(),
+            trace_id: (1..=16).collect(),
+            span_id: (17..=24).collect(),
+            parent_span_id: vec![],
+            parent: 0,
+            frame: 0,
+            attributes: vec![span::Attribute {
+                key: "http.route".into(),
+                kind: span::ValueKind::Str as u8,
+                value: "/orders".into(),
+            }],
+            cut: false,
+        },
+    );
+    spans.push(RawEvent::new(300_100, 1, 0, 0, EventKind::PY_START as u8));
+    spans.push(RawEvent::new(302_000, 1, 10, 0, EventKind::PY_RETURN as u8));
+    spans.extend(span::end_events(
+        302_500,
+        1,
+        Some(&span::SpanEnd { status: 2, message: "KeyError: 42".into(), attributes: vec![], cut: false }),
+    ));
+    w.events(1001, &spans)?;
     // Since 2.11 (FORMAT.md 6.6): the calibration holds the cost of instrumenting a code object again, per
     // object (pseudo-kind 250) and per byte of bytecode (251), beside the events' own.
     // Since 2.12: with the machine's speed at the start (pseudo-kind 252), which the stop's calibration

@@ -8,7 +8,7 @@ pub const MAGIC: [u8; 8] = *b"\x89OCL\r\n\x1a\n";
 /// Format major version this crate writes and the newest it reads.
 pub const MAJOR: u16 = 2;
 /// Format minor version this crate writes.
-pub const MINOR: u16 = 12;
+pub const MINOR: u16 = 13;
 /// The chunk sync marker.
 pub const SYNC: [u8; 4] = *b"OCCH";
 

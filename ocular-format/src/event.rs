@@ -170,13 +170,26 @@ event_kinds! {
     DUE_STACK = 69,
     // A call started outside windows, counted (FORMAT.md 5.8, since 2.10).
     COUNT = 70,
+    // A span's beginning and end, and their records' pieces (FORMAT.md 5.9, since 2.13).
+    SPAN = 71,
+    SPAN_END = 72,
+    SPAN_DATA = 73,
 }
 
 impl EventKind {
-    /// The recorder's notes that only the function view reads (FORMAT.md 5.7, 5.8): when a window was due,
-    /// the stack then, and calls counted outside windows. They change no stack of the other passes.
+    /// The recorder's notes, which change no stack of the passes that do not read them (FORMAT.md 5.7, 5.8,
+    /// 5.9): when a window was due, the stack then, calls counted outside windows (the function view reads
+    /// these), and spans.
     pub fn is_recorder_note(self) -> bool {
-        matches!(self, EventKind::DUE | EventKind::DUE_STACK | EventKind::COUNT)
+        matches!(
+            self,
+            EventKind::DUE
+                | EventKind::DUE_STACK
+                | EventKind::COUNT
+                | EventKind::SPAN
+                | EventKind::SPAN_END
+                | EventKind::SPAN_DATA
+        )
     }
 }
 
@@ -395,13 +408,16 @@ mod tests {
         for k in EventKind::ALL {
             assert_eq!(EventKind::from_u8(*k as u8), Some(*k));
         }
-        assert_eq!(EventKind::ALL.len(), 26);
+        assert_eq!(EventKind::ALL.len(), 29);
         assert_eq!(kind_name(66), "STACK");
         assert_eq!(kind_name(67), "PAUSE");
         assert_eq!(kind_name(68), "DUE");
         assert_eq!(kind_name(69), "DUE_STACK");
         assert_eq!(kind_name(70), "COUNT");
-        assert_eq!(kind_name(71), "UNKNOWN(71)");
+        assert_eq!(kind_name(71), "SPAN");
+        assert_eq!(kind_name(72), "SPAN_END");
+        assert_eq!(kind_name(73), "SPAN_DATA");
+        assert_eq!(kind_name(74), "UNKNOWN(74)");
         assert_eq!(kind_name(8), "BRANCH");
         assert_eq!(kind_name(200), "UNKNOWN(200)");
     }

@@ -38,6 +38,7 @@ mod meta;
 pub mod prefetch;
 mod reader;
 pub mod ring;
+pub mod span;
 mod writer;
 
 pub use chunk::{MAGIC, MAJOR, MINOR};

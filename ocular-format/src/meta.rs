@@ -424,7 +424,7 @@ pub fn cost_table(default: f64, calibration: Option<&Calibration>) -> [f64; 256]
             }
         }
     }
-    for k in [K::WINDOW, K::WINDOW_END, K::STACK, K::PAUSE, K::DUE, K::DUE_STACK] {
+    for k in [K::WINDOW, K::WINDOW_END, K::STACK, K::PAUSE, K::DUE, K::DUE_STACK, K::SPAN, K::SPAN_END, K::SPAN_DATA] {
         t[k as usize] = 0.0;
     }
     // A counted call (5.8) is a call's callback that stores an event, as a recorded one is.

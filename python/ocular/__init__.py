@@ -29,6 +29,7 @@ if TYPE_CHECKING:
 
     from ._analysis import Trace, load
     from ._live import Cursor, attach
+    from ._spans import span
 from ._recorder import MODES, VERSION, Recording, active, record
 from .errors import (
     AlreadyRecording,
@@ -47,6 +48,7 @@ __version__ = VERSION
 __all__ = [
     "record",
     "Recording",
+    "span",
     "load",
     "Trace",
     "attach",
@@ -74,6 +76,10 @@ def __getattr__(name: str) -> object:
         from . import _analysis
 
         return getattr(_analysis, name)
+    if name == "span":
+        from . import _spans
+
+        return _spans.span
     if name in ("attach", "Cursor", "Event", "Poll"):
         from . import _live
 

@@ -25,10 +25,26 @@ fn check_synthetic(bytes: &[u8], version: (u16, u16)) {
     let per_thread: Vec<(u64, usize)> = all.events.iter().map(|(t, e)| (*t, e.len())).collect();
     // Since 2.2 the fixture also has a window, its stack and a return in it (FORMAT.md 5.3).
     let windows = version >= (2, 2);
+    if version >= (2, 13) {
+        // Since 2.13 also a span around a call of `main` (FORMAT.md 5.9).
+        assert_eq!(per_thread.len(), 9);
+        let s = &all.events[8].1;
+        let mut marks = ocular_format::span::Marks::default();
+        let mut got: Vec<_> = s.iter().filter_map(|e| marks.push(e)).collect();
+        got.extend(marks.finish());
+        let [ocular_format::span::Mark::Begin { key: 1, ticks: 300_000, record: Some(b) }, ocular_format::span::Mark::End { key: 1, ticks: 302_500, record: Some(e) }] =
+            &got[..]
+        else {
+            panic!("{got:?}")
+        };
+        assert_eq!((b.name.as_str(), b.trace_id.len(), b.span_id[0], b.attributes[0].value.as_str()), ("GET /orders", 16, 17, "/orders"));
+        assert_eq!((e.status, e.message.as_str()), (2, "KeyError: 42"));
+        assert_eq!(format!("{:?}", s[0]), "SPAN ticks=300000 code=0 offset=0 arg=1");
+    }
     if version >= (2, 10) {
         // Since 2.10 also windows with their due moments (FORMAT.md 5.7) and a counted call (5.8).
         assert_eq!(
-            per_thread,
+            per_thread[..8],
             [(1001, 43), (1002, 27), (1001, 13), (1001, 3), (1001, 6), (1001, 4), (1001, 4), (1001, 10)]
         );
         let d = &all.events[7].1;
@@ -90,7 +106,11 @@ fn check_synthetic(bytes: &[u8], version: (u16, u16)) {
     // Since 2.3 a RING chunk follows the header (FORMAT.md 6.7): one chunk more.
     // Since 2.4 a DROPPED chunk (FORMAT.md 6.8), since 2.5 a COUNTERS chunk (6.9), since 2.6 a PROCESS
     // chunk (6.10): one more each.
-    let want = if version >= (2, 12) {
+    let want = if version >= (2, 13) {
+        // And the EVENTS chunk of the span: its SPAN with 7 pieces of record, a call of `main`, its
+        // SPAN_END with 2.
+        (122, 3, 23)
+    } else if version >= (2, 12) {
         // And the stop's CALIBRATION chunk.
         (110, 3, 22)
     } else if version >= (2, 11) {
@@ -239,6 +259,12 @@ fn v2_9_synthetic_reads_forever() {
     let bytes = fixture("v2.9/synthetic.ocl");
     assert_eq!(bytes.len(), 2909);
     check_synthetic(&bytes, (2, 9));
+}
+
+#[test]
+fn v2_13_synthetic_reads_forever() {
+    let bytes = fixture("v2.13/synthetic.ocl");
+    check_synthetic(&bytes, (2, 13));
 }
 
 #[test]

@@ -176,7 +176,7 @@ fn golden_bytes() {
     w.snapshots(&[CodeSnapshot { id: 1, bytecode: vec![151, 0, 194, 2, 140, 4, 83, 0] }]).unwrap();
     let got = w.finish(trailer()).unwrap();
 
-    let mut want = vec![0x89, b'O', b'C', b'L', 0x0d, 0x0a, 0x1a, 0x0a, 2, 0, 12, 0, 0, 0, 0, 0];
+    let mut want = vec![0x89, b'O', b'C', b'L', 0x0d, 0x0a, 0x1a, 0x0a, 2, 0, 13, 0, 0, 0, 0, 0];
     want.extend(chunk(0x0001, 0x00, 0, 0, (0, 0), 1, &header_payload(&h)));
     // FORMAT.md 6.7: the ring file's path, a postcard string.
     let mut ring = Pc::default();

@@ -171,7 +171,7 @@ unsafe fn cold<const KIND: u8, const DEST: bool, const LOCATION: bool, const CAN
 /// # Safety
 /// As [`event`].
 #[inline(always)]
-unsafe fn current_thread<const KIND: u8>() -> *mut ThreadState {
+pub(super) unsafe fn current_thread<const KIND: u8>() -> *mut ThreadState {
     // SAFETY: GIL held (caller); thread states are never freed.
     unsafe {
         let ts = TS.with(|c| c.get());

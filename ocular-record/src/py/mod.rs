@@ -14,6 +14,7 @@ mod cli;
 mod due;
 mod live;
 mod read;
+mod spans;
 mod windows;
 
 use crate::clock::{self, ClockPoint};
@@ -962,6 +963,8 @@ fn _ocular(m: &Bound<'_, PyModule>) -> PyResult<()> {
     m.add_function(wrap_pyfunction!(is_recording, m)?)?;
     m.add_function(wrap_pyfunction!(windows::start_windows, m)?)?;
     m.add_function(wrap_pyfunction!(windows::window_signal, m)?)?;
+    m.add_function(wrap_pyfunction!(spans::span_begin, m)?)?;
+    m.add_function(wrap_pyfunction!(spans::span_end, m)?)?;
     m.add_function(wrap_pyfunction!(due::due_stacks_usable, m)?)?;
     m.add_function(wrap_pyfunction!(read::read, m)?)?;
     m.add_function(wrap_pyfunction!(read::file_events, m)?)?;

@@ -1,0 +1,184 @@
+"""Spans: a stretch of the program its code marks as one unit of work (a request, a job), written into the
+recording where it runs (FORMAT.md 5.9), so that ``ocular spans`` can say what ran inside each one.
+
+    with ocular.span("GET /orders", user=42):
+        handle(request)
+
+    @ocular.span("nightly-report")
+    async def report(): ...
+
+While nothing records, a span costs a call and records nothing.
+"""
+
+from __future__ import annotations
+
+import contextvars
+import functools
+from typing import Any, Callable, TypeVar
+
+F = TypeVar("F", bound=Callable[..., Any])
+
+_CO_COROUTINE = 0x80  # an `async def` function's code (inspect is not imported for it: 10 ms)
+
+# The key of the span that encloses the code running now, per thread and per asyncio task (a task runs in
+# a copy of the context it was created in).
+_current: contextvars.ContextVar[int] = contextvars.ContextVar("ocular_span", default=0)
+
+
+def _native() -> Any:
+    from . import _ocular
+
+    return _ocular
+
+
+def _kind(value: Any) -> int:
+    """FORMAT.md 5.9's kind of an attribute value: 0 str, 1 bool, 2 int, 3 float, 4 a sequence, 5 other."""
+    if isinstance(value, str):
+        return 0
+    if isinstance(value, bool):
+        return 1
+    if isinstance(value, int):
+        return 2
+    if isinstance(value, float):
+        return 3
+    if isinstance(value, (list, tuple)):
+        return 4
+    return 5
+
+
+def attributes(items: Any) -> list[tuple[str, int, str]]:
+    """(key, kind, value as text) for each attribute of a mapping."""
+    out = []
+    for key, value in items.items():
+        kind = _kind(value)
+        out.append((str(key), kind, repr(value) if kind == 4 else str(value)))
+    return out
+
+
+def error_message(exc_type: Any, exc: Any) -> str:
+    """How a span that an exception ended says so: ``ValueError: no such order``."""
+    if exc_type is None:
+        return ""
+    text = str(exc) if exc is not None else ""
+    return f"{exc_type.__name__}: {text}" if text else exc_type.__name__
+
+
+class span:
+    """Marks a span, named ``name``, with attributes: a context manager (``with``, ``async with``) or a
+    decorator of a function or coroutine function (a span per call).
+
+    A span belongs to the thread where it begins, or, begun in a coroutine, to that coroutine and what it
+    awaits: the asyncio tasks that run in between on the same thread are not in it. An exception that ends
+    it is its status (an error, with the exception's message). One ``span`` object marks one span at a
+    time; a decorator makes a new one per call."""
+
+    __slots__ = ("name", "attributes", "_key", "_token", "_later")
+
+    def __init__(self, name: str, /, **attributes: Any) -> None:
+        self.name = str(name)
+        self.attributes = attributes
+        self._key = 0
+        self._token: contextvars.Token[int] | None = None
+        self._later: dict[str, Any] = {}
+
+    def set_attribute(self, key: str, value: Any) -> None:
+        """An attribute known only once the span runs (a result's size): written at its end."""
+        self._later[key] = value
+
+    def __enter__(self) -> span:
+        return self._begin(None)
+
+    def _begin(self, coro: Any) -> span:
+        if self._key:
+            raise RuntimeError(f"span {self.name!r} is already open: one span object marks one span at a time")
+        self._key = _native().span_begin(self.name, attributes(self.attributes), b"", b"", b"", _current.get(),
+                                         coro)
+        if self._key:
+            self._token = _current.set(self._key)
+        return self
+
+    def __exit__(self, exc_type: Any, exc: Any, tb: Any) -> None:
+        key, self._key = self._key, 0
+        if self._token is not None:
+            token, self._token = self._token, None
+            try:
+                _current.reset(token)
+            except ValueError:
+                _current.set(0)  # ended in another context than it began in: nothing encloses from here
+        if key:
+            _native().span_end(key, 2 if exc_type is not None else 0, error_message(exc_type, exc),
+                               attributes(self._later))
+            self._later = {}
+
+    # Not coroutines: the span begins in the caller's coroutine, which is what it belongs to (a coroutine
+    # of Ocular's own is not recorded, and would be the innermost one on the stack).
+    def __aenter__(self) -> _Done:
+        return _Done(self.__enter__())
+
+    def __aexit__(self, exc_type: Any, exc: Any, tb: Any) -> _Done:
+        self.__exit__(exc_type, exc, tb)
+        return _Done(None)
+
+    def __call__(self, fn: F) -> F:
+        name, attrs = self.name, self.attributes
+        if getattr(getattr(fn, "__code__", None), "co_flags", 0) & _CO_COROUTINE:
+            @functools.wraps(fn)
+            async def run_async(*args: Any, **kwargs: Any) -> Any:
+                # The span is the decorated coroutine's (this wrapper is Ocular's code, not recorded).
+                coro = fn(*args, **kwargs)
+                s = span(name, **attrs)._begin(coro)
+                try:
+                    result = await coro
+                except BaseException as e:
+                    s.__exit__(type(e), e, e.__traceback__)
+                    raise
+                s.__exit__(None, None, None)
+                return result
+
+            return run_async  # type: ignore[return-value]
+
+        @functools.wraps(fn)
+        def run(*args: Any, **kwargs: Any) -> Any:
+            with span(name, **attrs):
+                return fn(*args, **kwargs)
+
+        return run  # type: ignore[return-value]
+
+    def __repr__(self) -> str:
+        return f"ocular.span({self.name!r})"
+
+
+class _Done:
+    """An awaitable that is done at once, with ``value``: what ``async with`` awaits."""
+
+    __slots__ = ("value",)
+
+    def __init__(self, value: Any) -> None:
+        self.value = value
+
+    def __await__(self) -> _Done:
+        return self
+
+    def __iter__(self) -> _Done:
+        return self
+
+    def __next__(self) -> Any:
+        raise StopIteration(self.value)
+
+
+def current() -> int:
+    """The key of the span of the current recording that encloses the code running now (0: none)."""
+    return _current.get()
+
+
+def enter(key: int) -> contextvars.Token[int]:
+    """Makes the span of ``key`` the one that encloses what runs next in this context."""
+    return _current.set(key)
+
+
+def leave(token: contextvars.Token[int]) -> None:
+    """Undoes :func:`enter`; in another context than it was made in, leaves no span enclosing."""
+    try:
+        _current.reset(token)
+    except ValueError:
+        _current.set(0)

@@ -1,0 +1,74 @@
+"""OpenTelemetry: every span the SDK starts, written into the recording where it runs (FORMAT.md 5.9), with
+its trace id and span id, so that ``ocular spans`` breaks each request down by function and names the
+trace it belongs to.
+
+    from opentelemetry.sdk.trace import TracerProvider
+    import ocular.otel
+
+    provider = TracerProvider()
+    provider.add_span_processor(ocular.otel.SpanProcessor())
+
+Needs ``opentelemetry-sdk`` (imported only by this module). While nothing records, the processor writes
+nothing and costs a call per span start and end.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+from . import _spans
+from .errors import MissingDependency
+
+try:
+    from opentelemetry.sdk.trace import SpanProcessor as _SpanProcessor
+except ImportError as e:  # pragma: no cover - the message is the point
+    raise MissingDependency("ocular.otel needs opentelemetry-sdk: pip install opentelemetry-sdk") from e
+
+__all__ = ["SpanProcessor"]
+
+
+class SpanProcessor(_SpanProcessor):
+    """Writes each span's start and end into the current recording: its name, trace id, span id, parent
+    span id and attributes at the start; its status and the attributes set since at the end. Add it to a
+    ``TracerProvider`` with ``add_span_processor``; it exports nothing, so it goes beside the exporters."""
+
+    def __init__(self) -> None:
+        # Open spans: OpenTelemetry span id -> (Ocular's key, the attributes it began with).
+        self._open: dict[int, tuple[int, dict[str, Any]]] = {}
+
+    def on_start(self, span: Any, parent_context: Any = None) -> None:
+        ctx = span.get_span_context()
+        parent = span.parent
+        begun = dict(span.attributes or {})
+        # The enclosing span of this recording: the OpenTelemetry parent, if it was recorded here, or the
+        # `ocular.span` around this code.
+        enclosing = self._open.get(parent.span_id)[0] if parent is not None and parent.span_id in self._open \
+            else _spans.current()
+        key = _spans._native().span_begin(
+            span.name,
+            _spans.attributes(begun),
+            ctx.trace_id.to_bytes(16, "big"),
+            ctx.span_id.to_bytes(8, "big"),
+            parent.span_id.to_bytes(8, "big") if parent is not None else b"",
+            enclosing,
+            None,
+        )
+        if key:
+            self._open[ctx.span_id] = (key, begun)
+
+    def on_end(self, span: Any) -> None:
+        entry = self._open.pop(span.get_span_context().span_id, None)
+        if entry is None:
+            return
+        key, begun = entry
+        later = {k: v for k, v in (span.attributes or {}).items() if k not in begun or begun[k] != v}
+        status = span.status
+        code = getattr(status.status_code, "value", 0)
+        _spans._native().span_end(key, code if code in (0, 1, 2) else 0, status.description or "",
+                                  _spans.attributes(later))
+
+    def shutdown(self) -> None:
+        self._open.clear()
+
+    def force_flush(self, timeout_millis: int = 30000) -> bool:
+        return True
