@@ -16,12 +16,13 @@ fi
 # the tests with Perfetto's own Python protos; polars, pandas and pyarrow read the Parquet export and the
 # DataFrames of ocular.load() (optional dependencies for users, required by the tests); coverage runs
 # across a recording in the tests and bench/after_stop.py (another sys.monitoring tool in the process);
-# nbclient, ipykernel and nbformat run a real notebook (the %%ocular magic) in python/tests/test_notebook.py.
-if ! [ -x "$venv/bin/maturin" ] || ! "$venv/bin/python" -c 'import pytest, polars, pandas, pyarrow, perfetto.protos.perfetto.trace.perfetto_trace_pb2, coverage, nbclient, ipykernel, nbformat' 2>/dev/null; then
+# nbclient, ipykernel and nbformat run a real notebook (the %%ocular magic) in python/tests/test_notebook.py;
+# opentelemetry-sdk instruments the service of python/tests/test_spans.py (ocular.otel).
+if ! [ -x "$venv/bin/maturin" ] || ! "$venv/bin/python" -c 'import pytest, polars, pandas, pyarrow, perfetto.protos.perfetto.trace.perfetto_trace_pb2, coverage, nbclient, ipykernel, nbformat, opentelemetry.sdk' 2>/dev/null; then
     echo "== installing maturin, pytest, perfetto, polars, pandas, pyarrow and coverage into $venv" >&2
     "$venv/bin/python" -m pip install -q --disable-pip-version-check --upgrade pip >&2
     "$venv/bin/python" -m pip install -q --disable-pip-version-check "maturin>=1.9,<2" "pytest>=8" perfetto protobuf \
-        polars pandas pyarrow coverage nbclient ipykernel nbformat >&2
+        polars pandas pyarrow coverage nbclient ipykernel nbformat opentelemetry-sdk >&2
 fi
 # The distribution was named `ocular` before (PyPI's `ocular` is another project): a venv made then still
 # has it, and two distributions would both claim the package and its commands.

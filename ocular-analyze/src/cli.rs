@@ -113,6 +113,28 @@ enum Command {
         #[arg(long)]
         salvage: bool,
     },
+    /// Spans (marked with ocular.span, or OpenTelemetry's through ocular.otel.SpanProcessor): per name,
+    /// how many and how long (p50, p95, p99, max: exact); the slowest spans, each with its time by
+    /// function; and per name, where its slow spans (at or above its 95th percentile) spent time the
+    /// others did not. Times by function need every call recorded (not --sampled).
+    ///
+    /// Example: ocular-analyze spans run.ocl --top 3
+    Spans {
+        /// The .ocl file.
+        file: PathBuf,
+        /// How many of the slowest spans to break down.
+        #[arg(long, default_value_t = 5)]
+        top: usize,
+        /// How many functions per table.
+        #[arg(long, default_value_t = 10)]
+        functions: usize,
+        /// Print JSON instead of text: {names, slowest, differences, by_function, cut_by_ring, notes}.
+        #[arg(long)]
+        json: bool,
+        /// Skip damaged chunks instead of stopping at the first one.
+        #[arg(long)]
+        salvage: bool,
+    },
     /// Export for other tools.
     ///
     /// --perfetto writes Chrome Trace Event JSON or the native Perfetto protobuf (function slices per
@@ -338,6 +360,11 @@ fn run(cli: Cli) -> anyhow::Result<()> {
                 warn(&info.first.warnings);
                 print_report(json, &info, |out| writeln!(out, "{info}"))?;
             }
+        }
+        Command::Spans { file, top, functions, json, salvage } => {
+            let report = crate::spans::analyze(&file, ReadOptions::with_salvage(salvage), top, functions)?;
+            print_report(json, &report, |out| write!(out, "{report}"))?;
+            warn(&report.warnings);
         }
         Command::Hot { file, top, json, salvage } => {
             let opts = ReadOptions::with_salvage(salvage);

@@ -19,6 +19,7 @@ pub mod output;
 pub mod procs;
 pub mod progress;
 pub mod report;
+pub mod spans;
 pub mod specialize;
 pub mod stats;
 pub mod table;

@@ -270,7 +270,11 @@ mod tests {
             parent_span_id: vec![],
             parent: 0,
             frame: 0x7f12_3456_789a,
-            attributes: vec![Attribute { key: "http.route".into(), kind: ValueKind::Str as u8, value: "/orders".into() }],
+            attributes: vec![Attribute {
+                key: "http.route".into(),
+                kind: ValueKind::Str as u8,
+                value: "/orders".into(),
+            }],
             cut: false,
         }
     }

@@ -2,7 +2,8 @@
 
     python -m ocular run [-o run.ocl] [--mode M] [--threshold N] [--include P]... [--exclude P]... script.py [args]
     python -m ocular run [options] -m module [args]
-    python -m ocular info|hot|stats|export|flamegraph|report|specialize|diff|dump|top ... (the commands of ocular-analyze)
+    python -m ocular info|hot|stats|spans|export|flamegraph|report|specialize|diff|dump|top ... (the commands of
+    ocular-analyze)
 
 ``pip install`` makes two commands of it (pyproject.toml's ``[project.scripts]``): ``ocular`` (all of the
 above: :func:`console_main`) and ``ocular-analyze`` (the analyzer's commands alone, as its Rust binary has
@@ -23,7 +24,8 @@ from ._recorder import Recording
 from .errors import OcularError
 
 # The analyzer's commands, run by the analyzer compiled into the extension (the same clap parser).
-ANALYZE_COMMANDS = ("info", "hot", "stats", "export", "flamegraph", "dump", "top", "report", "specialize", "diff")
+ANALYZE_COMMANDS = ("info", "hot", "stats", "export", "flamegraph", "dump", "top", "report", "specialize", "diff",
+                    "spans")
 
 
 def _run(opts: dict, prog: str) -> int:

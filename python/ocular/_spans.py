@@ -72,11 +72,12 @@ class span:
     it is its status (an error, with the exception's message). One ``span`` object marks one span at a
     time; a decorator makes a new one per call."""
 
-    __slots__ = ("name", "attributes", "_key", "_token", "_later")
+    __slots__ = ("name", "attributes", "_open", "_key", "_token", "_later")
 
     def __init__(self, name: str, /, **attributes: Any) -> None:
         self.name = str(name)
         self.attributes = attributes
+        self._open = False
         self._key = 0
         self._token: contextvars.Token[int] | None = None
         self._later: dict[str, Any] = {}
@@ -89,8 +90,9 @@ class span:
         return self._begin(None)
 
     def _begin(self, coro: Any) -> span:
-        if self._key:
+        if self._open:
             raise RuntimeError(f"span {self.name!r} is already open: one span object marks one span at a time")
+        self._open = True
         self._key = _native().span_begin(self.name, attributes(self.attributes), b"", b"", b"", _current.get(),
                                          coro)
         if self._key:
@@ -98,7 +100,7 @@ class span:
         return self
 
     def __exit__(self, exc_type: Any, exc: Any, tb: Any) -> None:
-        key, self._key = self._key, 0
+        key, self._key, self._open = self._key, 0, False
         if self._token is not None:
             token, self._token = self._token, None
             try:

@@ -455,6 +455,7 @@ fn good_files_read_without_a_word_on_stderr() {
             vec!["report", f, "-o", o],
             vec!["export", "--perfetto", f, "-o", o],
             vec!["dump", f],
+            vec!["spans", f],
         ] {
             let r = run(&args);
             // The fixtures record losses on purpose (LOST chunks): saying so is true, any other warning is

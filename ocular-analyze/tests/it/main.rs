@@ -8,6 +8,7 @@ mod export;
 mod golden;
 mod lines;
 mod reports;
+mod spans;
 mod windows;
 
 /// `testdata/` at the top of the workspace.

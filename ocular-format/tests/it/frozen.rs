@@ -37,7 +37,10 @@ fn check_synthetic(bytes: &[u8], version: (u16, u16)) {
         else {
             panic!("{got:?}")
         };
-        assert_eq!((b.name.as_str(), b.trace_id.len(), b.span_id[0], b.attributes[0].value.as_str()), ("GET /orders", 16, 17, "/orders"));
+        assert_eq!(
+            (b.name.as_str(), b.trace_id.len(), b.span_id[0], b.attributes[0].value.as_str()),
+            ("GET /orders", 16, 17, "/orders")
+        );
         assert_eq!((e.status, e.message.as_str()), (2, "KeyError: 42"));
         assert_eq!(format!("{:?}", s[0]), "SPAN ticks=300000 code=0 offset=0 arg=1");
     }

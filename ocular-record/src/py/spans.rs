@@ -128,7 +128,8 @@ unsafe fn coroutine_frame() -> u64 {
         while !f.is_null() {
             // A coroutine's or an async generator's frame: what asyncio resumes (FORMAT.md 5.5).
             let owner = ffi::PyFrame_GetGenerator(f); // new reference, or null
-            let coroutine = !owner.is_null() && (ffi::PyCoro_CheckExact(owner) != 0 || ffi::PyAsyncGen_CheckExact(owner) != 0);
+            let coroutine =
+                !owner.is_null() && (ffi::PyCoro_CheckExact(owner) != 0 || ffi::PyAsyncGen_CheckExact(owner) != 0);
             ffi::Py_XDECREF(owner);
             if coroutine {
                 // `PyFrameObject.f_frame`: after the object header and f_back, in 3.12 to 3.15 (as the

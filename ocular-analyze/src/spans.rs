@@ -1,0 +1,724 @@
+//! The spans view (FORMAT.md 5.9): per span name, how many and how long (exact: from the span's own
+//! events); for the slowest spans, each one's time by function; and where the slow spans of a name spent
+//! time the others did not.
+//!
+//! Two passes over the file: the first reads the spans (their marks and records); the second walks each
+//! thread's stack and gives every interval between two events, less the recorder's cost, to the spans
+//! open then: a span begun on a thread holds that thread's time from its beginning to its end; one begun in
+//! a coroutine (its record's `frame`) only the time in which that coroutine is on the stack (its turns,
+//! and what it awaits), not the other tasks that run on the thread in between.
+
+use crate::walk::{Frames, Step, Walk};
+use ocular_format::span::{Mark, Marks};
+use ocular_format::{Body, EventKind, ReadOptions, Reader};
+use rustc_hash::{FxHashMap as HashMap, FxHashSet as HashSet};
+use serde::Serialize;
+use std::path::Path;
+
+/// One span.
+#[derive(Clone, Debug, Serialize)]
+pub struct Span {
+    /// Its key in the recording.
+    pub key: u64,
+    /// Its name.
+    pub name: String,
+    /// The thread it began on (native id) and that thread's name.
+    pub thread_id: u64,
+    /// The thread's name.
+    pub thread: String,
+    /// When it began and ended, ns from the recording's start (`end_ns` absent: still open at the end).
+    pub begin_ns: f64,
+    /// When it ended.
+    pub end_ns: Option<f64>,
+    /// `end_ns - begin_ns`.
+    pub duration_ms: Option<f64>,
+    /// OpenTelemetry's ids, lowercase hex (empty: none).
+    pub trace_id: String,
+    /// The span id.
+    pub span_id: String,
+    /// The parent span's id.
+    pub parent_span_id: String,
+    /// The key of the span of this recording that encloses it (0: none).
+    pub parent: u64,
+    /// `unset`, `ok` or `error`.
+    pub status: &'static str,
+    /// The status's description, or the exception that ended it.
+    pub message: String,
+    /// Its attributes, at the beginning then those set later.
+    pub attributes: Vec<(String, String)>,
+    /// Attribute values were cut to fit the record.
+    pub cut: bool,
+    #[serde(skip)]
+    frame: u64,
+    #[serde(skip)]
+    begin: u64,
+    #[serde(skip)]
+    end: Option<u64>,
+}
+
+/// A function's time inside spans, in ticks: exclusive, inclusive (once per interval however often it
+/// recurses), and the recorder's cost taken out of each.
+#[derive(Clone, Copy, Debug, Default)]
+struct Times {
+    exclusive: f64,
+    inclusive: f64,
+    cost: [f64; 2],
+}
+
+/// A function's time in one span or a group of spans, in ms, with its 95% interval (the recorder's cost
+/// taken out is known to within [`crate::analysis::COST_UNCERTAINTY`] times itself).
+#[derive(Clone, Debug, Serialize)]
+pub struct FunctionTime {
+    /// `qualname`.
+    pub function: String,
+    /// `file:line`.
+    pub location: String,
+    /// Exclusive ms, and its interval.
+    pub exclusive_ms: f64,
+    /// Interval of `exclusive_ms`.
+    pub exclusive_ci_ms: f64,
+    /// Inclusive ms.
+    pub inclusive_ms: f64,
+    /// Interval of `inclusive_ms`.
+    pub inclusive_ci_ms: f64,
+}
+
+/// Latencies of one span name, ms (exact: each span's end less its beginning).
+#[derive(Clone, Debug, Serialize)]
+pub struct NameStats {
+    /// The name.
+    pub name: String,
+    /// Spans ended.
+    pub count: usize,
+    /// Spans still open at the end of the recording.
+    pub open: usize,
+    /// Percentiles (nearest rank) and the largest, ms.
+    pub p50_ms: f64,
+    /// 95th percentile.
+    pub p95_ms: f64,
+    /// 99th percentile.
+    pub p99_ms: f64,
+    /// The longest.
+    pub max_ms: f64,
+    /// Spans that ended in error.
+    pub errors: usize,
+}
+
+/// A function whose time per span differs most between a name's slow spans and the others.
+#[derive(Clone, Debug, Serialize)]
+pub struct Difference {
+    /// `qualname`.
+    pub function: String,
+    /// `file:line`.
+    pub location: String,
+    /// Mean inclusive ms per slow span.
+    pub slow_ms: f64,
+    /// Mean inclusive ms per other span.
+    pub others_ms: f64,
+    /// `slow_ms - others_ms`.
+    pub extra_ms: f64,
+    /// The same of exclusive ms: the rows are in its order (a caller's inclusive time holds its callees').
+    pub extra_exclusive_ms: f64,
+}
+
+/// What the slow spans of a name did that the others did not.
+#[derive(Clone, Debug, Serialize)]
+pub struct SlowVsOthers {
+    /// The span name.
+    pub name: String,
+    /// Spans at or above this duration are the slow ones: above the largest step between one duration and
+    /// the next in the slowest 10% (at least 1.5x), or else the 95th percentile.
+    pub threshold_ms: f64,
+    /// How many of each.
+    pub slow: usize,
+    /// Others.
+    pub others: usize,
+    /// Functions by extra time per slow span, largest first.
+    pub functions: Vec<Difference>,
+}
+
+/// One of the slowest spans, with its time by function.
+#[derive(Clone, Debug, Serialize)]
+pub struct Slowest {
+    /// The span.
+    pub span: Span,
+    /// Its functions by exclusive time.
+    pub functions: Vec<FunctionTime>,
+}
+
+/// The spans view of one trace.
+#[derive(Clone, Debug, Serialize)]
+pub struct Spans {
+    /// Per span name, by count.
+    pub names: Vec<NameStats>,
+    /// The slowest spans (`top` of them), slowest first.
+    pub slowest: Vec<Slowest>,
+    /// Per name with at least two ended spans: slow against the others.
+    pub differences: Vec<SlowVsOthers>,
+    /// Whether times by function are given: every function boundary was recorded (not `--sampled`).
+    pub by_function: bool,
+    /// Spans whose beginning a flight recorder had overwritten (left out).
+    pub cut_by_ring: u64,
+    /// What the reader said about the file.
+    pub notes: Vec<String>,
+    /// The reader's warnings.
+    #[serde(skip)]
+    pub warnings: Vec<String>,
+}
+
+/// Per thread in the second pass: its stack of (code id, frame id) and the spans open on it.
+struct Thread {
+    stack: Vec<(u32, u64)>,
+    /// The stack before the current event moved it: what ran in the interval that ends at the event.
+    before: Vec<(u32, u64)>,
+    walk: Walk,
+    last: Option<u64>,
+    /// Open spans that are measured: (span index, depth of the frame that began it, or the coroutine's
+    /// frame id).
+    open: Vec<(usize, Root)>,
+}
+
+#[derive(Clone, Copy)]
+enum Root {
+    /// A thread's span: the frames from this depth up are inside it (the one that began it and its callees).
+    Depth(usize),
+    /// A coroutine's span: while a frame with this id is on the stack, the frames from it up.
+    Frame(u64),
+}
+
+struct Moves<'a>(&'a mut Vec<(u32, u64)>);
+
+impl Frames for Moves<'_> {
+    fn depth(&self) -> usize {
+        self.0.len()
+    }
+    fn code(&self, i: usize) -> u32 {
+        self.0[i].0
+    }
+    fn lose_above(&mut self, depth: usize, _t: u64) {
+        self.0.truncate(depth);
+    }
+}
+
+/// The view of `path`: `top` slowest spans with their functions, `functions` functions per table.
+pub fn analyze(path: &Path, opts: ReadOptions, top: usize, functions: usize) -> ocular_format::Result<Spans> {
+    let (spans, cut_by_ring, tps, by_function, warnings) = first_pass(path, opts)?;
+    let ms = |ticks: f64| ticks / tps * 1e3;
+    // Per name: ended spans by duration.
+    let mut by_name: HashMap<&str, Vec<usize>> = HashMap::default();
+    for (i, s) in spans.iter().enumerate() {
+        by_name.entry(s.name.as_str()).or_default().push(i);
+    }
+    let duration = |s: &Span| s.end.map(|e| e.saturating_sub(s.begin));
+    let mut name_stats = Vec::new();
+    // Which group each measured span adds to: (name index, slow).
+    let mut group: Vec<Option<(usize, bool)>> = vec![None; spans.len()];
+    let mut groups: Vec<(String, f64, usize, usize)> = Vec::new();
+    for (name, idx) in &by_name {
+        let mut d: Vec<(u64, usize)> = idx.iter().filter_map(|&i| duration(&spans[i]).map(|d| (d, i))).collect();
+        d.sort_unstable();
+        let open = idx.len() - d.len();
+        let errors = idx.iter().filter(|&&i| spans[i].status == "error").count();
+        if d.is_empty() {
+            name_stats.push(NameStats {
+                name: name.to_string(),
+                count: 0,
+                open,
+                p50_ms: 0.0,
+                p95_ms: 0.0,
+                p99_ms: 0.0,
+                max_ms: 0.0,
+                errors,
+            });
+            continue;
+        }
+        let rank = |p: f64| d[((p * d.len() as f64).ceil() as usize).clamp(1, d.len()) - 1].0 as f64;
+        name_stats.push(NameStats {
+            name: name.to_string(),
+            count: d.len(),
+            open,
+            p50_ms: ms(rank(0.50)),
+            p95_ms: ms(rank(0.95)),
+            p99_ms: ms(rank(0.99)),
+            max_ms: ms(d[d.len() - 1].0 as f64),
+            errors,
+        });
+        if d.len() >= 2 && by_function {
+            let threshold = slow_threshold(&d.iter().map(|x| x.0).collect::<Vec<_>>()) as f64;
+            let g = groups.len();
+            let mut slow = 0;
+            for &(dur, i) in &d {
+                let is_slow = dur as f64 >= threshold;
+                slow += usize::from(is_slow);
+                group[i] = Some((g, is_slow));
+            }
+            groups.push((name.to_string(), threshold, slow, d.len() - slow));
+        }
+    }
+    name_stats.sort_by(|a, b| b.count.cmp(&a.count).then_with(|| a.name.cmp(&b.name)));
+    // The slowest spans overall.
+    let mut order: Vec<usize> = (0..spans.len()).filter(|&i| spans[i].end.is_some()).collect();
+    order.sort_by_key(|&i| std::cmp::Reverse(duration(&spans[i])));
+    order.truncate(top);
+    let selected: HashSet<usize> = order.iter().copied().collect();
+
+    let mut per_span: HashMap<usize, HashMap<u32, Times>> = HashMap::default();
+    let mut per_group: Vec<[HashMap<u32, Times>; 2]> = vec![Default::default(); groups.len()];
+    let code = if by_function {
+        second_pass(path, opts, &spans, &group, &selected, &mut per_span, &mut per_group)?
+    } else {
+        HashMap::default()
+    };
+    let name_of = |id: u32| -> (String, String) {
+        code.get(&id).cloned().unwrap_or_else(|| (format!("<code {id}>"), String::new()))
+    };
+    let slowest = order
+        .iter()
+        .map(|&i| {
+            let mut f: Vec<(u32, Times)> = per_span.remove(&i).unwrap_or_default().into_iter().collect();
+            f.sort_by(|a, b| b.1.exclusive.total_cmp(&a.1.exclusive).then(a.0.cmp(&b.0)));
+            f.truncate(functions);
+            let functions = f
+                .into_iter()
+                .map(|(id, t)| {
+                    let (function, location) = name_of(id);
+                    FunctionTime {
+                        function,
+                        location,
+                        exclusive_ms: ms(t.exclusive),
+                        exclusive_ci_ms: ms(crate::analysis::COST_UNCERTAINTY * t.cost[0]),
+                        inclusive_ms: ms(t.inclusive),
+                        inclusive_ci_ms: ms(crate::analysis::COST_UNCERTAINTY * t.cost[1]),
+                    }
+                })
+                .collect();
+            Slowest { span: spans[i].clone(), functions }
+        })
+        .collect();
+    let mut differences = Vec::new();
+    for (g, (name, threshold, slow, others)) in groups.into_iter().enumerate() {
+        let [s, o] = &per_group[g];
+        let ids: HashSet<u32> = s.keys().chain(o.keys()).copied().collect();
+        let per = |m: &HashMap<u32, Times>, id: u32, n: usize| {
+            m.get(&id).map_or((0.0, 0.0), |t| (ms(t.inclusive) / n.max(1) as f64, ms(t.exclusive) / n.max(1) as f64))
+        };
+        let mut fs: Vec<Difference> = ids
+            .into_iter()
+            .map(|id| {
+                let (slow_ms, slow_excl) = per(s, id, slow);
+                let (others_ms, others_excl) = per(o, id, others);
+                let (function, location) = name_of(id);
+                Difference {
+                    function,
+                    location,
+                    slow_ms,
+                    others_ms,
+                    extra_ms: slow_ms - others_ms,
+                    extra_exclusive_ms: slow_excl - others_excl,
+                }
+            })
+            .collect();
+        fs.sort_by(|a, b| {
+            b.extra_exclusive_ms.total_cmp(&a.extra_exclusive_ms).then_with(|| a.function.cmp(&b.function))
+        });
+        fs.truncate(functions);
+        differences.push(SlowVsOthers { name, threshold_ms: ms(threshold), slow, others, functions: fs });
+    }
+    differences.sort_by(|a, b| a.name.cmp(&b.name));
+    let mut notes = Vec::new();
+    if !by_function && !spans.is_empty() {
+        notes.push(
+            "function boundaries were recorded in windows (--sampled): spans' durations are exact, their time \
+             by function is not given (record without --sampled for it)"
+                .to_string(),
+        );
+    }
+    if cut_by_ring > 0 {
+        let what = if cut_by_ring == 1 { "span" } else { "spans" };
+        notes.push(format!("{cut_by_ring} {what} whose beginning the flight recorder had overwritten left out"));
+    }
+    Ok(Spans { names: name_stats, slowest, differences, by_function, cut_by_ring, notes, warnings })
+}
+
+type FirstPass = (Vec<Span>, u64, f64, bool, Vec<String>);
+
+/// Reads every span mark: the spans with their records, the spans cut by the ring, the clock's rate,
+/// whether every function boundary was recorded, the reader's warnings.
+fn first_pass(path: &Path, opts: ReadOptions) -> ocular_format::Result<FirstPass> {
+    let r = Reader::open_with(path, opts)?;
+    let header = r.header().clone();
+    let tps = header.ticks_per_second;
+    let mut r = ocular_format::Prefetch::new(r)?;
+    let mut marks: HashMap<u64, Marks> = HashMap::default();
+    let mut spans: Vec<Span> = Vec::new();
+    let mut index: HashMap<u64, usize> = HashMap::default();
+    let mut ends: Vec<(u64, u64, Option<ocular_format::span::SpanEnd>)> = Vec::new();
+    let mut names: HashMap<u64, String> = HashMap::default();
+    let mut windowed = false;
+    let mut take = |tid: u64, m: Mark, spans: &mut Vec<Span>, ends: &mut Vec<_>| match m {
+        Mark::Begin { key, ticks, record } => {
+            let r = record.unwrap_or_default();
+            index.insert(key, spans.len());
+            spans.push(Span {
+                key,
+                name: if r.name.is_empty() { "<unnamed>".into() } else { r.name },
+                thread_id: tid,
+                thread: String::new(),
+                begin_ns: ticks.saturating_sub(header.start_ticks) as f64 / tps * 1e9,
+                end_ns: None,
+                duration_ms: None,
+                trace_id: hex(&r.trace_id),
+                span_id: hex(&r.span_id),
+                parent_span_id: hex(&r.parent_span_id),
+                parent: r.parent,
+                status: "unset",
+                message: String::new(),
+                attributes: r.attributes.into_iter().map(|a| (a.key, a.value)).collect(),
+                cut: r.cut,
+                frame: r.frame,
+                begin: ticks,
+                end: None,
+            });
+        }
+        Mark::End { key, ticks, record } => ends.push((key, ticks, record)),
+    };
+    while let Some(c) = r.next_chunk()? {
+        match c.body {
+            Body::Events(evs) => {
+                let tid = c.info.thread_id;
+                let m = marks.entry(tid).or_default();
+                for e in evs {
+                    if e.kind == EventKind::WINDOW as u8 && e.arg.get() != u32::MAX {
+                        windowed = true;
+                    }
+                    if let Some(mark) = m.push(e) {
+                        take(tid, mark, &mut spans, &mut ends);
+                    }
+                }
+            }
+            Body::Thread(t) => {
+                names.insert(t.thread_id, t.name);
+            }
+            _ => {}
+        }
+    }
+    for (tid, mut m) in marks {
+        if let Some(mark) = m.finish() {
+            take(tid, mark, &mut spans, &mut ends);
+        }
+    }
+    let mut cut_by_ring = 0;
+    for (key, ticks, record) in ends {
+        let Some(&i) = index.get(&key) else {
+            cut_by_ring += 1;
+            continue;
+        };
+        let s = &mut spans[i];
+        s.end = Some(ticks.max(s.begin));
+        s.end_ns = Some(ticks.max(s.begin).saturating_sub(header.start_ticks) as f64 / tps * 1e9);
+        s.duration_ms = Some(ticks.saturating_sub(s.begin) as f64 / tps * 1e3);
+        if let Some(e) = record {
+            s.status = match e.status {
+                1 => "ok",
+                2 => "error",
+                _ => "unset",
+            };
+            s.message = e.message;
+            s.cut |= e.cut;
+            for a in e.attributes {
+                match s.attributes.iter_mut().find(|(k, _)| *k == a.key) {
+                    Some(kv) => kv.1 = a.value,
+                    None => s.attributes.push((a.key, a.value)),
+                }
+            }
+        }
+    }
+    for s in &mut spans {
+        s.thread = names.get(&s.thread_id).cloned().unwrap_or_default();
+    }
+    let warnings = r.finish().report().warnings(&path.display().to_string());
+    Ok((spans, cut_by_ring, tps, !windowed, warnings))
+}
+
+/// Walks every thread and gives each interval to the measured spans open then. Returns the code objects'
+/// names and places.
+#[allow(clippy::type_complexity)]
+fn second_pass(
+    path: &Path,
+    opts: ReadOptions,
+    spans: &[Span],
+    group: &[Option<(usize, bool)>],
+    selected: &HashSet<usize>,
+    per_span: &mut HashMap<usize, HashMap<u32, Times>>,
+    per_group: &mut [[HashMap<u32, Times>; 2]],
+) -> ocular_format::Result<HashMap<u32, (String, String)>> {
+    let r = Reader::open_with(path, opts)?;
+    let header = r.header().clone();
+    let mut r = ocular_format::Prefetch::new(r)?;
+    let mut cost = ocular_format::cost_table(header.event_cost_ticks, None);
+    let stop = crate::analysis::read_samples(path, opts, &header)?.stop_calibration;
+    let index: HashMap<u64, usize> = spans.iter().enumerate().map(|(i, s)| (s.key, i)).collect();
+    let mut threads: HashMap<u64, Thread> = HashMap::default();
+    let mut code: HashMap<u32, (String, String)> = HashMap::default();
+    // Codes already given an interval's inclusive time (recursion counts once): a stamp per code id.
+    let mut seen: HashMap<u32, u64> = HashMap::default();
+    let mut stamp = 0u64;
+    while let Some(c) = r.next_chunk()? {
+        match c.body {
+            Body::Events(evs) => {
+                let th = threads.entry(c.info.thread_id).or_insert_with(|| Thread {
+                    stack: Vec::new(),
+                    before: Vec::new(),
+                    walk: Walk::new(header.ticks_per_second),
+                    last: None,
+                    open: Vec::new(),
+                });
+                for e in evs {
+                    let t = e.ticks.get();
+                    let measuring = !th.open.is_empty();
+                    if measuring {
+                        th.before.clear();
+                        th.before.extend_from_slice(&th.stack);
+                    }
+                    let step = th.walk.step(&mut Moves(&mut th.stack), e);
+                    if step == Step::Pause {
+                        continue;
+                    }
+                    // The interval that ends at this event, less the recorder's cost and pauses in it, to the
+                    // spans open in it, in the stack before the event moved it (what ran until it).
+                    let c_ticks = cost[e.kind as usize] + th.walk.paused() as f64;
+                    if let Some(last) = th.last {
+                        if measuring && t >= last {
+                            give(
+                                th, spans, last, t, c_ticks, group, selected, per_span, per_group, &mut seen,
+                                &mut stamp,
+                            );
+                        }
+                    }
+                    th.last = Some(t);
+                    match step {
+                        Step::Enter(_) | Step::Location { enter: true, .. } => {
+                            th.stack.push((e.code.get(), e.frame_id().unwrap_or(0)));
+                        }
+                        Step::Found { same: false, .. } => th.stack.push((e.code.get(), 0)),
+                        Step::Exit(_) => {
+                            th.stack.pop();
+                        }
+                        Step::Note(EventKind::SPAN) => {
+                            if let Some(&i) = index.get(&ocular_format::span::key(e)) {
+                                if selected.contains(&i) || group[i].is_some() {
+                                    let root = match spans[i].frame {
+                                        0 => Root::Depth(th.stack.len().saturating_sub(1)),
+                                        f => Root::Frame(f),
+                                    };
+                                    th.open.push((i, root));
+                                }
+                            }
+                        }
+                        _ => {}
+                    }
+                    // Spans that ended by this event are closed (their end may be on another thread).
+                    th.open.retain(|&(i, _)| spans[i].end.map_or(true, |end| end > t));
+                }
+            }
+            Body::Code(objs) => {
+                for o in objs {
+                    code.insert(o.id, (o.qualname.clone(), format!("{}:{}", o.filename, o.first_line)));
+                }
+            }
+            Body::Calibration(c) if c.is_stop() => {}
+            Body::Calibration(c) => {
+                cost = ocular_format::cost_table_at_speed(header.event_cost_ticks, &c, stop.as_ref()).0;
+            }
+            _ => {}
+        }
+    }
+    Ok(code)
+}
+
+/// Gives the interval `(last, t]` of a thread, less `cost` (the recorder's, at `t`), to each span open in
+/// it: its top frame's exclusive time, and each function from the span's root up its inclusive time.
+#[allow(clippy::too_many_arguments)]
+fn give(
+    th: &Thread,
+    spans: &[Span],
+    last: u64,
+    t: u64,
+    cost: f64,
+    group: &[Option<(usize, bool)>],
+    selected: &HashSet<usize>,
+    per_span: &mut HashMap<usize, HashMap<u32, Times>>,
+    per_group: &mut [[HashMap<u32, Times>; 2]],
+    seen: &mut HashMap<u32, u64>,
+    stamp: &mut u64,
+) {
+    let stack = &th.before;
+    let Some(&(top, _)) = stack.last() else { return };
+    for &(i, root) in &th.open {
+        let s = &spans[i];
+        // The part of the interval inside the span; the cost at `t` only if `t` is in it.
+        let from = last.max(s.begin);
+        let to = s.end.map_or(t, |e| t.min(e));
+        if to < from || (to == from && to != t) {
+            continue;
+        }
+        let cost = if to == t { cost } else { 0.0 };
+        let d = (to - from) as f64 - cost;
+        let base = match root {
+            Root::Depth(depth) => depth.min(stack.len() - 1),
+            Root::Frame(f) => match stack.iter().rposition(|&(_, id)| id == f) {
+                Some(p) => p,
+                None => continue, // the coroutine is not running: another task's time
+            },
+        };
+        let mut add = |m: &mut HashMap<u32, Times>, seen: &mut HashMap<u32, u64>| {
+            *stamp += 1;
+            let x = m.entry(top).or_default();
+            x.exclusive += d;
+            x.cost[0] += cost;
+            for &(code, _) in &stack[base..] {
+                if seen.insert(code, *stamp) == Some(*stamp) {
+                    continue;
+                }
+                let x = m.entry(code).or_default();
+                x.inclusive += d;
+                x.cost[1] += cost;
+            }
+        };
+        if selected.contains(&i) {
+            add(per_span.entry(i).or_default(), seen);
+        }
+        if let Some((g, slow)) = group[i] {
+            add(&mut per_group[g][usize::from(!slow)], seen);
+        }
+    }
+}
+
+/// The duration from which a name's spans are slow, of its ended spans' durations in order: where the
+/// slowest tenth (at least one span) steps up most from one duration to the next, if that step is at least
+/// 1.5x (a slow path stands apart: 0.11-0.3 ms, then 5 ms); else the 95th percentile (nearest rank).
+fn slow_threshold(sorted: &[u64]) -> u64 {
+    let n = sorted.len();
+    let from = (n - (n / 10).max(1)).max(1);
+    let mut best = (1.5, None);
+    for i in from..n {
+        let ratio = sorted[i] as f64 / sorted[i - 1].max(1) as f64;
+        if ratio >= best.0 {
+            best = (ratio, Some(sorted[i]));
+        }
+    }
+    best.1.unwrap_or_else(|| sorted[((0.95 * n as f64).ceil() as usize).clamp(1, n) - 1])
+}
+
+/// Lowercase hex of `b`.
+fn hex(b: &[u8]) -> String {
+    b.iter().map(|x| format!("{x:02x}")).collect()
+}
+
+/// A time in ms with its interval, to the digits the interval leaves (`~12.4 ±0.31`); exact to 3 decimals.
+fn with_interval(ms: f64, ci: f64) -> String {
+    if ci < 0.0005 {
+        return format!("{ms:.3}");
+    }
+    let digits = (ci.log10().floor() as i32 - 1).min(3);
+    if digits > 0 {
+        let unit = 10f64.powi(digits);
+        return format!("~{:.0} ±{:.0}", (ms / unit).round() * unit, (ci / unit).ceil() * unit);
+    }
+    let decimals = (-digits).min(3) as usize;
+    format!("~{ms:.decimals$} ±{ci:.decimals$}")
+}
+
+impl std::fmt::Display for Spans {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        if self.names.is_empty() {
+            writeln!(f, "no spans in this recording (mark them with ocular.span, or ocular.otel.SpanProcessor)")?;
+            for n in &self.notes {
+                writeln!(f, "note: {n}")?;
+            }
+            return Ok(());
+        }
+        let total: usize = self.names.iter().map(|n| n.count + n.open).sum();
+        writeln!(f, "{total} spans, {} names; durations exact (each span's end less its beginning)", self.names.len())?;
+        let w = self.names.iter().map(|n| n.name.chars().count()).max().unwrap_or(4).clamp(4, 48);
+        writeln!(
+            f,
+            "{:<w$}  {:>7}  {:>6}  {:>9}  {:>9}  {:>9}  {:>9}",
+            "name", "count", "errors", "p50 ms", "p95 ms", "p99 ms", "max ms"
+        )?;
+        for n in &self.names {
+            let open = if n.open > 0 { format!(" (+{} open)", n.open) } else { String::new() };
+            writeln!(
+                f,
+                "{:<w$}  {:>7}  {:>6}  {:>9.3}  {:>9.3}  {:>9.3}  {:>9.3}{open}",
+                n.name, n.count, n.errors, n.p50_ms, n.p95_ms, n.p99_ms, n.max_ms
+            )?;
+        }
+        if self.by_function {
+            for s in &self.slowest {
+                let sp = &s.span;
+                writeln!(f)?;
+                let status = match sp.status {
+                    "error" if sp.message.is_empty() => "  error".to_string(),
+                    "error" => format!("  error: {}", sp.message),
+                    _ => String::new(),
+                };
+                let trace = if sp.trace_id.is_empty() {
+                    String::new()
+                } else {
+                    format!("  trace {} span {}", sp.trace_id, sp.span_id)
+                };
+                writeln!(
+                    f,
+                    "{}: {:.3} ms at {:.3} s, thread {}{trace}{status}",
+                    sp.name,
+                    sp.duration_ms.unwrap_or(0.0),
+                    sp.begin_ns / 1e9,
+                    if sp.thread.is_empty() { sp.thread_id.to_string() } else { sp.thread.clone() },
+                )?;
+                writeln!(f, "  {:>16}  {:>16}  function  file:line", "excl ms", "incl ms")?;
+                for x in &s.functions {
+                    writeln!(
+                        f,
+                        "  {:>16}  {:>16}  {}  {}",
+                        with_interval(x.exclusive_ms, x.exclusive_ci_ms),
+                        with_interval(x.inclusive_ms, x.inclusive_ci_ms),
+                        x.function,
+                        x.location
+                    )?;
+                }
+            }
+            for d in &self.differences {
+                writeln!(f)?;
+                writeln!(
+                    f,
+                    "{}: where the {} slow spans (>= {:.3} ms) spent time the other {} did not, ms per span",
+                    d.name, d.slow, d.threshold_ms, d.others
+                )?;
+                writeln!(
+                    f,
+                    "  {:>10}  {:>10}  {:>10}  {:>10}  function  file:line",
+                    "extra excl", "extra incl", "slow incl", "others incl"
+                )?;
+                for x in d.functions.iter().filter(|x| x.extra_exclusive_ms > 0.0) {
+                    writeln!(
+                        f,
+                        "  {:>10.3}  {:>10.3}  {:>10.3}  {:>10.3}  {}  {}",
+                        x.extra_exclusive_ms, x.extra_ms, x.slow_ms, x.others_ms, x.function, x.location
+                    )?;
+                }
+            }
+            writeln!(f)?;
+            writeln!(
+                f,
+                "Times by function are the clock's less the recorder's cost of each event (~: the cost is known to \
+                 within {}x itself, the 95% interval); a span begun in a coroutine holds only that coroutine's turns.",
+                1.0 + crate::analysis::COST_UNCERTAINTY
+            )?;
+        }
+        for n in &self.notes {
+            writeln!(f, "note: {n}")?;
+        }
+        Ok(())
+    }
+}

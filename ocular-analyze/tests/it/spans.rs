@@ -1,0 +1,208 @@
+//! Spans (FORMAT.md 5.9): traces whose truth is known by construction, and what the spans view makes of
+//! them. 1 tick = 1 µs, no recorder cost unless said.
+
+use ocular_analyze::spans::analyze;
+use ocular_format::span::{begin_events, end_events, Attribute, SpanBegin, SpanEnd};
+use ocular_format::{testing, CodeObject, EventKind, Position, RawEvent, Trailer, Writer};
+
+const T0: u64 = 1_000_000;
+const HANDLE: u32 = 1;
+const FAST: u32 = 2;
+const SLOW: u32 = 3;
+const TASK: u32 = 4;
+
+/// Equal to within rounding (times are ticks converted to ms).
+#[track_caller]
+fn close(got: f64, want: f64) {
+    assert!((got - want).abs() < 1e-9, "{got} != {want}");
+}
+
+fn ev(t: u64, code: u32, kind: EventKind) -> RawEvent {
+    RawEvent::new(T0 + t, code, 0, 0, kind as u8)
+}
+
+fn begin(t: u64, key: u64, name: &str, frame: u64, i: u32) -> Vec<RawEvent> {
+    let r = SpanBegin {
+        name: name.into(),
+        trace_id: vec![0xab; 16],
+        span_id: key.to_be_bytes().to_vec(),
+        frame,
+        attributes: vec![Attribute { key: "i".into(), kind: 2, value: i.to_string() }],
+        ..SpanBegin::default()
+    };
+    begin_events(T0 + t, key, &r)
+}
+
+/// Writes `threads` (thread id, events) with the code objects above, the recorder's cost per event
+/// `cost`, ending 10 ticks after the last event.
+fn write(threads: &[(u64, Vec<RawEvent>)], cost: f64) -> (tempfile::TempDir, std::path::PathBuf) {
+    let mut header = testing::header();
+    header.ticks_per_second = 1e6;
+    header.event_cost_ticks = cost;
+    header.start_ticks = T0;
+    header.options.mode = ocular_format::Mode::Calls;
+    let code = |id: u32, name: &str| CodeObject {
+        id,
+        name: name.into(),
+        qualname: name.into(),
+        filename: "service.py".into(),
+        first_line: id * 10,
+        flags: 0,
+        bytecode: vec![151, 0, 83, 0],
+        linetable: Vec::new(),
+        positions: vec![Position { line: id as i32 * 10, end_line: id as i32 * 10, column: 0, end_column: 1 }; 2],
+    };
+    let dir = tempfile::tempdir().unwrap();
+    let path = dir.path().join("spans.ocl");
+    let name = path.display().to_string();
+    let mut w = Writer::new(std::fs::File::create(&path).unwrap(), &name, &header, Default::default()).unwrap();
+    w.code_objects(&[code(HANDLE, "handle"), code(FAST, "fast"), code(SLOW, "slow"), code(TASK, "task")]).unwrap();
+    let mut n = 0;
+    let mut end = 0;
+    for (tid, e) in threads {
+        w.events(*tid, e).unwrap();
+        n += e.len() as u64;
+        end = end.max(e.last().map_or(0, |e| e.ticks.get()));
+    }
+    let chunks = threads.len() as u64 + 2;
+    w.finish(Trailer { end_unix_ns: 0, end_monotonic_ns: 0, end_ticks: end + 10, events: n, lost: 0, chunks }).unwrap();
+    (dir, path)
+}
+
+/// One request on a thread from `t`: `handle` begins a span, calls `fast` for 10 ticks, and the slow
+/// ones `slow` for 500; the span ends 5 ticks after the last call returns, `handle` 5 after that.
+fn request(t: u64, key: u64, slow: bool) -> Vec<RawEvent> {
+    use EventKind::*;
+    let mut e = vec![ev(t, HANDLE, PY_START)];
+    e.extend(begin(t + 1, key, "GET /orders", 0, key as u32));
+    e.push(ev(t + 2, FAST, PY_START));
+    e.push(ev(t + 12, FAST, PY_RETURN));
+    let mut at = t + 12;
+    if slow {
+        e.push(ev(at, SLOW, PY_START));
+        e.push(ev(at + 500, SLOW, PY_RETURN));
+        at += 500;
+    }
+    e.extend(end_events(T0 + at + 5, key, None));
+    e.push(ev(at + 10, HANDLE, PY_RETURN));
+    e
+}
+
+#[test]
+fn the_slow_requests_extra_time_is_named_where_it_went_and_durations_are_exact() {
+    // 50 requests on two threads, one after the other; the 8th and 33rd take the slow path.
+    let mut threads = vec![(7u64, Vec::new()), (8u64, Vec::new())];
+    for k in 0..50u64 {
+        let slow = k == 7 || k == 32;
+        threads[(k % 2) as usize].1.extend(request(1000 * k, k + 1, slow));
+    }
+    let (_d, path) = write(&threads, 0.0);
+    let s = analyze(&path, Default::default(), 2, 10).unwrap();
+    assert_eq!(s.names.len(), 1);
+    let n = &s.names[0];
+    // Durations: the span from t+1 to t+17 (16 ticks), the slow ones 516.
+    assert_eq!((n.name.as_str(), n.count, n.open, n.errors), ("GET /orders", 50, 0, 0));
+    close(n.p50_ms, 0.016);
+    close(n.p95_ms, 0.016);
+    close(n.max_ms, 0.516);
+    assert_eq!(s.slowest.len(), 2);
+    for x in &s.slowest {
+        close(x.span.duration_ms.unwrap(), 0.516);
+        assert!(x.span.attributes == [("i".into(), "8".into())] || x.span.attributes == [("i".into(), "33".into())]);
+        assert_eq!(x.span.trace_id, "ab".repeat(16));
+        let f = |name: &str| x.functions.iter().find(|f| f.function == name).unwrap();
+        // In the span: handle's own 1 + 5 ticks, fast's 10, slow's 500 (nothing of handle before the
+        // span or after it).
+        close(f("slow").exclusive_ms, 0.5);
+        close(f("fast").exclusive_ms, 0.01);
+        close(f("handle").exclusive_ms, 0.006);
+        close(f("handle").inclusive_ms, 0.516);
+        assert_eq!(f("slow").exclusive_ci_ms, 0.0, "no recorder cost: exact");
+    }
+    let d = &s.differences[0];
+    assert_eq!((d.slow, d.others), (2, 48));
+    assert_eq!(d.functions[0].function, "slow");
+    close(d.functions[0].slow_ms, 0.5);
+    close(d.functions[0].others_ms, 0.0);
+    assert!(d.functions[1..].iter().all(|f| f.extra_exclusive_ms.abs() < 1e-9), "{:?}", d.functions);
+}
+
+#[test]
+fn a_coroutine_s_span_holds_its_turns_and_not_the_other_tasks_on_its_thread() {
+    use EventKind::*;
+    // Two tasks on one thread take turns: task A (frame 0x100) begins a span and runs `slow` in its
+    // second turn; task B (frame 0x200) runs `fast` in between, inside A's span's time but not in it.
+    let frame = |mut e: RawEvent, id: u64| {
+        e.set_frame_id(id);
+        e
+    };
+    let mut e = vec![frame(ev(0, TASK, PY_START), 0x100)];
+    e.extend(begin(1, 1, "job", 0x100, 1));
+    e.push(frame(ev(10, TASK, PY_YIELD), 0x100));
+    e.push(frame(ev(10, TASK, PY_START), 0x200));
+    e.push(ev(20, FAST, PY_START));
+    e.push(ev(120, FAST, PY_RETURN));
+    e.push(frame(ev(130, TASK, PY_YIELD), 0x200));
+    e.push(frame(ev(130, TASK, PY_RESUME), 0x100));
+    e.push(ev(140, SLOW, PY_START));
+    e.push(ev(440, SLOW, PY_RETURN));
+    e.extend(end_events(
+        T0 + 450,
+        1,
+        Some(&SpanEnd { status: 2, message: "KeyError: 7".into(), ..SpanEnd::default() }),
+    ));
+    e.push(frame(ev(460, TASK, PY_RETURN), 0x100));
+    let (_d, path) = write(&[(7, e)], 0.0);
+    let s = analyze(&path, Default::default(), 1, 10).unwrap();
+    let x = &s.slowest[0];
+    close(x.span.duration_ms.unwrap(), 0.449);
+    assert_eq!((x.span.status, x.span.message.as_str()), ("error", "KeyError: 7"));
+    // The span's turns: 1..10 and 130..450 in `task` (A) and `slow`; B's turn (10..130) is not in it.
+    let names: Vec<&str> = x.functions.iter().map(|f| f.function.as_str()).collect();
+    assert_eq!(names, ["slow", "task"]);
+    close(x.functions[0].exclusive_ms, 0.3);
+    close(x.functions[0].inclusive_ms, 0.3);
+    close(x.functions[1].exclusive_ms, 0.029);
+    close(x.functions[1].inclusive_ms, 0.329);
+    assert_eq!(s.names[0].errors, 1);
+}
+
+#[test]
+fn a_span_ended_on_another_thread_and_one_cut_by_the_ring_are_read_as_such() {
+    use EventKind::*;
+    let mut a = vec![ev(0, HANDLE, PY_START)];
+    a.extend(begin(1, 1, "handoff", 0, 0));
+    a.push(ev(101, HANDLE, PY_RETURN));
+    // The span ends on thread 8 at 51; a flight recorder overwrote span 2's beginning (its end remains).
+    let mut b = vec![ev(40, FAST, PY_START)];
+    b.extend(end_events(T0 + 51, 1, None));
+    b.extend(end_events(T0 + 52, 2, None));
+    b.push(ev(60, FAST, PY_RETURN));
+    let (_d, path) = write(&[(7, a), (8, b)], 0.0);
+    let s = analyze(&path, Default::default(), 5, 10).unwrap();
+    assert_eq!(s.cut_by_ring, 1);
+    assert_eq!(s.slowest.len(), 1);
+    let x = &s.slowest[0];
+    assert_eq!(x.span.thread_id, 7);
+    close(x.span.duration_ms.unwrap(), 0.05);
+    // Thread 7's time from 1 to 51, in `handle`; thread 8's `fast` is not the span's.
+    assert_eq!(x.functions.iter().map(|f| f.function.as_str()).collect::<Vec<_>>(), ["handle"]);
+    close(x.functions[0].exclusive_ms, 0.05);
+    assert!(
+        s.notes.iter().any(|n| n.contains("1 span whose beginning the flight recorder had overwritten")),
+        "{:?}",
+        s.notes
+    );
+}
+
+#[test]
+fn the_recorder_s_cost_is_taken_out_and_said_as_an_interval() {
+    // Every event costs 2 ticks: `slow`'s 500 ticks hold the cost of its return (2), `fast`'s 10 its return's.
+    let (_d, path) = write(&[(7, request(0, 1, true))], 2.0);
+    let s = analyze(&path, Default::default(), 1, 10).unwrap();
+    let f = |name: &str| s.slowest[0].functions.iter().find(|f| f.function == name).unwrap().clone();
+    close(f("slow").exclusive_ms, 0.498);
+    close(f("slow").exclusive_ci_ms, 0.004);
+    close(f("fast").exclusive_ms, 0.008);
+    close(f("fast").exclusive_ci_ms, 0.004);
+}

@@ -1,0 +1,163 @@
+"""Spans: `ocular.span` and OpenTelemetry's spans (through `ocular.otel.SpanProcessor`) in the recording, and
+`ocular spans`, against programs that know their slow requests.
+
+GIVEN a threading HTTP server on loopback instrumented with opentelemetry-sdk, under 300 sequential
+requests of which one in fifty takes a slow path through `slow_lookup`; WHEN it is recorded (default mode
+and calls mode); THEN the spans view counts every request, its durations match what the handler measured
+itself, its slow spans are exactly the slow requests, it names `slow_lookup` as where their extra time went
+and never in the fast ones, and every trace id it prints is one the exporter recorded.
+
+GIVEN asyncio tasks taking turns on one thread, two in fifty spinning in `slow_part`; THEN each span holds
+its own task's time only: the slow ones `slow_part`'s 4 ms, the others none of it.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+
+import pytest
+
+import ocular
+
+pytest.importorskip("opentelemetry.sdk", reason="opentelemetry-sdk (installed by make test) is needed")
+
+WORKLOADS = os.path.join(os.path.dirname(__file__), "..", "..", "testdata", "workloads")
+
+
+def record(tmp_path, workload, *args, mode=None):
+    trace = tmp_path / f"{workload}.ocl"
+    out = tmp_path / f"{workload}.json"
+    cmd = [sys.executable, "-m", "ocular", "run", "-o", str(trace)]
+    if mode:
+        cmd += ["--mode", mode]
+    # A timeout: a recording that hangs fails its test instead of the suite.
+    subprocess.run(cmd + [os.path.join(WORKLOADS, f"{workload}.py"), str(out), *args], check=True,
+                   capture_output=True, timeout=600)
+    return trace, json.loads(out.read_text())
+
+
+def spans(trace, *args):
+    out = subprocess.run([sys.executable, "-m", "ocular", "spans", str(trace), "--json", *args], check=True,
+                         capture_output=True, text=True, timeout=600)
+    return json.loads(out.stdout)
+
+
+@pytest.mark.parametrize("mode", [None, "calls"])
+def test_the_slow_requests_are_the_slow_spans_and_their_time_is_named_where_it_went(tmp_path, mode):
+    trace, truth = record(tmp_path, "spans_service", "300", mode=mode)
+    view = spans(trace, "--top", "1000", "--functions", "20")
+    names = {n["name"]: n for n in view["names"]}
+    assert names["GET /orders"]["count"] == 300 and names["render"]["count"] == 300
+    assert names["GET /orders"]["open"] == 0 and names["GET /orders"]["errors"] == 0
+    assert view["by_function"] and view["cut_by_ring"] == 0
+
+    slow = {str(i) for i in truth["slow"]}
+    orders = [s for s in view["slowest"] if s["span"]["name"] == "GET /orders"]
+    assert len(orders) == 300
+    with_lookup = set()
+    for s in orders:
+        sp = s["span"]
+        i = dict(sp["attributes"])["i"]
+        # The span lies between what the handler measured inside it and around it (which adds
+        # OpenTelemetry's own work before the span's start and after its end).
+        inner, outer = truth["durations_ms"][i]
+        assert inner <= sp["duration_ms"] <= outer, (sp, inner, outer)
+        assert sp["trace_id"] in truth["trace_ids"] and len(sp["span_id"]) == 16
+        f = {x["function"]: x for x in s["functions"]}
+        if "slow_lookup" in f:
+            with_lookup.add(i)
+            # slow_lookup spins 5 ms of wall time: the clock's less the recorder's cost, with its interval.
+            lookup = f["slow_lookup"]
+            assert lookup["inclusive_ms"] + lookup["inclusive_ci_ms"] >= 4.5, lookup
+            assert lookup["inclusive_ms"] <= sp["duration_ms"], lookup
+    # Exactly the slow requests ran slow_lookup, as their spans say.
+    assert with_lookup == slow
+
+    # The slow spans (those above the largest step in the slowest tenth: the slow requests, and any other
+    # that the machine held up as long) spent their extra time in slow_lookup, which the others never ran.
+    d = {x["name"]: x for x in view["differences"]}["GET /orders"]
+    assert len(slow) <= d["slow"] <= 15 and d["slow"] + d["others"] == 300
+    first = d["functions"][0]
+    assert first["function"] == "slow_lookup", d["functions"][:3]
+    assert first["others_ms"] == 0 and first["slow_ms"] >= 4.5 * len(slow) / d["slow"], first
+
+    # The text view says the same.
+    text = subprocess.run([sys.executable, "-m", "ocular", "spans", str(trace)], check=True, capture_output=True,
+                          text=True, timeout=600).stdout
+    part = text.split(f"GET /orders: where the {d['slow']} slow spans")[1]
+    assert part.splitlines()[2].split()[4] == "slow_lookup", text
+
+
+def test_a_coroutine_s_span_holds_its_own_task_s_time_only(tmp_path):
+    trace, truth = record(tmp_path, "spans_async")
+    view = spans(trace, "--top", "1000", "--functions", "50")
+    slowest = view["slowest"]
+    assert len(slowest) == 200
+    slow_jobs = {str(i) for i in truth["slow"] if i % 2}
+    with_slow = {"job": set(), "decorated": 0}
+    for s in slowest:
+        sp = s["span"]
+        f = {x["function"]: x for x in s["functions"]}
+        part = f.get("slow_part")
+        if part is None:
+            continue
+        # 4 ms of spinning (more if the machine took the CPU away meanwhile), never a share of it.
+        assert part["inclusive_ms"] + part["inclusive_ci_ms"] >= 3.9, (sp, part)
+        if sp["name"] == "job":
+            with_slow["job"].add(dict(sp["attributes"])["i"])
+        else:
+            with_slow["decorated"] += 1
+    # Each slow job's span has it, and no other span: the 19 tasks waiting meanwhile are not charged.
+    assert with_slow == {"job": slow_jobs, "decorated": len(truth["slow"]) - len(slow_jobs)}
+
+
+def test_spans_outside_a_recording_cost_nothing_and_change_nothing():
+    assert ocular.active() is None
+
+    @ocular.span("decorated")
+    def f(x):
+        return x * 2
+
+    @ocular.span("decorated async")
+    async def g(x):
+        return x * 3
+
+    import asyncio
+
+    assert f(2) == 4 and asyncio.run(g(2)) == 6
+    with ocular.span("plain", a=1) as s:
+        s.set_attribute("b", [1, 2])
+    with pytest.raises(KeyError):
+        with ocular.span("raising"):
+            raise KeyError(1)
+
+
+def test_a_span_ended_by_an_exception_is_an_error_with_its_message(tmp_path):
+    trace = tmp_path / "err.ocl"
+    with ocular.record(trace, mode="calls"):
+        for i in range(3):
+            try:
+                with ocular.span("step", i=i) as s:
+                    s.set_attribute("late", True)
+                    if i == 1:
+                        raise ValueError("no such order")
+            except ValueError:
+                pass
+    view = spans(trace)
+    assert view["names"][0] == {"name": "step", "count": 3, "open": 0, "p50_ms": view["names"][0]["p50_ms"],
+                                "p95_ms": view["names"][0]["p95_ms"], "p99_ms": view["names"][0]["p99_ms"],
+                                "max_ms": view["names"][0]["max_ms"], "errors": 1}
+    errors = [s["span"] for s in view["slowest"] if s["span"]["status"] == "error"]
+    assert [(e["message"], dict(e["attributes"])) for e in errors] == [
+        ("ValueError: no such order", {"i": "1", "late": "True"})]
+
+
+def test_one_span_object_marks_one_span_at_a_time():
+    s = ocular.span("once")
+    with s:
+        with pytest.raises(RuntimeError, match="already open"):
+            with s:
+                pass
