@@ -29,7 +29,7 @@ if TYPE_CHECKING:
 
     from ._analysis import Trace, load
     from ._live import Cursor, attach
-    from ._spans import span
+    from ._spans import slower_than, span
 from ._recorder import MODES, VERSION, Recording, active, record
 from .errors import (
     AlreadyRecording,
@@ -49,6 +49,7 @@ __all__ = [
     "record",
     "Recording",
     "span",
+    "slower_than",
     "load",
     "Trace",
     "attach",
@@ -76,10 +77,10 @@ def __getattr__(name: str) -> object:
         from . import _analysis
 
         return getattr(_analysis, name)
-    if name == "span":
+    if name in ("span", "slower_than"):
         from . import _spans
 
-        return _spans.span
+        return getattr(_spans, name)
     if name in ("attach", "Cursor", "Event", "Poll"):
         from . import _live
 

@@ -453,6 +453,7 @@ class Recording:
         ring_file: bool = True,
         ring: int | str | None = None,
         dump_on: int | str | None = None,
+        dump_when: Any = None,
         live: bool = False,
         counters: str | Iterable[str] | None = None,
         perf: bool = False,
@@ -515,6 +516,13 @@ class Recording:
         self.dump_on = _signal_number(dump_on) if dump_on is not None else None
         if self.dump_on is not None and not self.ring:
             raise ValueError("dump_on needs a flight recorder: give ring= a size too (ring='64MB')")
+        from . import _spans
+
+        self._rules = _spans.rules(dump_when or None)
+        # As text, as the command line gives them (and a followed child takes them).
+        self.dump_when = [str(r) for r in self._rules]
+        if self._rules and not self.ring:
+            raise ValueError("dump_when needs a flight recorder: give ring= a size too (ring='64MB')")
         self.live = bool(live)
         if isinstance(counters, str):
             counters = [c for c in counters.replace(",", " ").split() if c]
@@ -661,6 +669,10 @@ class Recording:
             # process shows them (CPython's perf support).
             sys.activate_stack_trampoline("perf")
             self._perf_activated = True
+        if self._rules:
+            from . import _spans
+
+            _spans._rules, _spans._recording = self._rules, self
         if self.dump_on is not None:
             if threading.current_thread() is not threading.main_thread():
                 raise ValueError("dump_on installs a signal handler: start the recording in the main thread")
@@ -681,6 +693,11 @@ class Recording:
         if not self._running:
             return self
         self._running = False
+        if self._rules:
+            from . import _spans
+
+            if _spans._recording is self:
+                _spans._rules, _spans._recording = [], None
         # Events off first: the native stop expects no callback while it flushes. The tool id is released
         # (and its switched-off locations restarted) only after the native stop returned, so that nothing
         # of the recorder runs after the restart.
@@ -1004,6 +1021,9 @@ def record(
     runs; ``rec.dump(path)`` writes them into a trace at any moment while recording goes on, the stop
     writes them into ``path``, and after a kill every command reads them from the ring file.
     dump_on: a signal (``"SIGUSR2"``) on which the recording dumps beside ``path`` (``run.1.ocl``, ...).
+    dump_when: when a span ends slow (``ocular.slower_than("GET /orders", 0.2)``, its text ``"GET
+    /orders>0.2"``, or a percentile: ``"GET /orders>p99"``; one rule or several), the recording dumps beside
+    ``path`` as ``dump_on`` does: the slow request's trace, whole if the ring holds it.
 
     counters: performance counters sampled by the kernel per recorded thread and attributed to the Python
     function running at each sample (``stats`` shows them per function): ``["page-faults", "task-clock",

@@ -14,6 +14,7 @@ from __future__ import annotations
 
 import contextvars
 import functools
+from time import perf_counter as _perf_counter
 from typing import Any, Callable, TypeVar
 
 F = TypeVar("F", bound=Callable[..., Any])
@@ -72,12 +73,13 @@ class span:
     it is its status (an error, with the exception's message). One ``span`` object marks one span at a
     time; a decorator makes a new one per call."""
 
-    __slots__ = ("name", "attributes", "_open", "_key", "_token", "_later")
+    __slots__ = ("name", "attributes", "_open", "_key", "_token", "_later", "_began")
 
     def __init__(self, name: str, /, **attributes: Any) -> None:
         self.name = str(name)
         self.attributes = attributes
         self._open = False
+        self._began = 0.0
         self._key = 0
         self._token: contextvars.Token[int] | None = None
         self._later: dict[str, Any] = {}
@@ -97,6 +99,8 @@ class span:
                                          coro)
         if self._key:
             self._token = _current.set(self._key)
+            if _rules:
+                self._began = _perf_counter()
         return self
 
     def __exit__(self, exc_type: Any, exc: Any, tb: Any) -> None:
@@ -111,6 +115,9 @@ class span:
             _native().span_end(key, 2 if exc_type is not None else 0, error_message(exc_type, exc),
                                attributes(self._later))
             self._later = {}
+            if _rules and self._began:
+                ended(self.name, _perf_counter() - self._began)
+                self._began = 0.0
 
     # Not coroutines: the span begins in the caller's coroutine, which is what it belongs to (a coroutine
     # of Ocular's own is not recorded, and would be the innermost one on the stack).
@@ -184,3 +191,115 @@ def leave(token: contextvars.Token[int]) -> None:
         _current.reset(token)
     except ValueError:
         _current.set(0)
+
+
+class slower_than:
+    """A flight recorder's dump rule (``record(ring="64MB", dump_when=ocular.slower_than("GET /orders",
+    0.2))``): when a span of that name ends slower than ``seconds``, or, with ``percentile``, slower than
+    that percentile of the name's last ``window`` spans (once there are ``minimum``), the recording writes
+    its ring into a trace beside its file (``run.1.ocl``, ...), which holds the span whole if the ring was
+    large enough to. At most one dump every ``every`` seconds per rule. As text (``ocular run --dump-when``):
+    ``"GET /orders>0.2"``, ``"GET /orders>p99"``."""
+
+    def __init__(self, name: str, seconds: float | None = None, *, percentile: float | None = None,
+                 window: int = 1000, minimum: int = 100, every: float = 1.0) -> None:
+        if (seconds is None) == (percentile is None):
+            raise ValueError("slower_than takes seconds or percentile=, one of them")
+        if seconds is not None and not seconds >= 0:
+            raise ValueError(f"seconds must be >= 0, not {seconds!r}")
+        if percentile is not None and not 0 < percentile < 100:
+            raise ValueError(f"percentile must be between 0 and 100, not {percentile!r}")
+        if window < 1 or not 1 <= minimum <= window:
+            raise ValueError(f"window ({window}) must be >= 1 and minimum ({minimum}) between 1 and it")
+        self.name, self.seconds, self.percentile = str(name), seconds, percentile
+        self.window, self.minimum, self.every = window, minimum, every
+        self._recent: list[float] = []  # sorted durations of the last `window` spans
+        self._order: list[float] = []  # the same, in the order they ended
+        self._last = float("-inf")
+
+    @classmethod
+    def parse(cls, text: str) -> slower_than:
+        """``NAME>SECONDS`` or ``NAME>pP``."""
+        name, sep, limit = str(text).rpartition(">")
+        try:
+            if not sep or not name:
+                raise ValueError
+            if limit.startswith("p"):
+                return cls(name, percentile=float(limit[1:]))
+            return cls(name, float(limit))
+        except ValueError:
+            raise ValueError(f"dump rule {text!r}: write NAME>SECONDS (\"GET /orders>0.2\") or NAME>pP "
+                             f"(\"GET /orders>p99\")") from None
+
+    def __str__(self) -> str:
+        return f"{self.name}>{self.seconds:g}" if self.seconds is not None else f"{self.name}>p{self.percentile:g}"
+
+    def __repr__(self) -> str:
+        return f"ocular.slower_than({str(self)!r})"
+
+    def __call__(self, name: str, seconds: float, now: float) -> bool:
+        """Whether a span of ``name`` that took ``seconds`` and ended at ``now`` (perf_counter) dumps."""
+        if name != self.name:
+            return False
+        if self.seconds is not None:
+            slow = seconds > self.seconds
+        else:
+            import bisect
+
+            recent = self._recent
+            slow = False
+            if len(recent) >= self.minimum:
+                rank = min(len(recent) - 1, max(0, int(len(recent) * self.percentile / 100)))
+                slow = seconds > recent[rank]
+            bisect.insort(recent, seconds)
+            self._order.append(seconds)
+            if len(self._order) > self.window:
+                del recent[bisect.bisect_left(recent, self._order.pop(0))]
+        if slow and now - self._last >= self.every:
+            self._last = now
+            return True
+        return False
+
+
+def rules(dump_when: Any) -> list[slower_than]:
+    """``record(dump_when=...)``'s rules: one, a text, or several of either."""
+    if dump_when is None:
+        return []
+    if isinstance(dump_when, (str, slower_than)):
+        dump_when = [dump_when]
+    out = []
+    for r in dump_when:
+        if isinstance(r, slower_than):
+            out.append(r)
+        elif isinstance(r, str):
+            out.append(slower_than.parse(r))
+        else:
+            raise TypeError(f"dump_when takes ocular.slower_than(...) rules or their text, not {r!r}")
+    return out
+
+
+# The running recording's dump rules, and the recording (set at its start, cleared at its stop).
+_rules: list[slower_than] = []
+_recording: Any = None
+
+
+def ended(name: str, seconds: float) -> None:
+    """A span ended: the flight recorder dumps if a rule says so."""
+    import time
+
+    now = time.perf_counter()
+    rec = _recording
+    for rule in _rules:
+        if rule(name, seconds, now) and rec is not None:
+            try:
+                path = rec.dump()
+            except Exception as e:  # noqa: BLE001 - a span's end must not raise into the program
+                import sys
+
+                print(f"ocular: span {name!r} took {seconds * 1e3:.1f} ms ({rule}): the dump failed: {e}",
+                      file=sys.stderr)
+                continue
+            import sys
+
+            print(f"ocular: span {name!r} took {seconds * 1e3:.1f} ms ({rule}): writing the flight recorder's "
+                  f"ring into {path}", file=sys.stderr)

@@ -66,6 +66,8 @@ class SpanProcessor(_SpanProcessor):
         code = getattr(status.status_code, "value", 0)
         _spans._native().span_end(key, code if code in (0, 1, 2) else 0, status.description or "",
                                   _spans.attributes(later))
+        if _spans._rules and span.end_time and span.start_time:
+            _spans.ended(span.name, (span.end_time - span.start_time) / 1e9)
 
     def shutdown(self) -> None:
         self._open.clear()

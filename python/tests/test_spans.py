@@ -161,3 +161,46 @@ def test_one_span_object_marks_one_span_at_a_time():
         with pytest.raises(RuntimeError, match="already open"):
             with s:
                 pass
+
+
+def test_a_slow_span_dumps_the_flight_recorder_with_that_span_whole(tmp_path):
+    import time
+
+    def slow_step():
+        t = time.perf_counter()
+        while time.perf_counter() - t < 0.006:
+            pass
+
+    trace = tmp_path / "flight.ocl"
+    rule = ocular.slower_than("op", 0.004, every=0)
+    with ocular.record(trace, mode="calls", ring="16MB", dump_when=rule):
+        for i in range(60):
+            with ocular.span("op", i=i):
+                sum(range(100))
+                if i % 20 == 5:
+                    slow_step()
+    dumps = sorted(tmp_path.glob("flight.*.ocl"))
+    # One dump per slow span, each written at its end: it holds that span whole, and slow_step in it.
+    assert [p.name for p in dumps] == ["flight.1.ocl", "flight.2.ocl", "flight.3.ocl"]
+    for n, dump in enumerate(dumps):
+        view = spans(dump, "--top", "1")
+        s = view["slowest"][0]
+        assert dict(s["span"]["attributes"])["i"] == str(20 * n + 5)
+        assert s["span"]["duration_ms"] >= 6.0
+        assert s["functions"][0]["function"].endswith("slow_step")
+    with pytest.raises(ValueError, match="dump_when needs a flight recorder"):
+        ocular.record(tmp_path / "x.ocl", dump_when="op>0.1")
+    with pytest.raises(ValueError, match=r"write NAME>SECONDS"):
+        ocular.slower_than.parse("op<0.1")
+
+
+def test_a_percentile_rule_dumps_what_stands_out_from_the_name_s_recent_spans():
+    rule = ocular.slower_than("op", percentile=99, window=200, minimum=100, every=0)
+    fired = [i for i in range(300) if rule("op", 0.010 if i % 150 == 120 else 0.001 + (i % 7) * 1e-5, float(i))]
+    # The first 100 spans only fill the window; then the two that are ten times slower than the rest.
+    assert fired == [120, 270]
+    assert not rule("other", 1.0, 1000.0)
+    # One dump a second at most, by default.
+    every = ocular.slower_than("op", 0.5)
+    assert [every("op", 1.0, t) for t in (0.0, 0.5, 1.2)] == [True, False, True]
+    assert str(ocular.slower_than.parse("GET /a>b>p99.5")) == "GET /a>b>p99.5"

@@ -172,6 +172,12 @@ struct RecordOptions {
     /// (run.1.ocl, run.2.ocl, ...) while the program goes on: `kill -USR2 PID`
     #[arg(long, value_name = "SIGNAL", requires = "ring", help_heading = PROCESS)]
     dump_on: Option<String>,
+    /// With --ring: write the ring into a trace beside OUTPUT when a span (ocular.span, or OpenTelemetry's
+    /// through ocular.otel) ends slower than RULE says: NAME>SECONDS ("GET /orders>0.2"), or NAME>pP
+    /// (slower than the P-th percentile of that name's last 1000 spans, once there are 100); repeatable. At
+    /// most one dump a second per rule
+    #[arg(long, value_name = "RULE", requires = "ring", help_heading = PROCESS)]
+    dump_when: Vec<String>,
     /// Another process will follow the recording (python -m ocular top PID, ocular.attach(PID)): keeps 16
     /// spare buffers instead of 3 (24 MiB), so a reader polling every few ms misses nothing
     #[arg(long, conflicts_with = "ring_file", help_heading = PROCESS)]
