@@ -77,9 +77,9 @@ pub struct SpanEnd {
     pub cut: bool,
 }
 
-/// Cuts the longest attribute values (to half, again and again) until `encode` fits [`MAX_RECORD`];
-/// returns the encoding and whether anything was cut. A record whose other fields alone do not fit keeps
-/// no attributes, and its name is cut.
+/// Cuts the longest attribute values (to half, again and again) until the record fits [`MAX_RECORD`] with
+/// its `cut` set; returns the encoding and whether anything was cut. A record whose other fields alone do
+/// not fit keeps no attributes, and its name is cut.
 fn fitted<T: Serialize>(
     record: &mut T,
     attributes: fn(&mut T) -> &mut Vec<Attribute>,
@@ -116,57 +116,88 @@ fn truncate_at_char(s: &mut String, at: usize) {
     s.truncate(at);
 }
 
-/// The events of a span's beginning: a `SPAN` of `key` at `ticks`, then its record's pieces. The record's
-/// `cut` says whether it had to be cut to fit.
-pub fn begin_events(ticks: u64, key: u64, record: &SpanBegin) -> Vec<RawEvent> {
-    let mut r = record.clone();
-    let (mut bytes, cut) = fitted(&mut r, |r| &mut r.attributes, |r| Some(&mut r.name));
-    if cut {
+/// Writes the events of a span's beginning through `push`: a `SPAN` of `key` at `ticks`, then its record's
+/// pieces. A record too long is cut to fit, and says so (`cut`).
+pub fn write_begin(ticks: u64, key: u64, record: &SpanBegin, push: impl FnMut(RawEvent)) {
+    let bytes = postcard::to_allocvec(record).expect("a span record always serializes");
+    let bytes = if bytes.len() <= MAX_RECORD {
+        bytes
+    } else {
+        let mut r = record.clone();
+        fitted(&mut r, |r| &mut r.attributes, |r| Some(&mut r.name));
         r.cut = true;
-        bytes = postcard::to_allocvec(&r).expect("a span record always serializes");
-    }
-    events(EventKind::SPAN, ticks, key, Some(&bytes))
+        postcard::to_allocvec(&r).expect("a span record always serializes")
+    };
+    events(EventKind::SPAN, ticks, key, Some(&bytes), push);
 }
 
-/// The events of a span's end: a `SPAN_END` of `key` at `ticks`, then its record's pieces if it adds
-/// anything to the beginning's.
-pub fn end_events(ticks: u64, key: u64, record: Option<&SpanEnd>) -> Vec<RawEvent> {
+/// Writes the events of a span's end through `push`: a `SPAN_END` of `key` at `ticks`, then its record's
+/// pieces if it adds anything to the beginning's.
+pub fn write_end(ticks: u64, key: u64, record: Option<&SpanEnd>, push: impl FnMut(RawEvent)) {
     match record {
-        Some(e) if *e != SpanEnd::default() => {
-            let mut r = e.clone();
-            let (mut bytes, cut) = fitted(&mut r, |r| &mut r.attributes, |r| Some(&mut r.message));
-            if cut {
+        Some(e) if e.status != 0 || !e.message.is_empty() || !e.attributes.is_empty() || e.cut => {
+            let bytes = postcard::to_allocvec(e).expect("a span record always serializes");
+            let bytes = if bytes.len() <= MAX_RECORD {
+                bytes
+            } else {
+                let mut r = e.clone();
+                fitted(&mut r, |r| &mut r.attributes, |r| Some(&mut r.message));
                 r.cut = true;
-                bytes = postcard::to_allocvec(&r).expect("a span record always serializes");
-            }
-            events(EventKind::SPAN_END, ticks, key, Some(&bytes))
+                postcard::to_allocvec(&r).expect("a span record always serializes")
+            };
+            events(EventKind::SPAN_END, ticks, key, Some(&bytes), push);
         }
-        _ => events(EventKind::SPAN_END, ticks, key, None),
+        _ => events(EventKind::SPAN_END, ticks, key, None, push),
     }
 }
 
-fn events(kind: EventKind, ticks: u64, key: u64, record: Option<&[u8]>) -> Vec<RawEvent> {
-    let mut out = vec![RawEvent::new(ticks, 0, (key >> 32) as u32, key as u32, kind as u8)];
-    if let Some(record) = record {
-        let mut framed = Vec::with_capacity(record.len() + 3);
-        let mut n = record.len();
-        loop {
-            let b = (n & 0x7f) as u8;
-            n >>= 7;
-            framed.push(if n == 0 { b } else { b | 0x80 });
-            if n == 0 {
-                break;
-            }
-        }
-        framed.extend_from_slice(record);
-        for piece in framed.chunks(PIECE) {
-            let mut p = [0u8; PIECE];
-            p[..piece.len()].copy_from_slice(piece);
-            let word = |i: usize| u32::from_le_bytes([p[i], p[i + 1], p[i + 2], p[i + 3]]);
-            out.push(RawEvent::new(ticks, word(0), word(4), word(8), EventKind::SPAN_DATA as u8));
+/// [`write_begin`]'s events.
+pub fn begin_events(ticks: u64, key: u64, record: &SpanBegin) -> Vec<RawEvent> {
+    let mut out = Vec::new();
+    write_begin(ticks, key, record, |e| out.push(e));
+    out
+}
+
+/// [`write_end`]'s events.
+pub fn end_events(ticks: u64, key: u64, record: Option<&SpanEnd>) -> Vec<RawEvent> {
+    let mut out = Vec::new();
+    write_end(ticks, key, record, |e| out.push(e));
+    out
+}
+
+fn events(kind: EventKind, ticks: u64, key: u64, record: Option<&[u8]>, mut push: impl FnMut(RawEvent)) {
+    push(RawEvent::new(ticks, 0, (key >> 32) as u32, key as u32, kind as u8));
+    let Some(record) = record else { return };
+    // The varint length, then the record, in 12-byte pieces.
+    let mut head = [0u8; 3];
+    let mut h = 0;
+    let mut n = record.len();
+    loop {
+        let b = (n & 0x7f) as u8;
+        n >>= 7;
+        head[h] = if n == 0 { b } else { b | 0x80 };
+        h += 1;
+        if n == 0 {
+            break;
         }
     }
-    out
+    let mut bytes = head[..h].iter().chain(record).copied();
+    loop {
+        let mut p = [0u8; PIECE];
+        let mut filled = 0;
+        for (slot, b) in p.iter_mut().zip(&mut bytes) {
+            *slot = b;
+            filled += 1;
+        }
+        if filled == 0 {
+            return;
+        }
+        let word = |i: usize| u32::from_le_bytes([p[i], p[i + 1], p[i + 2], p[i + 3]]);
+        push(RawEvent::new(ticks, word(0), word(4), word(8), EventKind::SPAN_DATA as u8));
+        if filled < PIECE {
+            return;
+        }
+    }
 }
 
 /// The key a `SPAN` or `SPAN_END` carries.

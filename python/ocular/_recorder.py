@@ -672,7 +672,7 @@ class Recording:
         if self._rules:
             from . import _spans
 
-            _spans._rules, _spans._recording = self._rules, self
+            _spans.set_rules(self._rules, self)
         if self.dump_on is not None:
             if threading.current_thread() is not threading.main_thread():
                 raise ValueError("dump_on installs a signal handler: start the recording in the main thread")
@@ -697,7 +697,7 @@ class Recording:
             from . import _spans
 
             if _spans._recording is self:
-                _spans._rules, _spans._recording = [], None
+                _spans.set_rules([], None)
         # Events off first: the native stop expects no callback while it flushes. The tool id is released
         # (and its switched-off locations restarted) only after the native stop returned, so that nothing
         # of the recorder runs after the restart.

@@ -14,21 +14,20 @@ from __future__ import annotations
 
 import contextvars
 import functools
-from time import perf_counter as _perf_counter
 from typing import Any, Callable, TypeVar
 
 F = TypeVar("F", bound=Callable[..., Any])
 
 _CO_COROUTINE = 0x80  # an `async def` function's code (inspect is not imported for it: 10 ms)
 
+from . import _ocular
+
 # The key of the span that encloses the code running now, per thread and per asyncio task (a task runs in
-# a copy of the context it was created in).
+# a copy of the context it was created in). The extension reads and sets it.
 _current: contextvars.ContextVar[int] = contextvars.ContextVar("ocular_span", default=0)
 
 
 def _native() -> Any:
-    from . import _ocular
-
     return _ocular
 
 
@@ -56,68 +55,17 @@ def attributes(items: Any) -> list[tuple[str, int, str]]:
     return out
 
 
-def error_message(exc_type: Any, exc: Any) -> str:
-    """How a span that an exception ended says so: ``ValueError: no such order``."""
-    if exc_type is None:
-        return ""
-    text = str(exc) if exc is not None else ""
-    return f"{exc_type.__name__}: {text}" if text else exc_type.__name__
-
-
-class span:
+class span(_ocular.Span):
     """Marks a span, named ``name``, with attributes: a context manager (``with``, ``async with``) or a
-    decorator of a function or coroutine function (a span per call).
+    decorator of a function or coroutine function (a span per call). ``set_attribute(key, value)`` adds an
+    attribute known only once it runs.
 
     A span belongs to the thread where it begins, or, begun in a coroutine, to that coroutine and what it
     awaits: the asyncio tasks that run in between on the same thread are not in it. An exception that ends
     it is its status (an error, with the exception's message). One ``span`` object marks one span at a
-    time; a decorator makes a new one per call."""
+    time; a decorator makes a new one per call. While nothing records, a span writes nothing."""
 
-    __slots__ = ("name", "attributes", "_open", "_key", "_token", "_later", "_began")
-
-    def __init__(self, name: str, /, **attributes: Any) -> None:
-        self.name = str(name)
-        self.attributes = attributes
-        self._open = False
-        self._began = 0.0
-        self._key = 0
-        self._token: contextvars.Token[int] | None = None
-        self._later: dict[str, Any] = {}
-
-    def set_attribute(self, key: str, value: Any) -> None:
-        """An attribute known only once the span runs (a result's size): written at its end."""
-        self._later[key] = value
-
-    def __enter__(self) -> span:
-        return self._begin(None)
-
-    def _begin(self, coro: Any) -> span:
-        if self._open:
-            raise RuntimeError(f"span {self.name!r} is already open: one span object marks one span at a time")
-        self._open = True
-        self._key = _native().span_begin(self.name, attributes(self.attributes), b"", b"", b"", _current.get(),
-                                         coro)
-        if self._key:
-            self._token = _current.set(self._key)
-            if _rules:
-                self._began = _perf_counter()
-        return self
-
-    def __exit__(self, exc_type: Any, exc: Any, tb: Any) -> None:
-        key, self._key, self._open = self._key, 0, False
-        if self._token is not None:
-            token, self._token = self._token, None
-            try:
-                _current.reset(token)
-            except ValueError:
-                _current.set(0)  # ended in another context than it began in: nothing encloses from here
-        if key:
-            _native().span_end(key, 2 if exc_type is not None else 0, error_message(exc_type, exc),
-                               attributes(self._later))
-            self._later = {}
-            if _rules and self._began:
-                ended(self.name, _perf_counter() - self._began)
-                self._began = 0.0
+    __slots__ = ()
 
     # Not coroutines: the span begins in the caller's coroutine, which is what it belongs to (a coroutine
     # of Ocular's own is not recorded, and would be the innermost one on the stack).
@@ -129,7 +77,7 @@ class span:
         return _Done(None)
 
     def __call__(self, fn: F) -> F:
-        name, attrs = self.name, self.attributes
+        name, attrs = self.name, self.attributes or {}
         if getattr(getattr(fn, "__code__", None), "co_flags", 0) & _CO_COROUTINE:
             @functools.wraps(fn)
             async def run_async(*args: Any, **kwargs: Any) -> Any:
@@ -153,9 +101,6 @@ class span:
 
         return run  # type: ignore[return-value]
 
-    def __repr__(self) -> str:
-        return f"ocular.span({self.name!r})"
-
 
 class _Done:
     """An awaitable that is done at once, with ``value``: what ``async with`` awaits."""
@@ -178,19 +123,6 @@ class _Done:
 def current() -> int:
     """The key of the span of the current recording that encloses the code running now (0: none)."""
     return _current.get()
-
-
-def enter(key: int) -> contextvars.Token[int]:
-    """Makes the span of ``key`` the one that encloses what runs next in this context."""
-    return _current.set(key)
-
-
-def leave(token: contextvars.Token[int]) -> None:
-    """Undoes :func:`enter`; in another context than it was made in, leaves no span enclosing."""
-    try:
-        _current.reset(token)
-    except ValueError:
-        _current.set(0)
 
 
 class slower_than:
@@ -278,9 +210,16 @@ def rules(dump_when: Any) -> list[slower_than]:
     return out
 
 
-# The running recording's dump rules, and the recording (set at its start, cleared at its stop).
+# The running recording's dump rules, and the recording (set at its start, cleared at its stop, with
+# set_rules).
 _rules: list[slower_than] = []
 _recording: Any = None
+
+
+def set_rules(rules: list[slower_than], recording: Any) -> None:
+    global _rules, _recording
+    _rules, _recording = rules, recording
+    _ocular.span_rules(bool(rules))
 
 
 def ended(name: str, seconds: float) -> None:
@@ -303,3 +242,6 @@ def ended(name: str, seconds: float) -> None:
 
             print(f"ocular: span {name!r} took {seconds * 1e3:.1f} ms ({rule}): writing the flight recorder's "
                   f"ring into {path}", file=sys.stderr)
+
+
+_ocular.span_setup(_current, ended)

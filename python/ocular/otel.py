@@ -51,7 +51,6 @@ class SpanProcessor(_SpanProcessor):
             ctx.span_id.to_bytes(8, "big"),
             parent.span_id.to_bytes(8, "big") if parent is not None else b"",
             enclosing,
-            None,
         )
         if key:
             self._open[ctx.span_id] = (key, begun)

@@ -347,7 +347,7 @@ static FRAME_INDIRECT: std::sync::atomic::AtomicBool = std::sync::atomic::Atomic
 /// # Safety
 /// GIL held, inside a monitoring callback, `pyts` the calling thread's thread state.
 #[inline(always)]
-unsafe fn frame_id(pyts: usize) -> u64 {
+pub(super) unsafe fn frame_id(pyts: usize) -> u64 {
     // SAFETY: FRAME_FIELD was found in this interpreter's thread state layout by `locate_frame_field`,
     // which checked that it holds the running frame; the thread state of a thread running Python code is
     // live.

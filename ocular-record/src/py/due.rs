@@ -125,6 +125,11 @@ fn word(addr: usize) -> Option<usize> {
     peek(addr, &mut b).then(|| usize::from_ne_bytes(b))
 }
 
+/// Whether the frame layout read here was checked (on any thread) and found as expected.
+pub(super) fn layout_checked() -> bool {
+    USABLE.load(Ordering::Relaxed)
+}
+
 /// The thread's current interpreter frame (0: none).
 fn current_frame(pyts: usize) -> Option<usize> {
     let at = super::callbacks::frame_field()?;

@@ -965,6 +965,10 @@ fn _ocular(m: &Bound<'_, PyModule>) -> PyResult<()> {
     m.add_function(wrap_pyfunction!(windows::window_signal, m)?)?;
     m.add_function(wrap_pyfunction!(spans::span_begin, m)?)?;
     m.add_function(wrap_pyfunction!(spans::span_end, m)?)?;
+    m.add_function(wrap_pyfunction!(spans::span_setup, m)?)?;
+    m.add_function(wrap_pyfunction!(spans::span_rules, m)?)?;
+    m.add_function(wrap_pyfunction!(spans::span_current, m)?)?;
+    m.add_class::<spans::Span>()?;
     m.add_function(wrap_pyfunction!(due::due_stacks_usable, m)?)?;
     m.add_function(wrap_pyfunction!(read::read, m)?)?;
     m.add_function(wrap_pyfunction!(read::file_events, m)?)?;

@@ -1,0 +1,183 @@
+"""What spans cost: one span, and a service's throughput.
+
+    make bench-spans        (or: PYTHON bench/spans_bench.py [--repeats N] [--requests N])
+
+Table 1: the cost of one span, in a fresh process per cell: `with ocular.span("op"):` around an empty body,
+200,000 times, less the same loop without the span, per span; while recording (default mode) and while not.
+The OpenTelemetry row is what `ocular.otel.SpanProcessor` adds to a span the SDK starts and ends (the SDK's
+own cost, with a no-op processor, taken out). Median over repeats of the best of 5 timings.
+
+Table 2: a service's throughput: the standard library's threading HTTP server on loopback, each request in
+a span (`ocular.span`), served in a process of its own (recorded or not), under a client in another process
+that sends requests one after another for a fixed number; requests per second, each kind of server
+alternating with the others, median over repeats, and its ratio to the unrecorded server.
+"""
+
+from __future__ import annotations
+
+import argparse
+import os
+import platform
+import statistics
+import subprocess
+import sys
+import tempfile
+import time
+
+SPAN_CHILD = r"""
+import json, sys, time
+import ocular
+N = 200_000
+
+def plain(n):
+    for _ in range(n):
+        pass
+
+def spanned(n):
+    s = ocular.span
+    for _ in range(n):
+        with s("op"):
+            pass
+
+def best(f):
+    out = []
+    for _ in range(5):
+        t = time.perf_counter(); f(N); out.append(time.perf_counter() - t)
+    return min(out)
+
+def measure():
+    plain(1000); spanned(1000)
+    return (best(spanned) - best(plain)) / N * 1e9
+
+kind = sys.argv[1]
+if kind == "recorded":
+    with ocular.record(sys.argv[2]):
+        ns = measure()
+elif kind == "otel":
+    from opentelemetry.sdk.trace import TracerProvider, SpanProcessor
+    import ocular.otel
+    def sdk(with_ocular):
+        p = TracerProvider()
+        p.add_span_processor(ocular.otel.SpanProcessor() if with_ocular else SpanProcessor())
+        t = p.get_tracer("bench")
+        def run(n):
+            for _ in range(n):
+                with t.start_as_current_span("op"):
+                    pass
+        return run
+    base, ours = sdk(False), sdk(True)
+    with ocular.record(sys.argv[2]):
+        base(1000); ours(1000)
+        def best_of(f, n=20_000):
+            out = []
+            for _ in range(5):
+                t = time.perf_counter(); f(n); out.append(time.perf_counter() - t)
+            return min(out) / n
+        ns = (best_of(ours) - best_of(base)) * 1e9
+else:
+    ns = measure()
+print(json.dumps(ns))
+"""
+
+SERVER_CHILD = r"""
+import http.server, sys, threading
+import ocular
+
+class H(http.server.BaseHTTPRequestHandler):
+    def log_message(self, *a): pass
+    def do_GET(self):
+        with ocular.span("GET /orders"):
+            body = b'{"orders": [1, 2, 3]}'
+        self.send_response(200); self.send_header("Content-Length", str(len(body))); self.end_headers()
+        self.wfile.write(body)
+
+srv = http.server.ThreadingHTTPServer(("127.0.0.1", 0), H)
+print(srv.server_address[1], flush=True)
+threading.Thread(target=srv.serve_forever, daemon=True).start()
+sys.stdin.readline()  # until the client is done
+srv.shutdown()
+"""
+
+CLIENT_CHILD = r"""
+import http.client, json, sys, time
+port, n = int(sys.argv[1]), int(sys.argv[2])
+for _ in range(20):
+    c = http.client.HTTPConnection("127.0.0.1", port); c.request("GET", "/orders"); c.getresponse().read(); c.close()
+t = time.perf_counter()
+for _ in range(n):
+    c = http.client.HTTPConnection("127.0.0.1", port); c.request("GET", "/orders"); c.getresponse().read(); c.close()
+print(json.dumps(n / (time.perf_counter() - t)))
+"""
+
+
+def span_cost(kind: str, tmp: str) -> float:
+    out = subprocess.run([sys.executable, "-c", SPAN_CHILD, kind, os.path.join(tmp, f"{kind}.ocl")], check=True,
+                         capture_output=True, text=True, timeout=600)
+    return float(out.stdout.strip().splitlines()[-1])
+
+
+def throughput(kind: str, tmp: str, requests: int) -> float:
+    cmd = [sys.executable]
+    if kind != "untraced":
+        cmd += ["-m", "ocular", "run", "-q", "-o", os.path.join(tmp, f"server-{kind}.ocl")]
+        if kind == "sampled":
+            cmd += ["--sampled"]
+    server = subprocess.Popen(cmd + [_script(tmp)], stdin=subprocess.PIPE, stdout=subprocess.PIPE, text=True)
+    try:
+        port = int(server.stdout.readline())
+        out = subprocess.run([sys.executable, "-c", CLIENT_CHILD, str(port), str(requests)], check=True,
+                             capture_output=True, text=True, timeout=600)
+        return float(out.stdout)
+    finally:
+        server.stdin.write("\n")
+        server.stdin.flush()
+        server.wait(timeout=600)
+
+
+def _script(tmp: str) -> str:
+    path = os.path.join(tmp, "server.py")
+    if not os.path.exists(path):
+        with open(path, "w") as f:
+            f.write(SERVER_CHILD)
+    return path
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("--repeats", type=int, default=5)
+    ap.add_argument("--requests", type=int, default=2000)
+    args = ap.parse_args()
+    print(f"CPython {platform.python_version()}, {os.cpu_count()} CPUs; {args.repeats} repeats")
+    with tempfile.TemporaryDirectory() as tmp:
+        costs: dict[str, list[float]] = {"recorded": [], "not recording": [], "otel": []}
+        have_otel = subprocess.run([sys.executable, "-c", "import opentelemetry.sdk"], capture_output=True).returncode == 0
+        for _ in range(args.repeats):
+            costs["recorded"].append(span_cost("recorded", tmp))
+            costs["not recording"].append(span_cost("plain", tmp))
+            if have_otel:
+                costs["otel"].append(span_cost("otel", tmp))
+        print("\nTable 1: one span, ns (median of repeats; each the best of 5 timings of 200,000 spans)")
+        print(f"{'what':<48} {'ns/span':>8}")
+        print(f"{'ocular.span, recording (default mode)':<48} {statistics.median(costs['recorded']):>8.0f}")
+        print(f"{'ocular.span, nothing recording':<48} {statistics.median(costs['not recording']):>8.0f}")
+        if have_otel:
+            print(f"{'ocular.otel.SpanProcessor on an SDK span':<48} {statistics.median(costs['otel']):>8.0f}")
+
+        kinds = ["untraced", "default", "sampled"]
+        rps: dict[str, list[float]] = {k: [] for k in kinds}
+        for _ in range(args.repeats):
+            for k in kinds:
+                rps[k].append(throughput(k, tmp, args.requests))
+        base = statistics.median(rps["untraced"])
+        print(f"\nTable 2: a threading HTTP server, a span per request; {args.requests} requests one after another")
+        print(f"{'server':<40} {'req/s':>8} {'ratio':>7}")
+        for k, label in [("untraced", "not recorded"), ("default", "recorded, default mode"),
+                         ("sampled", "recorded, --sampled")]:
+            m = statistics.median(rps[k])
+            print(f"{label:<40} {m:>8.0f} {m / base:>6.2f}x")
+
+
+if __name__ == "__main__":
+    t = time.perf_counter()
+    main()
+    print(f"\n({time.perf_counter() - t:.0f} s)")
