@@ -11,7 +11,7 @@ PYTHONS := $(shell scripts/find-pythons.sh)
 NEW_PYTHONS ?= 3.14 3.15
 
 .DEFAULT_GOAL := help
-.PHONY: help demo report-check test test-rust test-python check-python pythons wheels test-wheel stress lint bench bench-format bench-record bench-truth bench-analyze bench-peers bench-startup bench-after-stop bench-flight bench-live bench-counters bench-follow fuzz clean
+.PHONY: help demo report-check test test-rust test-python check-python pythons wheels test-wheel stress lint bench bench-format bench-record bench-truth bench-analyze bench-peers bench-startup bench-after-stop bench-spans bench-flight bench-live bench-counters bench-follow fuzz clean
 
 help: ## list the targets
 	@grep -E '^[a-zA-Z_-]+:.*## ' $(MAKEFILE_LIST) | awk 'BEGIN {FS = ":.*## "}; {printf "  make %-16s %s\n", $$1, $$2}'
@@ -87,7 +87,7 @@ lint: check-python ## rustfmt, clippy with warnings as errors, docs without warn
 	    $$venv/bin/python -m pip install -q --disable-pip-version-check "mypy>=1.18"; \
 	    $$venv/bin/python -m mypy.stubtest ocular._ocular --ignore-disjoint-bases
 
-bench: bench-format bench-record bench-truth bench-analyze bench-startup bench-after-stop bench-flight bench-live bench-counters bench-follow ## every benchmark (prints tables; see BENCHMARKS.md)
+bench: bench-format bench-record bench-truth bench-analyze bench-startup bench-after-stop bench-spans bench-flight bench-live bench-counters bench-follow ## every benchmark (prints tables; see BENCHMARKS.md)
 
 bench-analyze: check-python ## analyzer throughput: info, stats, hot, export on a large recorded trace
 	$(CARGO) build --release --locked -p ocular-analyze $(ANALYZE_FEATURES)
@@ -116,6 +116,9 @@ bench-startup: check-python ## fixed cost per run (an empty script: plainly, Ocu
 
 bench-after-stop: check-python ## a hot loop after a recording stopped vs never recorded; coverage.py callbacks across one
 	@venv=$$(scripts/venv.sh $(firstword $(PYTHONS)) | tail -n 1); $$venv/bin/python bench/after_stop.py
+
+bench-spans: check-python ## what one span costs (ocular.span, the OpenTelemetry processor), and a span-per-request server's throughput recorded and not
+	@venv=$$(scripts/venv.sh $(firstword $(PYTHONS)) | tail -n 1); $$venv/bin/python bench/spans_bench.py
 
 bench-flight: check-python ## flight recorder: what a dump costs the program (the soak: bench/flight.py soak --minutes 10)
 	@venv=$$(scripts/venv.sh $(firstword $(PYTHONS)) | tail -n 1); $$venv/bin/python bench/flight.py pause
