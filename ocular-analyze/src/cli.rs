@@ -803,7 +803,7 @@ fn export_parquet(file: &std::path::Path, opts: ReadOptions, dir: &std::path::Pa
     eprintln!(
         "wrote {}: events.parquet ({} rows), calls.parquet ({} rows), code.parquet ({} rows), lost.parquet ({} rows), \
          counter_samples.parquet ({} rows), lines.parquet ({} rows), functions.parquet ({} rows), coroutines.parquet \
-         ({} rows), tasks.parquet ({} rows) from {} recorded events",
+         ({} rows), tasks.parquet ({} rows), spans.parquet ({} rows) from {} recorded events",
         dir.display(),
         rows("events"),
         rows("calls"),
@@ -814,6 +814,7 @@ fn export_parquet(file: &std::path::Path, opts: ReadOptions, dir: &std::path::Pa
         rows("functions"),
         rows("coroutines"),
         rows("tasks"),
+        rows("spans"),
         summary.events_read
     );
     Ok(())

@@ -342,6 +342,18 @@ pub fn analyze(path: &Path, opts: ReadOptions, top: usize, functions: usize) -> 
 
 type FirstPass = (Vec<Span>, u64, f64, bool, Vec<String>);
 
+/// Every span of `path` (FORMAT.md 5.9), in the order they began per thread, threads in file order; and
+/// how many a flight recorder cut (their beginning overwritten).
+pub fn list(path: &Path, opts: ReadOptions) -> ocular_format::Result<(Vec<Span>, u64)> {
+    let (spans, cut, ..) = first_pass(path, opts)?;
+    Ok((spans, cut))
+}
+
+/// Whether `events` hold a span's beginning.
+pub fn has_spans(events: &[ocular_format::RawEvent]) -> bool {
+    events.iter().any(|e| e.kind == EventKind::SPAN as u8)
+}
+
 /// Reads every span mark: the spans with their records, the spans cut by the ring, the clock's rate,
 /// whether every function boundary was recorded, the reader's warnings.
 fn first_pass(path: &Path, opts: ReadOptions) -> ocular_format::Result<FirstPass> {

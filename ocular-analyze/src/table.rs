@@ -71,6 +71,8 @@ pub enum Table {
     Coroutines,
     /// One row per asyncio task ([`crate::awaits`]).
     Tasks,
+    /// One row per span ([`crate::spans`], FORMAT.md 5.9).
+    Spans,
 }
 
 impl Table {
@@ -86,6 +88,7 @@ impl Table {
             Table::Functions => "functions",
             Table::Coroutines => "coroutines",
             Table::Tasks => "tasks",
+            Table::Spans => "spans",
         }
     }
 }
@@ -294,6 +297,22 @@ pub fn columns(table: Table) -> &'static [&'static str] {
             "running_ns",
             "awaiting_ns",
             "ready_ns",
+        ],
+        Table::Spans => &[
+            "pid",
+            "key",
+            "name",
+            "thread_id",
+            "start_ns",
+            "end_ns",
+            "duration_ns",
+            "trace_id",
+            "span_id",
+            "parent_span_id",
+            "parent",
+            "status",
+            "message",
+            "attributes",
         ],
     }
 }
@@ -912,6 +931,64 @@ fn async_tables(a: crate::awaits::Awaits, offset_ns: i64, d: &mut Dictionaries) 
     (coroutines, tasks)
 }
 
+/// The spans of a run's processes, each (pid, its spans, its start from the first process's, ns): times from
+/// the first process's start; ids as lowercase hex, null where the span has none; the attributes as a JSON
+/// object.
+fn spans_table(processes: Vec<(u32, Vec<crate::spans::Span>, i64)>) -> Batch {
+    let n: usize = processes.iter().map(|p| p.1.len()).sum();
+    let mut text: [Dictionary; 7] = Default::default();
+    let mut codes: [Vec<u32>; 7] = Default::default();
+    let mut pid = Vec::with_capacity(n);
+    let mut key = Vec::with_capacity(n);
+    let mut thread = Vec::with_capacity(n);
+    let mut start = Vec::with_capacity(n);
+    let mut end = Vec::with_capacity(n);
+    let mut duration = Vec::with_capacity(n);
+    let mut parent = Vec::with_capacity(n);
+    for (p, spans, offset_ns) in processes {
+        let at = |ns: f64| offset_ns + ns.round() as i64;
+        for x in spans {
+            let attributes: serde_json::Map<String, serde_json::Value> =
+                x.attributes.iter().map(|(k, v)| (k.clone(), v.clone().into())).collect();
+            let attributes = serde_json::Value::Object(attributes).to_string();
+            let values = [&x.name, &x.trace_id, &x.span_id, &x.parent_span_id, x.status, &x.message, &attributes];
+            for (i, v) in values.into_iter().enumerate() {
+                // The ids and the message are null where the span has none; name, status and attributes never.
+                let null = v.is_empty() && matches!(i, 1 | 2 | 3 | 5);
+                codes[i].push(if null { NULL_CODE } else { text[i].code(v) });
+            }
+            pid.push(p);
+            key.push(x.key);
+            thread.push(x.thread_id);
+            start.push(at(x.begin_ns));
+            end.push(x.end_ns.map(at));
+            duration.push(x.duration_ms.map(|ms| (ms * 1e6).round() as i64));
+            parent.push(x.parent);
+        }
+    }
+    let [name, trace_id, span_id, parent_span_id, status, message, attributes] = codes;
+    let [dn, dt, ds, dp, dst, dm, da] = text.each_mut().map(|d| d.snapshot());
+    Batch {
+        rows: n,
+        columns: vec![
+            ("pid", Column::U32(pid)),
+            ("key", Column::U64(key)),
+            ("name", Column::Dict(name, dn)),
+            ("thread_id", Column::U64(thread)),
+            ("start_ns", Column::I64(start)),
+            ("end_ns", Column::OptI64(end)),
+            ("duration_ns", Column::OptI64(duration)),
+            ("trace_id", Column::Dict(trace_id, dt)),
+            ("span_id", Column::Dict(span_id, ds)),
+            ("parent_span_id", Column::Dict(parent_span_id, dp)),
+            ("parent", Column::U64(parent)),
+            ("status", Column::Dict(status, dst)),
+            ("message", Column::Dict(message, dm)),
+            ("attributes", Column::Dict(attributes, da)),
+        ],
+    }
+}
+
 /// Builds the requested tables of `path` into `sink`, `batch_rows` rows at a time.
 pub fn build(
     path: &Path,
@@ -1009,6 +1086,18 @@ pub fn build_selected(
             count(&mut summary, Table::Functions, &b);
             sink.batch(Table::Functions, b)?;
         }
+    }
+    if tables.contains(&Table::Spans) {
+        // A pass of its own per process, as lines; one batch for the run (its text columns share their
+        // dictionaries).
+        let mut all = Vec::new();
+        for (p, m) in run.processes.iter().zip(&metas) {
+            let (list, _) = crate::spans::list(&p.path, opts)?;
+            all.push((m.header.pid, list, m.header.start_monotonic_ns as i64 - origin));
+        }
+        let b = spans_table(all);
+        count(&mut summary, Table::Spans, &b);
+        sink.batch(Table::Spans, b)?;
     }
     if tables.contains(&Table::Coroutines) || tables.contains(&Table::Tasks) {
         // A pass of its own per process, as lines.

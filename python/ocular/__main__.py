@@ -294,7 +294,8 @@ def _export_parquet(args: list[str], prog: str) -> int:
     ns = p.parse_args(args)
     out = ns.output or os.path.splitext(ns.file)[0] + ".parquet"
     # The tables the Rust binary's export writes, from the same engine.
-    names = ("events", "calls", "code", "lost", "counter_samples", "lines", "functions", "coroutines", "tasks")
+    names = ("events", "calls", "code", "lost", "counter_samples", "lines", "functions", "coroutines", "tasks",
+             "spans")
     paths = {name: os.path.join(out, f"{name}.parquet") for name in names}
     for o in (out, *paths.values()):
         if _same_file(ns.file, o):

@@ -222,6 +222,14 @@ class Trace:
         running_ns, awaiting_ns and ready_ns (polars DataFrame)."""
         return self._polars("tasks")
 
+    def spans(self):
+        """One row per span (``ocular.span``, OpenTelemetry's through ``ocular.otel``): pid, key, name,
+        thread_id, start_ns, end_ns and duration_ns (null if it was still open at the end; times from the
+        recording's start, as in :meth:`events`), trace_id, span_id, parent_span_id (hex text, null where
+        none), parent (the key of the span enclosing it, 0: none), status (unset, ok, error), message and
+        attributes (a JSON object) (polars DataFrame)."""
+        return self._polars("spans")
+
     def events_pandas(self, **select):
         """:meth:`events` as a pandas DataFrame (needs pandas and pyarrow); the same selection."""
         return self._pandas("events", **select)

@@ -33,8 +33,9 @@ class SpanProcessor(_SpanProcessor):
     ``TracerProvider`` with ``add_span_processor``; it exports nothing, so it goes beside the exporters."""
 
     def __init__(self) -> None:
-        # Open spans: OpenTelemetry span id -> (Ocular's key, the attributes it began with).
-        self._open: dict[int, tuple[int, dict[str, Any]]] = {}
+        # Open spans: OpenTelemetry span id -> (Ocular's key, the attributes it began with, the token that
+        # made it the enclosing span of what runs next in its context).
+        self._open: dict[int, tuple[int, dict[str, Any], Any]] = {}
 
     def on_start(self, span: Any, parent_context: Any = None) -> None:
         ctx = span.get_span_context()
@@ -53,13 +54,18 @@ class SpanProcessor(_SpanProcessor):
             enclosing,
         )
         if key:
-            self._open[ctx.span_id] = (key, begun)
+            # What runs next in this context (an ocular.span, say) is inside it, until its end.
+            self._open[ctx.span_id] = (key, begun, _spans._current.set(key))
 
     def on_end(self, span: Any) -> None:
         entry = self._open.pop(span.get_span_context().span_id, None)
         if entry is None:
             return
-        key, begun = entry
+        key, begun, token = entry
+        try:
+            _spans._current.reset(token)
+        except (ValueError, RuntimeError):
+            pass  # ended in another context than it began in: that context's enclosing span stays
         later = {k: v for k, v in (span.attributes or {}).items() if k not in begun or begun[k] != v}
         status = span.status
         code = getattr(status.status_code, "value", 0)

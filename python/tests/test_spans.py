@@ -207,3 +207,31 @@ def test_a_percentile_rule_dumps_what_stands_out_from_the_name_s_recent_spans():
     every = ocular.slower_than("op", 0.5)
     assert [every("op", 1.0, t) for t in (0.0, 0.5, 1.2)] == [True, False, True]
     assert str(ocular.slower_than.parse("GET /a>b>p99.5")) == "GET /a>b>p99.5"
+
+
+def test_the_exports_and_load_carry_the_spans(tmp_path):
+    pl = pytest.importorskip("polars")
+    trace, truth = record(tmp_path, "spans_service", "100")
+    # Perfetto (Chrome trace JSON): an async slice per span, with its OpenTelemetry ids.
+    out = tmp_path / "t.json"
+    subprocess.run([sys.executable, "-m", "ocular", "export", "--perfetto", str(trace), "-o", str(out)], check=True,
+                   capture_output=True, timeout=600)
+    events = json.loads(out.read_text())["traceEvents"]
+    begins = [e for e in events if e.get("cat") == "span" and e["ph"] == "b"]
+    ends = {e["id"]: e for e in events if e.get("cat") == "span" and e["ph"] == "e"}
+    assert len(begins) == len(ends) == 200
+    assert all(ends[b["id"]]["ts"] >= b["ts"] and ends[b["id"]]["tid"] == b["tid"] for b in begins)
+    orders = [b for b in begins if b["name"] == "GET /orders"]
+    assert sorted(b["args"]["trace_id"] for b in orders) == truth["trace_ids"]
+    # Parquet: the spans table.
+    subprocess.run([sys.executable, "-m", "ocular", "export", "--parquet", str(trace), "-o", str(tmp_path / "p")],
+                   check=True, capture_output=True, timeout=600)
+    df = pl.read_parquet(tmp_path / "p" / "spans.parquet")
+    assert df.height == 200
+    o = df.filter(pl.col("name") == "GET /orders")
+    assert sorted(o["trace_id"].cast(pl.String).to_list()) == truth["trace_ids"]
+    assert ((o["end_ns"] - o["start_ns"] - o["duration_ns"]).abs() <= 1).all()
+    r = df.filter(pl.col("name") == "render")
+    assert r["trace_id"].null_count() == 100 and r["parent"].is_in(o["key"].to_list()).all()
+    # ocular.load: the same table.
+    assert ocular.load(trace).spans().height == 200

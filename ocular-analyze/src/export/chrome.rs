@@ -10,6 +10,9 @@
 //! - asyncio tasks ([`crate::awaits`]), when the trace has coroutine frames: one track per task (a thread
 //!   id from 2^30 up, named `task handler#3`), with complete slices `running`, `awaiting <chain>` and
 //!   `ready (waiting for the loop)`.
+//! - Spans ([`crate::spans`], FORMAT.md 5.9): an async slice each (`b`/`e`, category `span`, id the
+//!   span's key, on the thread it began on), with its trace id, span id, parent span id, status and
+//!   attributes as arguments: spans of one thread need not nest.
 
 use super::timeline::{Item, Timeline};
 use ocular_format::ReadOptions;
@@ -79,6 +82,7 @@ fn events(
     let mut escaped: HashMap<u32, String> = HashMap::default();
     let mut w = Written::default();
     let mut coroutines = false;
+    let mut spans = false;
     let mut emit = |out: &mut dyn Write, json: std::fmt::Arguments| -> std::io::Result<()> {
         if !*first {
             out.write_all(b",\n")?;
@@ -98,6 +102,7 @@ fn events(
             Item::Thread { .. } => Ok(()),
             Item::Events { events, .. } => {
                 coroutines = coroutines || crate::awaits::has_frames(events);
+                spans = spans || crate::spans::has_spans(events);
                 Ok(())
             }
             // A counter track per counter (FORMAT.md 6.9), one series per thread: its running total.
@@ -161,6 +166,37 @@ fn events(
             emit(out, format_args!(
                 "{{\"name\":{n},\"cat\":\"asyncio\",\"ph\":\"X\",\"ts\":{ts:.3},\"dur\":{dur:.3},\"pid\":{pid},\"tid\":{tid}}}"
             ))?;
+        }
+    }
+    if spans {
+        let (list, _) = crate::spans::list(path, opts)?;
+        for s in &list {
+            let Some(end_ns) = s.end_ns else { continue };
+            let (n, id, tid) = (json_str(&s.name), s.key, s.thread_id);
+            let mut args = serde_json::Map::new();
+            for (k, v) in [("trace_id", &s.trace_id), ("span_id", &s.span_id), ("parent_span_id", &s.parent_span_id)] {
+                if !v.is_empty() {
+                    args.insert(k.into(), v.clone().into());
+                }
+            }
+            args.insert("status".into(), s.status.into());
+            if !s.message.is_empty() {
+                args.insert("message".into(), s.message.clone().into());
+            }
+            for (k, v) in &s.attributes {
+                args.entry(k.clone()).or_insert_with(|| v.clone().into());
+            }
+            let args = serde_json::Value::Object(args);
+            let (b, e) = (offset_us + s.begin_ns / 1e3, offset_us + end_ns / 1e3);
+            emit(out, format_args!(
+                "{{\"name\":{n},\"cat\":\"span\",\"ph\":\"b\",\"id\":{id},\"ts\":{b:.3},\"pid\":{pid},\"tid\":{tid},\"args\":{args}}}"
+            ))?;
+            emit(
+                out,
+                format_args!(
+                "{{\"name\":{n},\"cat\":\"span\",\"ph\":\"e\",\"id\":{id},\"ts\":{e:.3},\"pid\":{pid},\"tid\":{tid}}}"
+            ),
+            )?;
         }
     }
     let mut label = format!("python {} (pid {pid}, {} mode)", h.python_version, h.options.mode.name());

@@ -378,6 +378,7 @@ pub fn export(path: &Path, opts: ReadOptions, dir: &Path) -> anyhow::Result<Summ
         Table::Functions,
         Table::Coroutines,
         Table::Tasks,
+        Table::Spans,
     ] {
         crate::output::refuse_input(path, &dir.join(format!("{}.parquet", t.name())))?;
     }
@@ -413,6 +414,8 @@ pub fn export(path: &Path, opts: ReadOptions, dir: &Path) -> anyhow::Result<Summ
             Table::Functions,
             Table::Coroutines,
             Table::Tasks,
+            Table::Spans,
+            Table::Spans,
         ],
         table::DEFAULT_BATCH_ROWS,
         &mut pipe,

@@ -313,9 +313,11 @@ pub(super) fn table(
         "functions" => Table::Functions,
         "coroutines" => Table::Coroutines,
         "tasks" => Table::Tasks,
+        "spans" => Table::Spans,
         other => {
             return Err(PyValueError::new_err(format!(
-                "no table {other:?}: events, calls, code, lost, counter_samples, lines, functions, coroutines or tasks"
+                "no table {other:?}: events, calls, code, lost, counter_samples, lines, functions, coroutines, tasks \
+                 or spans"
             )))
         }
     };
