@@ -225,7 +225,7 @@ def test_python_m_ocular_mirrors_ocular_analyze(tmp_path):
     assert r.returncode == 0, r.stderr
     assert sorted(os.listdir(out)) == sorted(os.listdir(rust)) == [
         "calls.parquet", "code.parquet", "coroutines.parquet", "counter_samples.parquet", "events.parquet",
-        "functions.parquet", "lines.parquet", "lost.parquet", "tasks.parquet"]
+        "functions.parquet", "lines.parquet", "lost.parquet", "spans.parquet", "tasks.parquet"]
     r = _pyocular("export", "--perfetto", "-o", str(tmp_path / "t.json"), LOOPS)
     assert r.returncode == 0 and (tmp_path / "t.json").exists(), r.stderr
 

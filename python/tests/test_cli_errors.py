@@ -79,7 +79,8 @@ def test_export_parquet_writes_the_tables_and_no_temporary(trace):
     assert r.returncode == 0, r.stderr
     assert names(trace.parent / "t.parquet") == ["calls.parquet", "code.parquet", "coroutines.parquet",
                                                  "counter_samples.parquet", "events.parquet", "functions.parquet",
-                                                 "lines.parquet", "lost.parquet", "tasks.parquet"]
+                                                 "lines.parquet", "lost.parquet", "spans.parquet",
+                                                 "tasks.parquet"]
 
 
 def test_export_parquet_of_a_missing_trace_is_one_line(tmp_path):

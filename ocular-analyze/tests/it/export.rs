@@ -180,7 +180,9 @@ fn tables_have_a_row_per_event_and_per_call_in_batches_of_any_size() {
                 Table::Code => assert_eq!(b.rows, 5),
                 Table::Lost => assert_eq!(b.rows, 0, "this recording lost nothing"),
                 Table::CounterSamples => assert_eq!(b.rows, 0, "this recording has no counters"),
-                Table::Lines | Table::Functions | Table::Coroutines | Table::Tasks => unreachable!("not asked for"),
+                Table::Lines | Table::Functions | Table::Coroutines | Table::Tasks | Table::Spans => {
+                    unreachable!("not asked for")
+                }
             }
         }
         assert_eq!((back_in_count, g_calls), (1000, 300), "batch_rows {batch_rows}");
