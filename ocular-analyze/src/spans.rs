@@ -48,12 +48,15 @@ pub struct Span {
     pub attributes: Vec<(String, String)>,
     /// Attribute values were cut to fit the record.
     pub cut: bool,
+    /// The frame id of the coroutine it belongs to (FORMAT.md 5.5; 0: its thread's).
     #[serde(skip)]
-    frame: u64,
+    pub frame: u64,
+    /// When it began and ended, in the file's ticks.
     #[serde(skip)]
-    begin: u64,
+    pub begin: u64,
+    /// When it ended.
     #[serde(skip)]
-    end: Option<u64>,
+    pub end: Option<u64>,
 }
 
 /// A function's time inside spans, in ticks: exclusive, inclusive (once per interval however often it

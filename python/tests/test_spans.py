@@ -223,6 +223,22 @@ def test_the_exports_and_load_carry_the_spans(tmp_path):
     assert all(ends[b["id"]]["ts"] >= b["ts"] and ends[b["id"]]["tid"] == b["tid"] for b in begins)
     orders = [b for b in begins if b["name"] == "GET /orders"]
     assert sorted(b["args"]["trace_id"] for b in orders) == truth["trace_ids"]
+    # Perfetto's protobuf, read with Perfetto's own protos: a slice per span on a "spans" track under its
+    # thread, with the trace id as an argument.
+    pb = pytest.importorskip("perfetto.protos.perfetto.trace.perfetto_trace_pb2")
+    out = tmp_path / "t.pftrace"
+    subprocess.run([sys.executable, "-m", "ocular", "export", "--perfetto", str(trace), "-o", str(out)], check=True,
+                   capture_output=True, timeout=600)
+    t = pb.Trace()
+    t.ParseFromString(out.read_bytes())
+    tracks = {p.track_descriptor.uuid: p.track_descriptor for p in t.packet if p.HasField("track_descriptor")}
+    slices = [p.track_event for p in t.packet if p.HasField("track_event")
+              and tracks.get(p.track_event.track_uuid, pb.TrackDescriptor()).name == "spans"]
+    assert sum(s.type == pb.TrackEvent.TYPE_SLICE_BEGIN for s in slices) == 200
+    assert sum(s.type == pb.TrackEvent.TYPE_SLICE_END for s in slices) == 200
+    ids = sorted(a.string_value for s in slices if s.name == "GET /orders" for a in s.debug_annotations
+                 if a.name == "trace_id")
+    assert ids == truth["trace_ids"]
     # Parquet: the spans table.
     subprocess.run([sys.executable, "-m", "ocular", "export", "--parquet", str(trace), "-o", str(tmp_path / "p")],
                    check=True, capture_output=True, timeout=600)

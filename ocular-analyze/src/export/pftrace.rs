@@ -136,6 +136,10 @@ struct DebugAnnotation {
     name_iid: Option<u64>,
     #[prost(uint64, optional, tag = "3")]
     uint_value: Option<u64>,
+    #[prost(string, optional, tag = "6")]
+    string_value: Option<String>,
+    #[prost(string, optional, tag = "10")]
+    name: Option<String>,
 }
 
 #[derive(Clone, PartialEq, Message)]
@@ -179,6 +183,11 @@ const COUNTER_TRACK: u64 = 1 << 62;
 const TASK_TRACK: u64 = 1 << 61;
 /// The packet sequence of a file's task slices: below the counters'.
 const TASKS: u32 = u32::MAX >> 2;
+/// Track uuids of spans (FORMAT.md 5.9): this bit, the file's place in its run << 48, and a thread's id
+/// with bit 45 set (its spans nest) or a coroutine's frame id (below 2^45: an address / 8).
+const SPAN_TRACK: u64 = 1 << 60;
+/// The packet sequence of a file's span slices: below the tasks'.
+const SPANS: u32 = u32::MAX >> 3;
 const SEQ_INCREMENTAL_STATE_CLEARED: u32 = 1;
 const SEQ_NEEDS_INCREMENTAL_STATE: u32 = 2;
 /// The sequence of the track descriptors; threads' sequences follow it.
@@ -359,10 +368,12 @@ fn export_into(
         },
     )?;
     let mut counter_tracks: HashSet<u64> = HashSet::default();
+    let mut spans = false;
     let mut coroutines = false;
     let (read, warnings) = timeline.run(|code, item| match item {
         Item::Events { events, .. } => {
             coroutines = coroutines || crate::awaits::has_frames(events);
+            spans = spans || crate::spans::has_spans(events);
             Ok(())
         }
         // A counter track per thread and counter (FORMAT.md 6.9), under the thread's track, described at
@@ -458,6 +469,52 @@ fn export_into(
             }
         }
     }
+    if spans {
+        // Spans (crate::spans): a track under its thread for a thread's spans, which nest, and one under the
+        // process per coroutine whose spans they are (spans of tasks taking turns on a thread overlap).
+        let (list, _) = crate::spans::list(path, opts)?;
+        let mut described = rustc_hash::FxHashSet::default();
+        for s in list.iter().filter(|s| s.end.is_some()) {
+            let (uuid, parent, track_name) = if s.frame == 0 {
+                (SPAN_TRACK | index << 48 | 1 << 45 | s.thread_id, track(s.thread_id), "spans".to_string())
+            } else {
+                (SPAN_TRACK | index << 48 | (s.frame & ((1 << 45) - 1)), process_uuid, format!("spans: {}", s.name))
+            };
+            if described.insert(uuid) {
+                let d = TrackDescriptor {
+                    uuid: Some(uuid),
+                    name: Some(track_name),
+                    parent_uuid: Some(parent),
+                    ..Default::default()
+                };
+                o.packet(DESCRIPTORS, None, TracePacket { track_descriptor: Some(d), ..Default::default() })?;
+            }
+            let mut args: Vec<DebugAnnotation> = [("trace_id", &s.trace_id), ("span_id", &s.span_id)]
+                .into_iter()
+                .filter(|(_, v)| !v.is_empty())
+                .map(|(k, v)| text_annotation(k, v))
+                .collect();
+            args.push(text_annotation("status", s.status));
+            args.extend(s.attributes.iter().map(|(k, v)| text_annotation(k, v)));
+            let begin = TrackEvent {
+                r#type: Some(SLICE_BEGIN),
+                track_uuid: Some(uuid),
+                name: Some(s.name.clone()),
+                debug_annotations: args,
+                ..Default::default()
+            };
+            let end = TrackEvent { r#type: Some(SLICE_END), track_uuid: Some(uuid), ..Default::default() };
+            for (at, te) in [(s.begin, begin), (s.end.unwrap_or(s.begin), end)] {
+                let p = TracePacket {
+                    timestamp: Some(ns(at)),
+                    timestamp_clock_id: Some(BOOTTIME),
+                    track_event: Some(te),
+                    ..Default::default()
+                };
+                o.packet(SPANS - index as u32, None, p)?;
+            }
+        }
+    }
     Ok((read, warnings))
 }
 
@@ -482,5 +539,9 @@ fn track_event(kind: i32, name_iid: Option<u64>) -> TrackEvent {
 }
 
 fn annotation(name_iid: u64, v: u64) -> DebugAnnotation {
-    DebugAnnotation { name_iid: Some(name_iid), uint_value: Some(v) }
+    DebugAnnotation { name_iid: Some(name_iid), uint_value: Some(v), ..Default::default() }
+}
+
+fn text_annotation(name: &str, v: &str) -> DebugAnnotation {
+    DebugAnnotation { name: Some(name.into()), string_value: Some(v.into()), ..Default::default() }
 }
