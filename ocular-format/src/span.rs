@@ -77,22 +77,27 @@ pub struct SpanEnd {
     pub cut: bool,
 }
 
-/// Cuts the longest attribute values (to half, again and again) until the record fits [`MAX_RECORD`] with
-/// its `cut` set; returns the encoding and whether anything was cut. A record whose other fields alone do
-/// not fit keeps no attributes, and its name is cut.
-fn fitted<T: Serialize>(
-    record: &mut T,
+/// The postcard encoding of `record`, cut to fit [`MAX_RECORD`] if it must be: its `cut` set, then the
+/// longest attribute values halved again and again; a record whose other fields alone do not fit keeps no
+/// attributes, and its `text` (a name, a message) is cut to 1 KiB.
+fn encode<T: Serialize + Clone>(
+    record: &T,
     attributes: fn(&mut T) -> &mut Vec<Attribute>,
-    name: fn(&mut T) -> Option<&mut String>,
-) -> (Vec<u8>, bool) {
-    let mut cut = false;
+    text: fn(&mut T) -> &mut String,
+    cut: fn(&mut T) -> &mut bool,
+) -> Vec<u8> {
+    let bytes = postcard::to_allocvec(record).expect("a span record always serializes");
+    if bytes.len() <= MAX_RECORD {
+        return bytes;
+    }
+    let mut r = record.clone();
+    *cut(&mut r) = true;
     loop {
-        let bytes = postcard::to_allocvec(record).expect("a span record always serializes");
+        let bytes = postcard::to_allocvec(&r).expect("a span record always serializes");
         if bytes.len() <= MAX_RECORD {
-            return (bytes, cut);
+            return bytes;
         }
-        cut = true;
-        let attrs = attributes(record);
+        let attrs = attributes(&mut r);
         let longest = (0..attrs.len()).max_by_key(|&i| attrs[i].value.len());
         match longest {
             Some(i) if attrs[i].value.len() > 16 => {
@@ -100,10 +105,11 @@ fn fitted<T: Serialize>(
                 truncate_at_char(&mut attrs[i].value, half);
             }
             Some(_) => attrs.clear(),
-            None => match name(record) {
-                Some(n) if n.len() > 1024 => truncate_at_char(n, 1024),
-                _ => unreachable!("a span record without attributes and a name of 1 KiB fits"),
-            },
+            None => {
+                let t = text(&mut r);
+                assert!(t.len() > 1024, "a span record without attributes and a text of 1 KiB fits");
+                truncate_at_char(t, 1024);
+            }
         }
     }
 }
@@ -119,15 +125,7 @@ fn truncate_at_char(s: &mut String, at: usize) {
 /// Writes the events of a span's beginning through `push`: a `SPAN` of `key` at `ticks`, then its record's
 /// pieces. A record too long is cut to fit, and says so (`cut`).
 pub fn write_begin(ticks: u64, key: u64, record: &SpanBegin, push: impl FnMut(RawEvent)) {
-    let bytes = postcard::to_allocvec(record).expect("a span record always serializes");
-    let bytes = if bytes.len() <= MAX_RECORD {
-        bytes
-    } else {
-        let mut r = record.clone();
-        fitted(&mut r, |r| &mut r.attributes, |r| Some(&mut r.name));
-        r.cut = true;
-        postcard::to_allocvec(&r).expect("a span record always serializes")
-    };
+    let bytes = encode(record, |r| &mut r.attributes, |r| &mut r.name, |r| &mut r.cut);
     events(EventKind::SPAN, ticks, key, Some(&bytes), push);
 }
 
@@ -136,15 +134,7 @@ pub fn write_begin(ticks: u64, key: u64, record: &SpanBegin, push: impl FnMut(Ra
 pub fn write_end(ticks: u64, key: u64, record: Option<&SpanEnd>, push: impl FnMut(RawEvent)) {
     match record {
         Some(e) if e.status != 0 || !e.message.is_empty() || !e.attributes.is_empty() || e.cut => {
-            let bytes = postcard::to_allocvec(e).expect("a span record always serializes");
-            let bytes = if bytes.len() <= MAX_RECORD {
-                bytes
-            } else {
-                let mut r = e.clone();
-                fitted(&mut r, |r| &mut r.attributes, |r| Some(&mut r.message));
-                r.cut = true;
-                postcard::to_allocvec(&r).expect("a span record always serializes")
-            };
+            let bytes = encode(e, |r| &mut r.attributes, |r| &mut r.message, |r| &mut r.cut);
             events(EventKind::SPAN_END, ticks, key, Some(&bytes), push);
         }
         _ => events(EventKind::SPAN_END, ticks, key, None, push),
