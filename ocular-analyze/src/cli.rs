@@ -104,6 +104,14 @@ enum Command {
         /// run are merged. JSON: {functions, chains, tasks, more, tasks_total, ready_measured, notes}.
         #[arg(long = "async", conflicts_with_all = ["per_thread", "per_process", "lines"])]
         awaits: bool,
+        /// Only the time inside spans of this name (ocular.span, or OpenTelemetry's through
+        /// ocular.otel.SpanProcessor): per function its calls begun inside them and its time inside them
+        /// (a function that began a span holds only the span's part), with incl % of the spans' durations
+        /// summed. Needs every call recorded (not --sampled). JSON: {name, spans, open, spans_ms, rows
+        /// (function, location, calls, exclusive_ms, exclusive_ci_ms, inclusive_ms, inclusive_ci_ms, share),
+        /// more, names, notes}.
+        #[arg(long, value_name = "NAME", conflicts_with_all = ["per_thread", "per_process", "lines", "awaits"])]
+        span: Option<String>,
         /// Print JSON instead of text: an array of rows (thread_id, thread_name, function, file, line, calls,
         /// inclusive_ms, exclusive_ms, mean_us, wall_ms, threads, wall_share = inclusive_ms / (wall_ms x
         /// threads)).
@@ -372,6 +380,11 @@ fn run(cli: Cli) -> anyhow::Result<()> {
             let analyses = analyze_run(&run, opts)?;
             let report = hot_report(&run, &analyses, top);
             print_report(json, &report, |out| write!(out, "{report}"))?;
+        }
+        Command::Stats { file, span: Some(name), sort, top, json, salvage, .. } => {
+            let report = crate::spans::within(&file, ReadOptions::with_salvage(salvage), &name, sort, top)?;
+            print_report(json, &report, |out| write!(out, "{report}"))?;
+            warn(&report.warnings);
         }
         Command::Stats { file, awaits: true, top, json, salvage, .. } => {
             let opts = ReadOptions::with_salvage(salvage);

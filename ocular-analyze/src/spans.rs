@@ -66,6 +66,8 @@ struct Times {
     exclusive: f64,
     inclusive: f64,
     cost: [f64; 2],
+    /// Calls begun inside (`stats --span`).
+    calls: u64,
 }
 
 /// A function's time in one span or a group of spans, in ms, with its 95% interval (the recorder's cost
@@ -268,7 +270,7 @@ pub fn analyze(path: &Path, opts: ReadOptions, top: usize, functions: usize) -> 
     let mut per_span: HashMap<usize, HashMap<u32, Times>> = HashMap::default();
     let mut per_group: Vec<[HashMap<u32, Times>; 2]> = vec![Default::default(); groups.len()];
     let code = if by_function {
-        second_pass(path, opts, &spans, &group, &selected, &mut per_span, &mut per_group)?
+        second_pass(path, opts, &spans, &group, &selected, &mut per_span, &mut per_group, false)?
     } else {
         HashMap::default()
     };
@@ -341,6 +343,202 @@ pub fn analyze(path: &Path, opts: ReadOptions, top: usize, functions: usize) -> 
         notes.push(format!("{cut_by_ring} {what} whose beginning the flight recorder had overwritten left out"));
     }
     Ok(Spans { names: name_stats, slowest, differences, by_function, cut_by_ring, notes, warnings })
+}
+
+/// A function's figures inside the spans of one name (`stats --span`).
+#[derive(Clone, Debug, Serialize)]
+pub struct WithinRow {
+    /// `qualname`.
+    pub function: String,
+    /// `file:line`.
+    pub location: String,
+    /// Calls begun inside the spans (exact: every start is recorded).
+    pub calls: u64,
+    /// Exclusive ms inside the spans, and its interval.
+    pub exclusive_ms: f64,
+    /// Interval of `exclusive_ms`.
+    pub exclusive_ci_ms: f64,
+    /// Inclusive ms inside the spans (only what ran inside them: a function that began a span holds the
+    /// span's part of its time).
+    pub inclusive_ms: f64,
+    /// Interval of `inclusive_ms`.
+    pub inclusive_ci_ms: f64,
+    /// `inclusive_ms` over the spans' time.
+    pub share: f64,
+}
+
+/// `stats --span NAME`: per function, the calls and time inside the spans of one name.
+#[derive(Clone, Debug, Serialize)]
+pub struct Within {
+    /// The span name.
+    pub name: String,
+    /// Spans of that name that ended (the ones measured).
+    pub spans: usize,
+    /// Spans of that name still open at the end (left out).
+    pub open: usize,
+    /// Their time: the ended spans' durations summed, ms (spans that overlap, on several threads or
+    /// nested, are each counted).
+    pub spans_ms: f64,
+    /// Functions, in the order asked for, the first `top`.
+    pub rows: Vec<WithinRow>,
+    /// Functions left out of `rows`.
+    pub more: usize,
+    /// The other span names in the recording, when `name` has none.
+    pub names: Vec<String>,
+    /// What the reader said about the file.
+    pub notes: Vec<String>,
+    /// The reader's warnings.
+    #[serde(skip)]
+    pub warnings: Vec<String>,
+}
+
+/// Per function, the calls and time inside the ended spans named `name` (an interval inside two nested
+/// spans of the name counts once), sorted by `sort`, the first `top`.
+pub fn within(
+    path: &Path,
+    opts: ReadOptions,
+    name: &str,
+    sort: crate::stats::SortBy,
+    top: usize,
+) -> anyhow::Result<Within> {
+    let (spans, cut_by_ring, tps, by_function, warnings) = first_pass(path, opts)?;
+    let ms = |ticks: f64| ticks / tps * 1e3;
+    let mut group: Vec<Option<(usize, bool)>> = vec![None; spans.len()];
+    let (mut ended, mut open, mut total) = (0, 0, 0u64);
+    for (i, s) in spans.iter().enumerate() {
+        if s.name != name {
+            continue;
+        }
+        match s.end {
+            Some(e) => {
+                ended += 1;
+                total += e.saturating_sub(s.begin);
+                group[i] = Some((0, true));
+            }
+            None => open += 1,
+        }
+    }
+    let mut names: Vec<String> = Vec::new();
+    if ended == 0 {
+        let mut all: Vec<&str> = spans.iter().map(|s| s.name.as_str()).collect();
+        all.sort_unstable();
+        all.dedup();
+        names = all.into_iter().map(str::to_string).collect();
+    }
+    anyhow::ensure!(
+        by_function || ended == 0,
+        "{}: function boundaries were recorded in windows (--sampled): time by function inside spans is not \
+         given (record without --sampled for it; `spans` gives the spans' durations)",
+        path.display()
+    );
+    let mut per_group: Vec<[HashMap<u32, Times>; 2]> = vec![Default::default()];
+    let code = if ended > 0 {
+        second_pass(path, opts, &spans, &group, &HashSet::default(), &mut HashMap::default(), &mut per_group, true)?
+    } else {
+        HashMap::default()
+    };
+    let [inside, _] = per_group.pop().expect("one group");
+    let spans_ms = ms(total as f64);
+    let mut rows: Vec<WithinRow> = inside
+        .into_iter()
+        .map(|(id, t)| {
+            let (function, location) =
+                code.get(&id).cloned().unwrap_or_else(|| (format!("<code {id}>"), String::new()));
+            WithinRow {
+                function,
+                location,
+                calls: t.calls,
+                exclusive_ms: ms(t.exclusive.max(0.0)),
+                exclusive_ci_ms: ms(crate::analysis::COST_UNCERTAINTY * t.cost[0]),
+                inclusive_ms: ms(t.inclusive.max(0.0)),
+                inclusive_ci_ms: ms(crate::analysis::COST_UNCERTAINTY * t.cost[1]),
+                share: if total > 0 { t.inclusive.max(0.0) / total as f64 } else { 0.0 },
+            }
+        })
+        .collect();
+    let key = |r: &WithinRow| match sort {
+        crate::stats::SortBy::Exclusive => r.exclusive_ms,
+        crate::stats::SortBy::Inclusive => r.inclusive_ms,
+        crate::stats::SortBy::Calls => r.calls as f64,
+        crate::stats::SortBy::Mean => {
+            if r.calls > 0 {
+                r.inclusive_ms / r.calls as f64
+            } else {
+                0.0
+            }
+        }
+    };
+    rows.sort_by(|a, b| key(b).total_cmp(&key(a)).then_with(|| a.function.cmp(&b.function)));
+    let more = rows.len().saturating_sub(top);
+    rows.truncate(top);
+    let mut notes = Vec::new();
+    if open > 0 {
+        notes.push(format!("{open} span{} named {name:?} still open at the end left out", plural(open)));
+    }
+    if cut_by_ring > 0 {
+        notes.push(format!(
+            "{cut_by_ring} span{} whose beginning the flight recorder had overwritten left out",
+            plural(cut_by_ring as usize)
+        ));
+    }
+    Ok(Within { name: name.to_string(), spans: ended, open, spans_ms, rows, more, names, notes, warnings })
+}
+
+fn plural(n: usize) -> &'static str {
+    if n == 1 {
+        ""
+    } else {
+        "s"
+    }
+}
+
+impl std::fmt::Display for Within {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        if self.spans == 0 {
+            if self.names.is_empty() {
+                writeln!(f, "no spans in this recording (mark them with ocular.span, or ocular.otel.SpanProcessor)")?;
+            } else {
+                writeln!(f, "no ended span named {:?}; the recording's span names: {}", self.name, self.names.join(", "))?;
+            }
+            for n in &self.notes {
+                writeln!(f, "note: {n}")?;
+            }
+            return Ok(());
+        }
+        writeln!(
+            f,
+            "inside {} span{} named {:?}: {:.3} ms in all (their durations summed); calls exact, times the clock's \
+             less the recorder's cost (~: 95% interval)",
+            self.spans,
+            plural(self.spans),
+            self.name,
+            self.spans_ms
+        )?;
+        writeln!(
+            f,
+            "{:>9}  {:>16}  {:>16}  {:>6}  function  file:line",
+            "calls", "excl ms", "incl ms", "incl %"
+        )?;
+        for r in &self.rows {
+            writeln!(
+                f,
+                "{:>9}  {:>16}  {:>16}  {:>5.1}%  {}  {}",
+                r.calls,
+                with_interval(r.exclusive_ms, r.exclusive_ci_ms),
+                with_interval(r.inclusive_ms, r.inclusive_ci_ms),
+                r.share * 100.0,
+                r.function,
+                r.location
+            )?;
+        }
+        if self.more > 0 {
+            writeln!(f, "... {} more functions (--top)", self.more)?;
+        }
+        for n in &self.notes {
+            writeln!(f, "note: {n}")?;
+        }
+        Ok(())
+    }
 }
 
 type FirstPass = (Vec<Span>, u64, f64, bool, Vec<String>);
@@ -466,6 +664,7 @@ fn second_pass(
     selected: &HashSet<usize>,
     per_span: &mut HashMap<usize, HashMap<u32, Times>>,
     per_group: &mut [[HashMap<u32, Times>; 2]],
+    union: bool,
 ) -> ocular_format::Result<HashMap<u32, (String, String)>> {
     let r = Reader::open_with(path, opts)?;
     let header = r.header().clone();
@@ -506,13 +705,19 @@ fn second_pass(
                         if measuring && t >= last {
                             give(
                                 th, spans, last, t, c_ticks, group, selected, per_span, per_group, &mut seen,
-                                &mut stamp,
+                                &mut stamp, union,
                             );
                         }
                     }
                     th.last = Some(t);
                     match step {
-                        Step::Enter(_) | Step::Location { enter: true, .. } => {
+                        Step::Enter(kind) => {
+                            th.stack.push((e.code.get(), e.frame_id().unwrap_or(0)));
+                            if kind == EventKind::PY_START && measuring {
+                                count_call(th, spans, t, group, per_group, union);
+                            }
+                        }
+                        Step::Location { enter: true, .. } => {
                             th.stack.push((e.code.get(), e.frame_id().unwrap_or(0)));
                         }
                         Step::Found { same: false, .. } => th.stack.push((e.code.get(), 0)),
@@ -566,9 +771,13 @@ fn give(
     per_group: &mut [[HashMap<u32, Times>; 2]],
     seen: &mut HashMap<u32, u64>,
     stamp: &mut u64,
+    union: bool,
 ) {
     let stack = &th.before;
     let Some(&(top, _)) = stack.last() else { return };
+    // With `union`, an interval goes to a group once however many of its spans it is inside (nested spans
+    // of one name: `stats --span` covers the time inside any of them).
+    let mut given: Vec<usize> = Vec::new();
     for &(i, root) in &th.open {
         let s = &spans[i];
         // The part of the interval inside the span; the cost at `t` only if `t` is in it.
@@ -604,7 +813,41 @@ fn give(
             add(per_span.entry(i).or_default(), seen);
         }
         if let Some((g, slow)) = group[i] {
+            if union {
+                if given.contains(&g) {
+                    continue;
+                }
+                given.push(g);
+            }
             add(&mut per_group[g][usize::from(!slow)], seen);
+        }
+    }
+}
+
+/// Counts the call just pushed on `th`'s stack in each group whose span it is inside (once per group with
+/// `union`): above the frame that began a thread's span, or above a coroutine's frame for its span.
+fn count_call(
+    th: &Thread,
+    spans: &[Span],
+    t: u64,
+    group: &[Option<(usize, bool)>],
+    per_group: &mut [[HashMap<u32, Times>; 2]],
+    union: bool,
+) {
+    let Some((&(code, _), below)) = th.stack.split_last() else { return };
+    let mut given: Vec<usize> = Vec::new();
+    for &(i, root) in &th.open {
+        let Some((g, slow)) = group[i] else { continue };
+        if spans[i].begin > t || spans[i].end.is_some_and(|e| e <= t) || (union && given.contains(&g)) {
+            continue;
+        }
+        let inside = match root {
+            Root::Depth(depth) => below.len() > depth,
+            Root::Frame(f) => below.iter().any(|&(_, id)| id == f),
+        };
+        if inside {
+            given.push(g);
+            per_group[g][usize::from(!slow)].entry(code).or_default().calls += 1;
         }
     }
 }

@@ -1,7 +1,8 @@
 //! Spans (FORMAT.md 5.9): traces whose truth is known by construction, and what the spans view makes of
 //! them. 1 tick = 1 µs, no recorder cost unless said.
 
-use ocular_analyze::spans::analyze;
+use ocular_analyze::spans::{analyze, within};
+use ocular_analyze::stats::SortBy;
 use ocular_format::span::{begin_events, end_events, Attribute, SpanBegin, SpanEnd};
 use ocular_format::{testing, CodeObject, EventKind, Position, RawEvent, Trailer, Writer};
 
@@ -205,4 +206,62 @@ fn the_recorder_s_cost_is_taken_out_and_said_as_an_interval() {
     close(f("slow").exclusive_ci_ms, 0.004);
     close(f("fast").exclusive_ms, 0.008);
     close(f("fast").exclusive_ci_ms, 0.004);
+}
+
+#[test]
+fn stats_within_a_span_name_holds_only_what_ran_inside_its_spans() {
+    use EventKind::*;
+    // The 50 requests, two slow; after each request `task` runs 100 ticks outside any span.
+    let mut threads = vec![(7u64, Vec::new()), (8u64, Vec::new())];
+    for k in 0..50u64 {
+        let e = &mut threads[(k % 2) as usize].1;
+        e.extend(request(1000 * k, k + 1, k == 7 || k == 32));
+        e.push(ev(1000 * k + 600, TASK, PY_START));
+        e.push(ev(1000 * k + 700, TASK, PY_RETURN));
+    }
+    let (_d, path) = write(&threads, 0.0);
+    let w = within(&path, Default::default(), "GET /orders", SortBy::Exclusive, 10).unwrap();
+    assert_eq!((w.spans, w.open, w.more), (50, 0, 0));
+    close(w.spans_ms, 48.0 * 0.016 + 2.0 * 0.516);
+    let rows: Vec<(&str, u64)> = w.rows.iter().map(|r| (r.function.as_str(), r.calls)).collect();
+    // `handle` began each span, so none of its calls began inside one; `task` ran outside them all.
+    assert_eq!(rows, [("slow", 2), ("fast", 50), ("handle", 0)]);
+    close(w.rows[0].exclusive_ms, 1.0);
+    close(w.rows[1].exclusive_ms, 0.5);
+    close(w.rows[2].exclusive_ms, 50.0 * 0.006);
+    close(w.rows[2].inclusive_ms, w.spans_ms);
+    close(w.rows[2].share, 1.0);
+    let text = w.to_string();
+    assert!(text.starts_with("inside 50 spans named \"GET /orders\": 1.800 ms in all"), "{text}");
+
+    let none = within(&path, Default::default(), "POST /x", SortBy::Exclusive, 10).unwrap();
+    assert_eq!(none.spans, 0);
+    assert_eq!(none.to_string(), "no ended span named \"POST /x\"; the recording's span names: GET /orders\n");
+}
+
+#[test]
+fn time_inside_two_nested_spans_of_one_name_counts_once() {
+    use EventKind::*;
+    // handle begins "op" (1..111); fast, called inside it, begins another "op" (3..105) around slow.
+    let mut e = vec![ev(0, HANDLE, PY_START)];
+    e.extend(begin(1, 1, "op", 0, 1));
+    e.push(ev(2, FAST, PY_START));
+    e.extend(begin(3, 2, "op", 0, 2));
+    e.push(ev(4, SLOW, PY_START));
+    e.push(ev(104, SLOW, PY_RETURN));
+    e.extend(end_events(T0 + 105, 2, None));
+    e.push(ev(110, FAST, PY_RETURN));
+    e.extend(end_events(T0 + 111, 1, None));
+    e.push(ev(112, HANDLE, PY_RETURN));
+    let (_d, path) = write(&[(7, e)], 0.0);
+    let w = within(&path, Default::default(), "op", SortBy::Inclusive, 10).unwrap();
+    assert_eq!(w.spans, 2);
+    close(w.spans_ms, 0.110 + 0.102);
+    let f = |name: &str| w.rows.iter().find(|r| r.function == name).unwrap().clone();
+    assert_eq!((f("handle").calls, f("fast").calls, f("slow").calls), (0, 1, 1));
+    close(f("handle").inclusive_ms, 0.110);
+    close(f("fast").inclusive_ms, 0.108);
+    close(f("slow").exclusive_ms, 0.100);
+    close(f("handle").exclusive_ms, 0.001 + 0.001);
+    assert_eq!(w.rows[0].function, "handle");
 }
