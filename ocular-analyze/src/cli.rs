@@ -106,8 +106,9 @@ enum Command {
         awaits: bool,
         /// Only the time inside spans of this name (ocular.span, or OpenTelemetry's through
         /// ocular.otel.SpanProcessor): per function its calls begun inside them and its time inside them
-        /// (a function that began a span holds only the span's part), with incl % of the spans' durations
-        /// summed. Needs every call recorded (not --sampled). JSON: {name, spans, open, spans_ms, rows
+        /// (a function that began a span holds only the span's part), with incl % of the program's time
+        /// inside them. Needs every call recorded (not --sampled). JSON: {name, spans, open, spans_ms,
+        /// program_ms, program_ci_ms, rows
         /// (function, location, calls, exclusive_ms, exclusive_ci_ms, inclusive_ms, inclusive_ci_ms, share),
         /// more, names, notes}.
         #[arg(long, value_name = "NAME", conflicts_with_all = ["per_thread", "per_process", "lines", "awaits"])]

@@ -185,8 +185,9 @@ struct Thread {
 
 #[derive(Clone, Copy)]
 enum Root {
-    /// A thread's span: the frames from this depth up are inside it (the one that began it and its callees).
-    Depth(usize),
+    /// A thread's span: all its thread runs while it is open, every frame on the stack (an OpenTelemetry
+    /// span begins in the SDK's frames, which return before the request's work runs).
+    Thread,
     /// A coroutine's span: while a frame with this id is on the stack, the frames from it up.
     Frame(u64),
 }
@@ -270,7 +271,15 @@ pub fn analyze(path: &Path, opts: ReadOptions, top: usize, functions: usize) -> 
     let mut per_span: HashMap<usize, HashMap<u32, Times>> = HashMap::default();
     let mut per_group: Vec<[HashMap<u32, Times>; 2]> = vec![Default::default(); groups.len()];
     let code = if by_function {
-        second_pass(path, opts, &spans, &group, &selected, &mut per_span, &mut per_group, false)?
+        let mut sinks = Sinks {
+            group: &group,
+            selected: &selected,
+            per_span: &mut per_span,
+            per_group: &mut per_group,
+            union: false,
+            stacks: None,
+        };
+        second_pass(path, opts, &spans, &mut sinks)?
     } else {
         HashMap::default()
     };
@@ -363,7 +372,7 @@ pub struct WithinRow {
     pub inclusive_ms: f64,
     /// Interval of `inclusive_ms`.
     pub inclusive_ci_ms: f64,
-    /// `inclusive_ms` over the spans' time.
+    /// `inclusive_ms` over the program's time inside the spans (`program_ms`).
     pub share: f64,
 }
 
@@ -379,6 +388,11 @@ pub struct Within {
     /// Their time: the ended spans' durations summed, ms (spans that overlap, on several threads or
     /// nested, are each counted).
     pub spans_ms: f64,
+    /// The program's time inside them (each moment once), less the recorder's cost: every function's
+    /// exclusive time summed.
+    pub program_ms: f64,
+    /// Its 95% interval (the recorder's cost taken out is known to within a factor).
+    pub program_ci_ms: f64,
     /// Functions, in the order asked for, the first `top`.
     pub rows: Vec<WithinRow>,
     /// Functions left out of `rows`.
@@ -433,12 +447,22 @@ pub fn within(
     );
     let mut per_group: Vec<[HashMap<u32, Times>; 2]> = vec![Default::default()];
     let code = if ended > 0 {
-        second_pass(path, opts, &spans, &group, &HashSet::default(), &mut HashMap::default(), &mut per_group, true)?
+        let mut sinks = Sinks {
+            group: &group,
+            selected: &HashSet::default(),
+            per_span: &mut HashMap::default(),
+            per_group: &mut per_group,
+            union: true,
+            stacks: None,
+        };
+        second_pass(path, opts, &spans, &mut sinks)?
     } else {
         HashMap::default()
     };
     let [inside, _] = per_group.pop().expect("one group");
     let spans_ms = ms(total as f64);
+    let program: f64 = inside.values().map(|t| t.exclusive.max(0.0)).sum();
+    let program_ci_ms = ms(crate::analysis::COST_UNCERTAINTY * inside.values().map(|t| t.cost[0]).sum::<f64>());
     let mut rows: Vec<WithinRow> = inside
         .into_iter()
         .map(|(id, t)| {
@@ -452,7 +476,7 @@ pub fn within(
                 exclusive_ci_ms: ms(crate::analysis::COST_UNCERTAINTY * t.cost[0]),
                 inclusive_ms: ms(t.inclusive.max(0.0)),
                 inclusive_ci_ms: ms(crate::analysis::COST_UNCERTAINTY * t.cost[1]),
-                share: if total > 0 { t.inclusive.max(0.0) / total as f64 } else { 0.0 },
+                share: if program > 0.0 { t.inclusive.max(0.0) / program } else { 0.0 },
             }
         })
         .collect();
@@ -481,7 +505,20 @@ pub fn within(
             plural(cut_by_ring as usize)
         ));
     }
-    Ok(Within { name: name.to_string(), spans: ended, open, spans_ms, rows, more, names, notes, warnings })
+    let program_ms = ms(program);
+    Ok(Within {
+        name: name.to_string(),
+        spans: ended,
+        open,
+        spans_ms,
+        program_ms,
+        program_ci_ms,
+        rows,
+        more,
+        names,
+        notes,
+        warnings,
+    })
 }
 
 fn plural(n: usize) -> &'static str {
@@ -498,7 +535,12 @@ impl std::fmt::Display for Within {
             if self.names.is_empty() {
                 writeln!(f, "no spans in this recording (mark them with ocular.span, or ocular.otel.SpanProcessor)")?;
             } else {
-                writeln!(f, "no ended span named {:?}; the recording's span names: {}", self.name, self.names.join(", "))?;
+                writeln!(
+                    f,
+                    "no ended span named {:?}; the recording's span names: {}",
+                    self.name,
+                    self.names.join(", ")
+                )?;
             }
             for n in &self.notes {
                 writeln!(f, "note: {n}")?;
@@ -507,18 +549,16 @@ impl std::fmt::Display for Within {
         }
         writeln!(
             f,
-            "inside {} span{} named {:?}: {:.3} ms in all (their durations summed); calls exact, times the clock's \
-             less the recorder's cost (~: 95% interval)",
+            "inside {} span{} named {:?}: {:.3} ms in all (their durations summed), {} ms the program's (less the \
+             recorder's cost; incl % is of it); calls exact, times the clock's less the recorder's cost (~: 95% \
+             interval)",
             self.spans,
             plural(self.spans),
             self.name,
-            self.spans_ms
+            self.spans_ms,
+            with_interval(self.program_ms, self.program_ci_ms)
         )?;
-        writeln!(
-            f,
-            "{:>9}  {:>16}  {:>16}  {:>6}  function  file:line",
-            "calls", "excl ms", "incl ms", "incl %"
-        )?;
+        writeln!(f, "{:>9}  {:>16}  {:>16}  {:>6}  function  file:line", "calls", "excl ms", "incl ms", "incl %")?;
         for r in &self.rows {
             writeln!(
                 f,
@@ -548,6 +588,29 @@ type FirstPass = (Vec<Span>, u64, f64, bool, Vec<String>);
 pub fn list(path: &Path, opts: ReadOptions) -> ocular_format::Result<(Vec<Span>, u64)> {
     let (spans, cut, ..) = first_pass(path, opts)?;
     Ok((spans, cut))
+}
+
+/// Every span of `path` ([`list`]) and, per span, thread and stack, the exclusive ticks (less the
+/// recorder's cost) and calls inside it (the innermost span only): what a profile's samples are labelled
+/// with. Empty stacks where function boundaries were recorded in windows (`--sampled`).
+pub fn stacks(path: &Path, opts: ReadOptions) -> ocular_format::Result<(Vec<Span>, StackTimes)> {
+    if Reader::open_with(path, opts)?.version() < (2, 13) {
+        return Ok(Default::default()); // no spans before 2.13: no pass over the file
+    }
+    let (spans, _, _, by_function, _) = first_pass(path, opts)?;
+    let mut stacks = StackTimes::default();
+    if by_function && !spans.is_empty() {
+        let mut sinks = Sinks {
+            group: &vec![None; spans.len()],
+            selected: &HashSet::default(),
+            per_span: &mut HashMap::default(),
+            per_group: &mut [],
+            union: false,
+            stacks: Some(&mut stacks),
+        };
+        second_pass(path, opts, &spans, &mut sinks)?;
+    }
+    Ok((spans, stacks))
 }
 
 /// Whether `events` hold a span's beginning.
@@ -653,6 +716,24 @@ fn first_pass(path: &Path, opts: ReadOptions) -> ocular_format::Result<FirstPass
     Ok((spans, cut_by_ring, tps, !windowed, warnings))
 }
 
+/// Per (span index, thread id, stack of code ids from the thread's outermost frame): the exclusive ticks
+/// (less the recorder's cost) the stack ran inside the span, innermost span only, and the calls begun with it.
+pub type StackTimes = HashMap<(usize, u64, Vec<u32>), (f64, u64)>;
+
+/// Where the second pass puts what it measures.
+struct Sinks<'a> {
+    /// Which group each span adds to: (group, slow).
+    group: &'a [Option<(usize, bool)>],
+    /// Spans measured one by one.
+    selected: &'a HashSet<usize>,
+    per_span: &'a mut HashMap<usize, HashMap<u32, Times>>,
+    per_group: &'a mut [[HashMap<u32, Times>; 2]],
+    /// Time inside two nested spans of one group counts once (`stats --span`).
+    union: bool,
+    /// Every span's stacks ([`stacks`]).
+    stacks: Option<&'a mut StackTimes>,
+}
+
 /// Walks every thread and gives each interval to the measured spans open then. Returns the code objects'
 /// names and places.
 #[allow(clippy::type_complexity)]
@@ -660,11 +741,7 @@ fn second_pass(
     path: &Path,
     opts: ReadOptions,
     spans: &[Span],
-    group: &[Option<(usize, bool)>],
-    selected: &HashSet<usize>,
-    per_span: &mut HashMap<usize, HashMap<u32, Times>>,
-    per_group: &mut [[HashMap<u32, Times>; 2]],
-    union: bool,
+    sinks: &mut Sinks<'_>,
 ) -> ocular_format::Result<HashMap<u32, (String, String)>> {
     let r = Reader::open_with(path, opts)?;
     let header = r.header().clone();
@@ -680,7 +757,8 @@ fn second_pass(
     while let Some(c) = r.next_chunk()? {
         match c.body {
             Body::Events(evs) => {
-                let th = threads.entry(c.info.thread_id).or_insert_with(|| Thread {
+                let tid = c.info.thread_id;
+                let th = threads.entry(tid).or_insert_with(|| Thread {
                     stack: Vec::new(),
                     before: Vec::new(),
                     walk: Walk::new(header.ticks_per_second),
@@ -703,10 +781,7 @@ fn second_pass(
                     let c_ticks = cost[e.kind as usize] + th.walk.paused() as f64;
                     if let Some(last) = th.last {
                         if measuring && t >= last {
-                            give(
-                                th, spans, last, t, c_ticks, group, selected, per_span, per_group, &mut seen,
-                                &mut stamp, union,
-                            );
+                            give(th, tid, spans, last, t, c_ticks, sinks, &mut seen, &mut stamp);
                         }
                     }
                     th.last = Some(t);
@@ -714,7 +789,7 @@ fn second_pass(
                         Step::Enter(kind) => {
                             th.stack.push((e.code.get(), e.frame_id().unwrap_or(0)));
                             if kind == EventKind::PY_START && measuring {
-                                count_call(th, spans, t, group, per_group, union);
+                                count_call(th, tid, spans, t, sinks);
                             }
                         }
                         Step::Location { enter: true, .. } => {
@@ -726,9 +801,9 @@ fn second_pass(
                         }
                         Step::Note(EventKind::SPAN) => {
                             if let Some(&i) = index.get(&ocular_format::span::key(e)) {
-                                if selected.contains(&i) || group[i].is_some() {
+                                if sinks.stacks.is_some() || sinks.selected.contains(&i) || sinks.group[i].is_some() {
                                     let root = match spans[i].frame {
-                                        0 => Root::Depth(th.stack.len().saturating_sub(1)),
+                                        0 => Root::Thread,
                                         f => Root::Frame(f),
                                     };
                                     th.open.push((i, root));
@@ -761,20 +836,18 @@ fn second_pass(
 #[allow(clippy::too_many_arguments)]
 fn give(
     th: &Thread,
+    tid: u64,
     spans: &[Span],
     last: u64,
     t: u64,
     cost: f64,
-    group: &[Option<(usize, bool)>],
-    selected: &HashSet<usize>,
-    per_span: &mut HashMap<usize, HashMap<u32, Times>>,
-    per_group: &mut [[HashMap<u32, Times>; 2]],
+    sinks: &mut Sinks<'_>,
     seen: &mut HashMap<u32, u64>,
     stamp: &mut u64,
-    union: bool,
 ) {
     let stack = &th.before;
     let Some(&(top, _)) = stack.last() else { return };
+    let mut innermost = None;
     // With `union`, an interval goes to a group once however many of its spans it is inside (nested spans
     // of one name: `stats --span` covers the time inside any of them).
     let mut given: Vec<usize> = Vec::new();
@@ -789,12 +862,13 @@ fn give(
         let cost = if to == t { cost } else { 0.0 };
         let d = (to - from) as f64 - cost;
         let base = match root {
-            Root::Depth(depth) => depth.min(stack.len() - 1),
+            Root::Thread => 0,
             Root::Frame(f) => match stack.iter().rposition(|&(_, id)| id == f) {
                 Some(p) => p,
                 None => continue, // the coroutine is not running: another task's time
             },
         };
+        innermost = Some((i, d));
         let mut add = |m: &mut HashMap<u32, Times>, seen: &mut HashMap<u32, u64>| {
             *stamp += 1;
             let x = m.entry(top).or_default();
@@ -809,45 +883,49 @@ fn give(
                 x.cost[1] += cost;
             }
         };
-        if selected.contains(&i) {
-            add(per_span.entry(i).or_default(), seen);
+        if sinks.selected.contains(&i) {
+            add(sinks.per_span.entry(i).or_default(), seen);
         }
-        if let Some((g, slow)) = group[i] {
-            if union {
+        if let Some((g, slow)) = sinks.group[i] {
+            if sinks.union {
                 if given.contains(&g) {
                     continue;
                 }
                 given.push(g);
             }
-            add(&mut per_group[g][usize::from(!slow)], seen);
+            add(&mut sinks.per_group[g][usize::from(!slow)], seen);
         }
+    }
+    // A profile's sample has one span: the innermost that holds the interval.
+    if let (Some(stacks), Some((i, d))) = (sinks.stacks.as_deref_mut(), innermost) {
+        stacks.entry((i, tid, stack.iter().map(|x| x.0).collect())).or_default().0 += d;
     }
 }
 
 /// Counts the call just pushed on `th`'s stack in each group whose span it is inside (once per group with
-/// `union`): above the frame that began a thread's span, or above a coroutine's frame for its span.
-fn count_call(
-    th: &Thread,
-    spans: &[Span],
-    t: u64,
-    group: &[Option<(usize, bool)>],
-    per_group: &mut [[HashMap<u32, Times>; 2]],
-    union: bool,
-) {
-    let Some((&(code, _), below)) = th.stack.split_last() else { return };
+/// `union`): any call of the thread while a thread's span is open, a coroutine's activations and the calls
+/// above them for its span.
+fn count_call(th: &Thread, tid: u64, spans: &[Span], t: u64, sinks: &mut Sinks<'_>) {
+    let Some((&(code, fid), below)) = th.stack.split_last() else { return };
+    let inside = |i: usize, root: Root| {
+        let open = spans[i].begin <= t && spans[i].end.map_or(true, |e| e > t);
+        open && match root {
+            Root::Thread => true,
+            Root::Frame(f) => fid == f || below.iter().any(|&(_, id)| id == f),
+        }
+    };
     let mut given: Vec<usize> = Vec::new();
     for &(i, root) in &th.open {
-        let Some((g, slow)) = group[i] else { continue };
-        if spans[i].begin > t || spans[i].end.is_some_and(|e| e <= t) || (union && given.contains(&g)) {
+        let Some((g, slow)) = sinks.group[i] else { continue };
+        if (sinks.union && given.contains(&g)) || !inside(i, root) {
             continue;
         }
-        let inside = match root {
-            Root::Depth(depth) => below.len() > depth,
-            Root::Frame(f) => below.iter().any(|&(_, id)| id == f),
-        };
-        if inside {
-            given.push(g);
-            per_group[g][usize::from(!slow)].entry(code).or_default().calls += 1;
+        given.push(g);
+        sinks.per_group[g][usize::from(!slow)].entry(code).or_default().calls += 1;
+    }
+    if let Some(stacks) = sinks.stacks.as_deref_mut() {
+        if let Some(&(i, _)) = th.open.iter().rev().find(|&&(i, root)| inside(i, root)) {
+            stacks.entry((i, tid, th.stack.iter().map(|x| x.0).collect())).or_default().1 += 1;
         }
     }
 }

@@ -250,6 +250,7 @@ pub fn columns(table: Table) -> &'static [&'static str] {
             "exclusive_ns",
             "window",
             "clipped",
+            "span",
         ],
         Table::Code => &[
             "pid",
@@ -324,7 +325,7 @@ fn column_bytes(table: Table, column: &str) -> u64 {
         (
             _,
             "thread_id" | "ts_ns" | "tsc" | "call_id" | "parent" | "start_ns" | "end_ns" | "duration_ns"
-            | "exclusive_ns",
+            | "exclusive_ns" | "span" | "key",
         ) => 8,
         (_, "thread_lost" | "thread_recorded" | "bytecode" | "specialized_bytecode" | "value") => 8,
         (_, "clipped") => 1,
@@ -664,6 +665,7 @@ struct Calls {
     exclusive_ns: Vec<i64>,
     window: Vec<Option<i32>>,
     clipped: Vec<bool>,
+    span: Vec<Option<u64>>,
 }
 
 impl Calls {
@@ -688,6 +690,7 @@ impl Calls {
                 ("exclusive_ns", Column::I64(c.exclusive_ns)),
                 ("window", Column::OptI32(c.window)),
                 ("clipped", Column::Bool(c.clipped)),
+                ("span", Column::OptU64(c.span)),
             ],
         }
     }
@@ -1152,7 +1155,12 @@ pub fn build_selected(
         let mut failed: Option<anyhow::Error> = None;
         // Per open activation (thread, call id) with callees that ended: their time, for its exclusive time.
         let mut callees_ns: HashMap<(u64, u64), i64> = HashMap::default();
-        let timeline = Timeline::open(&p.path, opts)?.without_loops();
+        let mut timeline = Timeline::open(&p.path, opts)?.without_loops();
+        if want_calls && timeline.version() >= (2, 13) {
+            // Each call's span: where spans end (on any thread) is known only after a pass over the file;
+            // files before 2.13 have none.
+            timeline = timeline.with_spans(&crate::spans::list(&p.path, opts)?.0);
+        }
         let result = timeline.run(|_, item| {
             let r = (|| -> anyhow::Result<()> {
                 match item {
@@ -1218,6 +1226,7 @@ pub fn build_selected(
                         calls.end_ns.push(ns(ticks));
                         calls.window.push(call.window.map(|w| w as i32));
                         calls.clipped.push(call.clipped);
+                        calls.span.push((call.span != 0).then_some(call.span));
                         if calls.call_id.len() >= batch_rows {
                             let b = calls.take(&mut d);
                             count(&mut summary, Table::Calls, &b);

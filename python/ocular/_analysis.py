@@ -143,7 +143,8 @@ class Trace:
     def calls(self, columns: list[str] | None = None, threads: list[int] | None = None,
               start_ns: int | None = None, end_ns: int | None = None):
         """One row per function call: thread_id, call_id, parent, depth, code_id, function, file, line,
-        start_ns, end_ns, duration_ns, exclusive_ns, window, clipped (polars DataFrame). ``columns``,
+        start_ns, end_ns, duration_ns, exclusive_ns, window, clipped, span (the key of the innermost span it
+        began inside, as in :meth:`spans`; null: none) (polars DataFrame). ``columns``,
         ``threads`` and the time range select as in :meth:`events` (a call is kept if it overlaps the
         range)."""
         return self._polars("calls", columns=columns, threads=threads, start_ns=start_ns, end_ns=end_ns)

@@ -116,7 +116,7 @@ def test_pftrace_names_functions_threads_and_loops(trace):
 EVENT_COLUMNS = ["pid", "thread_id", "ts_ns", "tsc", "event", "code_id", "function", "file", "line", "offset", "arg",
                  "opcode", "specialized"]
 CALL_COLUMNS = ["pid", "thread_id", "call_id", "parent", "depth", "code_id", "function", "file", "line", "start_ns",
-                "end_ns", "duration_ns", "exclusive_ns", "window", "clipped"]
+                "end_ns", "duration_ns", "exclusive_ns", "window", "clipped", "span"]
 
 
 def _info(path):

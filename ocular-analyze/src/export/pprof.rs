@@ -153,8 +153,8 @@ struct Builder {
     strings: HashMap<String, i64>,
     /// (name, file, first line) -> function id (= its location's id).
     functions: HashMap<(i64, i64, i64), u64>,
-    /// (pid, thread id, location ids leaf first) -> position in `p.sample`.
-    samples: HashMap<(u32, u64, Vec<u64>), usize>,
+    /// (pid, thread id, location ids leaf first, span key or 0) -> position in `p.sample`.
+    samples: HashMap<(u32, u64, Vec<u64>, u64), usize>,
 }
 
 impl Builder {
@@ -215,9 +215,18 @@ impl Builder {
     }
 
     /// Adds `values` (by sample type position) to the sample of `stack` (location ids, leaf first) on
-    /// thread `tid` (named `thread`) of process `pid`.
-    fn add(&mut self, pid: u32, tid: u64, thread: &str, stack: Vec<u64>, values: &[(usize, i64)]) {
-        let key = (pid, tid, stack);
+    /// thread `tid` (named `thread`) of process `pid`, inside `span` if given (labelled with its name, trace
+    /// id and span id, as Pyroscope's span profiles are).
+    fn add(
+        &mut self,
+        pid: u32,
+        tid: u64,
+        thread: &str,
+        stack: Vec<u64>,
+        values: &[(usize, i64)],
+        span: Option<&crate::spans::Span>,
+    ) {
+        let key = (pid, tid, stack, span.map_or(0, |s| s.key));
         let i = match self.samples.get(&key) {
             Some(&i) => i,
             None => {
@@ -227,6 +236,14 @@ impl Builder {
                 ];
                 if !thread.is_empty() {
                     label.push(Label { key: self.string("thread"), str: self.string(thread), ..Label::default() });
+                }
+                if let Some(s) = span {
+                    label.push(Label { key: self.string("span_name"), str: self.string(&s.name), ..Label::default() });
+                    for (k, v) in [("trace_id", &s.trace_id), ("span_id", &s.span_id)] {
+                        if !v.is_empty() {
+                            label.push(Label { key: self.string(k), str: self.string(v), ..Label::default() });
+                        }
+                    }
                 }
                 self.p.sample.push(Sample { location_id: key.2.clone(), value: Vec::new(), label });
                 self.samples.insert(key, self.p.sample.len() - 1);
@@ -252,9 +269,37 @@ impl Builder {
     }
 }
 
-/// Adds the call tree of one process (`pid`) to the profile; returns the comments it calls for.
-fn add_process(b: &mut Builder, a: &Analysis, pid: u32) -> Vec<String> {
+/// The location of code object `code` of analysis `a`.
+fn location_of(b: &mut Builder, a: &Analysis, code: u32) -> u64 {
+    match a.code.get(&code) {
+        Some(co) => b.location(&co.qualname, &co.filename, co.first_line),
+        None => b.location(&format!("<code {code}>"), "?", 0),
+    }
+}
+
+/// Adds the call tree of one process (`pid`, its trace `path`) to the profile; returns the comments it
+/// calls for.
+fn add_process(b: &mut Builder, a: &Analysis, pid: u32, path: &Path, opts: ReadOptions) -> anyhow::Result<Vec<String>> {
     let (calls, wall) = (b.sample_type("calls", "count"), b.sample_type("wall", "nanoseconds"));
+    // What ran inside spans (FORMAT.md 5.9) moves from the stack's sample to one labelled with the span (the
+    // innermost): per (thread, code ids leaf first), the wall ns and calls moved.
+    let mut moved: HashMap<(u64, Vec<u32>), (i64, i64)> = HashMap::default();
+    let (spans, stacks) = crate::spans::stacks(path, opts)?;
+    let mut stacks: Vec<_> = stacks.into_iter().collect();
+    stacks.sort_unstable_by(|x, y| x.0.cmp(&y.0));
+    for ((i, tid, codes), (ticks, n)) in stacks {
+        let ns = a.ns(ticks).round().max(0.0) as i64;
+        if ns == 0 && n == 0 {
+            continue;
+        }
+        let leaf_first: Vec<u32> = codes.into_iter().rev().collect();
+        let stack = leaf_first.iter().map(|&code| location_of(b, a, code)).collect();
+        let thread = a.threads.get(&tid).map_or("", String::as_str);
+        b.add(pid, tid, thread, stack, &[(calls, n as i64), (wall, ns)], Some(&spans[i]));
+        let m = moved.entry((tid, leaf_first)).or_default();
+        m.0 += ns;
+        m.1 += n as i64;
+    }
     // Counters that could not be opened have no figures (as in `stats`).
     let counters: Vec<Option<usize>> =
         a.counters.iter().map(|c| c.error.is_empty().then(|| b.sample_type(&c.name, &c.unit))).collect();
@@ -270,31 +315,40 @@ fn add_process(b: &mut Builder, a: &Analysis, pid: u32) -> Vec<String> {
     }
     for (node, ticks) in values {
         // Negative exclusive times (a tiny frame's corrected time) count as none, as in the flame graph.
-        let mut v = vec![(calls, a.tree.calls(node).round() as i64), (wall, a.ns(ticks).round().max(0.0) as i64)];
+        let mut codes = Vec::new();
+        let mut n = node;
+        let tid = loop {
+            match tree[n as usize] {
+                (_, Node::Thread(tid)) => break tid,
+                (parent, Node::Code(code)) => {
+                    codes.push(code);
+                    n = parent;
+                }
+            }
+        };
+        let (in_spans_ns, in_spans_calls) = moved.remove(&(tid, codes.clone())).unwrap_or_default();
+        let mut v = vec![
+            (calls, (a.tree.calls(node).round() as i64 - in_spans_calls).max(0)),
+            (wall, (a.ns(ticks).round().max(0.0) as i64 - in_spans_ns).max(0)),
+        ];
         if let Some(c) = a.tree.counters(node) {
             v.extend(counters.iter().zip(c).filter_map(|(k, &x)| k.map(|k| (k, x as i64))));
         }
         if v.iter().all(|&(_, x)| x == 0) {
             continue;
         }
-        let mut stack = Vec::new();
-        let mut n = node;
-        let tid = loop {
-            match tree[n as usize] {
-                (_, Node::Thread(tid)) => break tid,
-                (parent, Node::Code(code)) => {
-                    stack.push(match a.code.get(&code) {
-                        Some(co) => b.location(&co.qualname, &co.filename, co.first_line),
-                        None => b.location(&format!("<code {code}>"), "?", 0),
-                    });
-                    n = parent;
-                }
-            }
-        };
+        let stack = codes.iter().map(|&code| location_of(b, a, code)).collect();
         let thread = a.threads.get(&tid).map_or("", String::as_str);
-        b.add(pid, tid, thread, stack, &v);
+        b.add(pid, tid, thread, stack, &v, None);
     }
     let mut notes = Vec::new();
+    if !spans.is_empty() {
+        notes.push(format!(
+            "process {pid}: {} spans: what ran inside one is in samples labelled with the innermost's span_name, \
+             trace_id and span_id (counters stay in the unlabelled samples)",
+            spans.len()
+        ));
+    }
     if let Some(h) = &a.header {
         let threshold = match h.options.mode {
             ocular_format::Mode::Calls => String::new(),
@@ -316,7 +370,7 @@ fn add_process(b: &mut Builder, a: &Analysis, pid: u32) -> Vec<String> {
             a.lost_share(0) * 100.0
         ));
     }
-    notes
+    Ok(notes)
 }
 
 /// Writes the pprof profile (gzipped) of the run that `path` begins, every process analyzed, to `out`.
@@ -342,7 +396,7 @@ pub fn export_run(run: &Run, analyses: &[Analysis], opts: ReadOptions, out: &mut
     )];
     let (mut first_ns, mut last_ns, mut start_unix) = (f64::MAX, 0.0f64, i64::MAX);
     for (p, a) in run.processes.iter().zip(analyses) {
-        comments.extend(add_process(&mut b, a, p.pid));
+        comments.extend(add_process(&mut b, a, p.pid, &p.path, opts)?);
         let span = crate::stats::span(&p.path, opts)?;
         if span.last_ns > 0.0 {
             first_ns = first_ns.min(span.first_ns);
@@ -396,11 +450,11 @@ mod tests {
         let (calls, wall) = (b.sample_type("calls", "count"), b.sample_type("wall", "nanoseconds"));
         let main = b.location("main", "app.py", 1);
         let work = b.location("work", "app.py", 7);
-        b.add(10, 1, "MainThread", vec![work, main], &[(calls, 3), (wall, 900)]);
-        b.add(10, 1, "MainThread", vec![main], &[(calls, 1), (wall, 100)]);
-        b.add(10, 2, "", vec![work, main], &[(wall, 50)]);
+        b.add(10, 1, "MainThread", vec![work, main], &[(calls, 3), (wall, 900)], None);
+        b.add(10, 1, "MainThread", vec![main], &[(calls, 1), (wall, 100)], None);
+        b.add(10, 2, "", vec![work, main], &[(wall, 50)], None);
         let faults = b.sample_type("page-faults", "faults");
-        b.add(10, 1, "MainThread", vec![work, main], &[(faults, 4)]);
+        b.add(10, 1, "MainThread", vec![work, main], &[(faults, 4)], None);
         b.finish()
     }
 

@@ -124,12 +124,26 @@ pub struct Call {
     /// Its start or its end is a window's edge, not the call's own: it began before the window opened
     /// (found on the window's stack) or was still running when the window closed.
     pub clipped: bool,
+    /// The key of the innermost span (FORMAT.md 5.9) it began inside; 0: none, or a timeline not given the
+    /// spans ([`Timeline::with_spans`]).
+    pub span: u64,
 }
 
 struct Frame {
     code: u32,
+    /// The frame id of a coroutine's activation (FORMAT.md 5.5; 0 otherwise).
+    frame: u64,
     call: Call,
     loops: Vec<(u32, u64)>,
+}
+
+/// Which calls a span open on a thread holds.
+#[derive(Clone, Copy)]
+enum SpanRoot {
+    /// A thread's span: every call its thread begins while it is open.
+    Thread,
+    /// A coroutine's span: the activations of the coroutine with this frame id and their callees.
+    Frame(u64),
 }
 
 struct Thread {
@@ -140,6 +154,8 @@ struct Thread {
     window_end: Option<u64>,
     /// Windows, their stacks and the recorder's pauses.
     walk: Walk,
+    /// Spans open on the thread, in the order they began: (key, what they hold, end tick if they end).
+    spans: Vec<(u64, SpanRoot, Option<u64>)>,
 }
 
 /// A thread's frames as the walk moves them: the ones it ends, with the tick they end at, wait in
@@ -174,6 +190,24 @@ impl Frames for Moves<'_> {
     }
 }
 
+/// The key of the innermost span open on `th` at `ticks` that holds a call beginning there (of a coroutine
+/// with frame id `frame`, or 0) on top of its stack; 0: none. Spans ended by then are dropped.
+fn innermost_span(th: &mut Thread, frame: u64, ticks: u64) -> u64 {
+    if th.spans.is_empty() {
+        return 0;
+    }
+    th.spans.retain(|&(_, _, end)| end.map_or(true, |e| e > ticks));
+    let stack = &th.stack;
+    th.spans
+        .iter()
+        .rev()
+        .find(|&&(_, root, _)| match root {
+            SpanRoot::Thread => true,
+            SpanRoot::Frame(f) => frame == f || stack.iter().any(|fr| fr.frame == f),
+        })
+        .map_or(0, |&(key, ..)| key)
+}
+
 /// An opened trace, ready to be walked.
 #[derive(Debug)]
 pub struct Timeline {
@@ -181,6 +215,8 @@ pub struct Timeline {
     path: String,
     size: u64,
     loops: bool,
+    /// Per span key, the coroutine frame id it belongs to (0: its thread's) and its end tick.
+    spans: Option<HashMap<u64, (u64, Option<u64>)>>,
 }
 
 impl Timeline {
@@ -191,7 +227,14 @@ impl Timeline {
             path: path.display().to_string(),
             size: std::fs::metadata(path).map(|m| m.len()).unwrap_or(0),
             loops: true,
+            spans: None,
         })
+    }
+
+    /// Each [`Call`] says the innermost of `spans` (this file's, [`crate::spans::list`]) it began inside.
+    pub fn with_spans(mut self, spans: &[crate::spans::Span]) -> Self {
+        self.spans = Some(spans.iter().map(|s| (s.key, (s.frame, s.end))).collect());
+        self
     }
 
     /// No [`Item::Loop`]: for a consumer that ignores them (the tables), which then does not pay for
@@ -199,6 +242,11 @@ impl Timeline {
     pub fn without_loops(mut self) -> Self {
         self.loops = false;
         self
+    }
+
+    /// The file's format version (major, minor).
+    pub fn version(&self) -> (u16, u16) {
+        self.reader.version()
     }
 
     /// The file header.
@@ -224,6 +272,7 @@ impl Timeline {
         let ticks_per_us = header.ticks_per_second / 1e6;
         let mut counter_totals: HashMap<(u64, u8), u64> = HashMap::default();
         let mut ended: Vec<(Frame, u64)> = Vec::new();
+        let spans = self.spans;
         crate::progress::begin("exporting", self.size);
         while let Some(c) = reader.next_chunk()? {
             crate::progress::at(c.info.offset);
@@ -273,6 +322,7 @@ impl Timeline {
                         window: None,
                         window_end: None,
                         walk: Walk::new(header.ticks_per_second),
+                        spans: Vec::new(),
                     });
                     read += evs.len() as u64;
                     f(&code, Item::Events { tid, events: evs })?;
@@ -300,6 +350,7 @@ impl Timeline {
                             }
                             // A frame found on a window's stack began before the window: clipped.
                             Step::Found { same: false, .. } | Step::Enter(_) if !th.walk.gap() => {
+                                let frame = e.frame_id().unwrap_or(0);
                                 let call = Call {
                                     id: calls,
                                     parent: th.stack.last().map(|fr| fr.call.id),
@@ -307,10 +358,18 @@ impl Timeline {
                                     depth: th.stack.len() as u32,
                                     window: th.window,
                                     clipped: matches!(step, Step::Found { .. }),
+                                    span: innermost_span(th, frame, ticks),
                                 };
                                 calls += 1;
-                                th.stack.push(Frame { code: id, call, loops: Vec::new() });
+                                th.stack.push(Frame { code: id, frame, call, loops: Vec::new() });
                                 f(&code, Item::Begin { tid, ticks, code: id, call: call.id })?;
+                            }
+                            Step::Note(EventKind::SPAN) => {
+                                let key = ocular_format::span::key(e);
+                                if let Some(&(frame, end)) = spans.as_ref().and_then(|s| s.get(&key)) {
+                                    let root = if frame == 0 { SpanRoot::Thread } else { SpanRoot::Frame(frame) };
+                                    th.spans.push((key, root, end));
+                                }
                             }
                             Step::Exit(_) => {
                                 let fr = th.stack.pop().expect("the walk found it on top");

@@ -128,11 +128,10 @@ fn the_slow_requests_extra_time_is_named_where_it_went_and_durations_are_exact()
     assert!(d.functions[1..].iter().all(|f| f.extra_exclusive_ms.abs() < 1e-9), "{:?}", d.functions);
 }
 
-#[test]
-fn a_coroutine_s_span_holds_its_turns_and_not_the_other_tasks_on_its_thread() {
+/// Two tasks on one thread take turns: task A (frame 0x100) begins a span and runs `slow` in its second
+/// turn; task B (frame 0x200) runs `fast` in between, inside A's span's time but not in it.
+fn tasks() -> Vec<RawEvent> {
     use EventKind::*;
-    // Two tasks on one thread take turns: task A (frame 0x100) begins a span and runs `slow` in its
-    // second turn; task B (frame 0x200) runs `fast` in between, inside A's span's time but not in it.
     let frame = |mut e: RawEvent, id: u64| {
         e.set_frame_id(id);
         e
@@ -153,7 +152,12 @@ fn a_coroutine_s_span_holds_its_turns_and_not_the_other_tasks_on_its_thread() {
         Some(&SpanEnd { status: 2, message: "KeyError: 7".into(), ..SpanEnd::default() }),
     ));
     e.push(frame(ev(460, TASK, PY_RETURN), 0x100));
-    let (_d, path) = write(&[(7, e)], 0.0);
+    e
+}
+
+#[test]
+fn a_coroutine_s_span_holds_its_turns_and_not_the_other_tasks_on_its_thread() {
+    let (_d, path) = write(&[(7, tasks())], 0.0);
     let s = analyze(&path, Default::default(), 1, 10).unwrap();
     let x = &s.slowest[0];
     close(x.span.duration_ms.unwrap(), 0.449);
@@ -232,6 +236,7 @@ fn stats_within_a_span_name_holds_only_what_ran_inside_its_spans() {
     close(w.rows[2].inclusive_ms, w.spans_ms);
     close(w.rows[2].share, 1.0);
     let text = w.to_string();
+    close(w.program_ms, w.spans_ms);
     assert!(text.starts_with("inside 50 spans named \"GET /orders\": 1.800 ms in all"), "{text}");
 
     let none = within(&path, Default::default(), "POST /x", SortBy::Exclusive, 10).unwrap();
@@ -257,6 +262,8 @@ fn time_inside_two_nested_spans_of_one_name_counts_once() {
     let w = within(&path, Default::default(), "op", SortBy::Inclusive, 10).unwrap();
     assert_eq!(w.spans, 2);
     close(w.spans_ms, 0.110 + 0.102);
+    close(w.program_ms, 0.110); // each moment once
+    close(w.rows[0].share, 1.0);
     let f = |name: &str| w.rows.iter().find(|r| r.function == name).unwrap().clone();
     assert_eq!((f("handle").calls, f("fast").calls, f("slow").calls), (0, 1, 1));
     close(f("handle").inclusive_ms, 0.110);
@@ -264,4 +271,61 @@ fn time_inside_two_nested_spans_of_one_name_counts_once() {
     close(f("slow").exclusive_ms, 0.100);
     close(f("handle").exclusive_ms, 0.001 + 0.001);
     assert_eq!(w.rows[0].function, "handle");
+}
+
+#[test]
+fn each_call_in_the_calls_table_names_the_innermost_span_it_began_in() {
+    use crate::export::{texts, Collect};
+    use ocular_analyze::table::{build, Column, Table};
+    let calls = |threads: &[(u64, Vec<RawEvent>)]| {
+        let (_d, path) = write(threads, 0.0);
+        let mut sink = Collect::default();
+        build(&path, Default::default(), &[Table::Calls], 1 << 20, &mut sink).unwrap();
+        let b = &sink.0[0].1;
+        let Some((_, Column::OptU64(span))) = b.columns.iter().find(|c| c.0 == "span").cloned() else {
+            panic!("no span column of u64")
+        };
+        let mut rows: Vec<(String, Option<u64>)> =
+            texts(b, "function").into_iter().map(Option::unwrap).zip(span).collect();
+        rows.sort();
+        rows
+    };
+    // Two requests on a thread, the second slow, `task` between them: `handle` began each span, so it is
+    // in none; `fast` and `slow` began inside their request's span; `task` outside both.
+    let mut e = request(0, 1, false);
+    e.push(ev(600, TASK, EventKind::PY_START));
+    e.push(ev(700, TASK, EventKind::PY_RETURN));
+    e.extend(request(1000, 2, true));
+    let got = calls(&[(7, e)]);
+    let want =
+        [("fast", Some(1)), ("fast", Some(2)), ("handle", None), ("handle", None), ("slow", Some(2)), ("task", None)];
+    assert_eq!(got, want.map(|(f, s)| (f.to_string(), s)));
+    // The coroutine's span holds its resumed activation and what it calls, not the other task's turn.
+    let got = calls(&[(7, tasks())]);
+    let want = [("fast", None), ("slow", Some(1)), ("task", None), ("task", None), ("task", Some(1))];
+    assert_eq!(got, want.map(|(f, s)| (f.to_string(), s)));
+}
+
+#[test]
+fn a_span_begun_in_a_frame_that_returns_holds_what_its_thread_runs_until_it_ends() {
+    use EventKind::*;
+    // As OpenTelemetry does: `handle` calls `task` (the SDK), which begins the span and returns; `handle`
+    // then calls `slow`, and ends the span through `fast` (the SDK again).
+    let mut e = vec![ev(0, HANDLE, PY_START), ev(1, TASK, PY_START)];
+    e.extend(begin(2, 1, "GET /orders", 0, 1));
+    e.push(ev(3, TASK, PY_RETURN));
+    e.push(ev(10, SLOW, PY_START));
+    e.push(ev(110, SLOW, PY_RETURN));
+    e.push(ev(111, FAST, PY_START));
+    e.extend(end_events(T0 + 112, 1, None));
+    e.push(ev(113, FAST, PY_RETURN));
+    e.push(ev(120, HANDLE, PY_RETURN));
+    let (_d, path) = write(&[(7, e)], 0.0);
+    let w = within(&path, Default::default(), "GET /orders", SortBy::Exclusive, 10).unwrap();
+    let f = |name: &str| w.rows.iter().find(|r| r.function == name).unwrap().clone();
+    assert_eq!((f("slow").calls, f("fast").calls, f("handle").calls), (1, 1, 0));
+    close(f("slow").exclusive_ms, 0.1);
+    close(f("handle").inclusive_ms, 0.11);
+    close(f("handle").exclusive_ms, 0.008);
+    close(f("task").inclusive_ms, 0.001);
 }
