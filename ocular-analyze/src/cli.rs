@@ -538,6 +538,12 @@ fn run(cli: Cli) -> anyhow::Result<()> {
                 lines: lines_of_run(&run, &analyses, opts)?,
                 awaits: async_of_run(&run, &analyses, opts)?,
                 specialize: serde_json::to_value(specialize_report(&run, &analyses, &file, loops))?,
+                spans: run
+                    .processes
+                    .iter()
+                    .map(|p| Ok(crate::spans::for_report(&p.path, opts)?.map(|s| (p.pid, s))))
+                    .filter_map(Result::transpose)
+                    .collect::<anyhow::Result<_>>()?,
             };
             write_output(&file, &out_path, |w| crate::report::write(&inputs, w))?;
             let bytes = std::fs::metadata(&out_path).map_or(0, |m| m.len());

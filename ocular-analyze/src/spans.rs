@@ -270,7 +270,7 @@ pub fn analyze(path: &Path, opts: ReadOptions, top: usize, functions: usize) -> 
 
     let mut per_span: HashMap<usize, HashMap<u32, Times>> = HashMap::default();
     let mut per_group: Vec<[HashMap<u32, Times>; 2]> = vec![Default::default(); groups.len()];
-    let code = if by_function {
+    let code = if by_function && !spans.is_empty() {
         let mut sinks = Sinks {
             group: &group,
             selected: &selected,
@@ -611,6 +611,16 @@ pub fn stacks(path: &Path, opts: ReadOptions) -> ocular_format::Result<(Vec<Span
         second_pass(path, opts, &spans, &mut sinks)?;
     }
     Ok((spans, stacks))
+}
+
+/// The spans view of `path` for the report: `None` where it has no span (and, before format 2.13, without
+/// reading it).
+pub fn for_report(path: &Path, opts: ReadOptions) -> ocular_format::Result<Option<Spans>> {
+    if Reader::open_with(path, opts)?.version() < (2, 13) {
+        return Ok(None);
+    }
+    let s = analyze(path, opts, 5, 10)?;
+    Ok((!s.names.is_empty()).then_some(s))
 }
 
 /// Whether `events` hold a span's beginning.
@@ -1028,8 +1038,13 @@ impl std::fmt::Display for Spans {
                 writeln!(f)?;
                 writeln!(
                     f,
-                    "{}: where the {} slow spans (>= {:.3} ms) spent time the other {} did not, ms per span",
-                    d.name, d.slow, d.threshold_ms, d.others
+                    "{}: where the slow {} span{} (>= {:.3} ms) spent time the other {} span{} did not, ms per span",
+                    d.name,
+                    d.slow,
+                    plural(d.slow),
+                    d.threshold_ms,
+                    d.others,
+                    plural(d.others)
                 )?;
                 writeln!(
                     f,

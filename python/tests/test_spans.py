@@ -87,7 +87,7 @@ def test_the_slow_requests_are_the_slow_spans_and_their_time_is_named_where_it_w
     # The text view says the same.
     text = subprocess.run([sys.executable, "-m", "ocular", "spans", str(trace)], check=True, capture_output=True,
                           text=True, timeout=600).stdout
-    part = text.split(f"GET /orders: where the {d['slow']} slow spans")[1]
+    part = text.split(f"GET /orders: where the slow {d['slow']} span")[1]
     assert part.splitlines()[2].split()[4] == "slow_lookup", text
 
 
@@ -263,6 +263,15 @@ def test_the_exports_and_load_carry_the_spans(tmp_path):
     assert spans_of("dumps").count("render") == 100
     # ocular.load: the same table.
     assert ocular.load(trace).spans().height == 200
+    # The report: a Spans tab embedding spans --json as the command prints it.
+    from test_report import embedded
+
+    page = tmp_path / "t.html"
+    subprocess.run([sys.executable, "-m", "ocular", "report", str(trace), "-o", str(page)], check=True,
+                   capture_output=True, timeout=600)
+    [(pid, view)] = embedded(page.read_text())["spans"]
+    assert view == spans(trace) and pid == ocular.load(trace).info()["pid"]
+    assert 'data-tab="spans"' in page.read_text()
     # pprof: what ran inside a span is in samples labelled with its name, trace id and span id, moved out
     # of the unlabelled ones (each call counted once).
     pytest.importorskip("google.protobuf")

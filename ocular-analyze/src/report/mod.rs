@@ -2,9 +2,9 @@
 //! interactive flame graph / icicle per thread and merged, the function table, the hot loops with their
 //! specialized opcodes, and the source of the hottest functions.
 //!
-//! Everything is aggregated here, in Rust: the page embeds `info --json`, `stats --json` and `hot --json`
-//! as they are printed (so a script can check the page against them), plus each thread's call tree pruned
-//! to the frames that can be seen, never the events. Its size depends on the number of distinct stacks and
+//! Everything is aggregated here, in Rust: the page embeds `info --json`, `stats --json`, `hot --json` and
+//! (where the trace has spans) `spans --json` as they are printed (so a script can check the page against
+//! them), plus each thread's call tree pruned to the frames that can be seen, never the events. Its size depends on the number of distinct stacks and
 //! functions, not on the trace's length. The flame graph is d3-flame-graph 5.0.0 on d3 7.9.0 (vendored in
 //! `vendor/` with their licences, inlined into the page: it opens without a network).
 
@@ -52,6 +52,8 @@ pub struct Inputs<'a> {
     pub awaits: Option<crate::awaits::Report>,
     /// `specialize --json`.
     pub specialize: Value,
+    /// `spans --json` of each process that has spans: (pid, its view).
+    pub spans: Vec<(u32, crate::spans::Spans)>,
 }
 
 /// The rows of each async table the page lists.
@@ -112,6 +114,7 @@ struct Data<'a> {
     lines: Option<LinesData<'a>>,
     awaits: Option<&'a crate::awaits::Report>,
     specialize: &'a Value,
+    spans: &'a [(u32, crate::spans::Spans)],
 }
 
 /// Writes the page to `out`.
@@ -185,6 +188,7 @@ pub fn write(inputs: &Inputs<'_>, out: &mut dyn Write) -> anyhow::Result<()> {
         lines,
         awaits: inputs.awaits.as_ref(),
         specialize: &inputs.specialize,
+        spans: &inputs.spans,
     };
     // In a <script> element only "</" can end it early; JSON allows "<\/" for it.
     let json = serde_json::to_string(&data)?.replace("</", "<\\/");
