@@ -95,9 +95,24 @@ class Trace:
 
         return self._cached(("hot", top), make)  # one analysis serves hot() and hot_text()
 
-    def stats(self, per_thread: bool = False) -> list[dict[str, Any]]:
-        """Per function: calls, inclusive and exclusive ms (recorder cost subtracted), mean us, file:line."""
+    def stats(self, per_thread: bool = False, span: str | None = None) -> list[dict[str, Any]]:
+        """Per function: calls, inclusive and exclusive ms (recorder cost subtracted), mean us, file:line.
+
+        With ``span``, only the time inside the spans of that name (``stats --span``): per function its
+        calls begun inside them, its exclusive and inclusive ms inside them with their 95% intervals
+        (``exclusive_ci_ms``, ``inclusive_ci_ms``) and ``share`` of the program's time inside them."""
         import copy
+
+        if span is not None:
+            if per_thread:
+                raise ValueError("stats(span=...) merges threads: per_thread=True cannot go with it")
+
+            def within() -> list[dict[str, Any]]:
+                report, warns = _call(_ext().stats_within, self.path, span, salvage=self.salvage)
+                _warn(warns)
+                return report["rows"]
+
+            return copy.deepcopy(self._cached(("stats", "span", span), within))
 
         def make() -> list[dict[str, Any]]:
             rows, warns = _call(_ext().stats, self.path, per_thread=per_thread, salvage=self.salvage)

@@ -100,6 +100,9 @@ def info(path: str | PathLike[str], salvage: bool = False) -> dict[str, Any]: ..
 def stats(
     path: str | PathLike[str], per_thread: bool = False, salvage: bool = False
 ) -> tuple[list[dict[str, Any]], list[str]]: ...
+def stats_within(
+    path: str | PathLike[str], name: str, salvage: bool = False
+) -> tuple[dict[str, Any], list[str]]: ...
 def hot(
     path: str | PathLike[str], top: int = 10, salvage: bool = False
 ) -> tuple[dict[str, Any], str, list[str]]: ...

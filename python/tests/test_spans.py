@@ -261,8 +261,12 @@ def test_the_exports_and_load_carry_the_spans(tmp_path):
     assert spans_of("slow_lookup") == ["GET /orders"] * 2
     assert spans_of("fast_lookup") == ["GET /orders"] * 100
     assert spans_of("dumps").count("render") == 100
-    # ocular.load: the same table.
+    # ocular.load: the same table; and stats inside the requests' spans only.
     assert ocular.load(trace).spans().height == 200
+    rows = {r["function"]: r for r in ocular.load(trace).stats(span="GET /orders")}
+    assert (rows["slow_lookup"]["calls"], rows["fast_lookup"]["calls"], rows["Handler.do_GET"]["calls"]) == (2, 100, 0)
+    assert rows["Handler.do_GET"]["share"] == pytest.approx(1.0, abs=1e-6)  # it holds every span
+    assert "main" not in rows  # the client's loop ran outside them
     # The report: a Spans tab embedding spans --json as the command prints it.
     from test_report import embedded
 

@@ -126,6 +126,29 @@ pub(super) fn hot(
     Ok((json(py, &report)?, report.to_string(), warnings))
 }
 
+/// `stats_within(path, name, salvage=False) -> (dict, warnings)`: `stats --span NAME --json` with every
+/// function, and the reader's warnings. A trace recorded with windows is a `ValueError` (no time by
+/// function inside spans there).
+#[pyfunction]
+#[pyo3(signature = (path, name, salvage=false))]
+pub(super) fn stats_within(
+    py: Python<'_>,
+    path: PathBuf,
+    name: String,
+    salvage: bool,
+) -> PyResult<(Py<PyAny>, Vec<String>)> {
+    let opts = ReadOptions::with_salvage(salvage);
+    let w = py
+        .detach(|| {
+            ocular_analyze::spans::within(&path, opts, &name, ocular_analyze::stats::SortBy::Exclusive, usize::MAX)
+        })
+        .map_err(|e| match e.downcast::<ocular_format::Error>() {
+            Ok(e) => trace_err(e),
+            Err(e) => PyValueError::new_err(e.to_string()),
+        })?;
+    Ok((json(py, &w)?, w.warnings.clone()))
+}
+
 /// `stats(path, per_thread=False, salvage=False) -> (list[dict], warnings)`: per-function rows, as
 /// `stats --json`, and the reader's warnings (damage, lost events).
 #[pyfunction]
