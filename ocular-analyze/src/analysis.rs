@@ -227,7 +227,7 @@ impl FunctionStats {
 }
 
 /// How far above the calibration at the start what recording costs a window may be, as a fraction of it:
-/// the systematic part of an estimated count's interval ([`FunctionStats::finish`]).
+/// the systematic part of an estimated count's interval (`FunctionStats::finish`).
 pub const COST_UNCERTAINTY: f64 = 2.0;
 
 /// The windows of a recording that has them (FORMAT.md 5.3), and how its function figures were scaled.

@@ -7,7 +7,7 @@ from typing import Any, Callable, NotRequired, TypedDict, final
 __all__ = ["ticks", "ticks_per_second", "clock_point", "start", "stop", "dump", "ring_path", "counter_errors",
            "abandon_after_fork", "is_recording", "start_windows", "window_signal", "span_begin", "span_end", "span_setup",
            "span_rules", "span_current", "Span", "due_stacks_usable", "read",
-           "file_events", "own_sigterm", "complete_trace", "info", "hot", "stats", "export_chrome", "cli", "parse_run", "record_options",
+           "file_events", "own_sigterm", "complete_trace", "info", "hot", "stats", "stats_within", "export_chrome", "cli", "parse_run", "record_options",
            "record_option_specs", "table",
            "ArrowTable", "attach", "LiveCursor", "callbacks", "callbacks_gapless", "bench_callbacks", "TSC",
            "FAST_INTS", "FRAME_FIELD"]
