@@ -291,7 +291,12 @@ def test_the_typed_stub_declares_every_native_function_with_its_parameters():
         assert declared == actual, (name, declared, actual)
     native_classes = {k for k, v in vars(nat).items() if isinstance(v, type)}
     assert native_classes == set(classes), (native_classes, set(classes))
+    # Methods by name, dunders left out (the stub also declares protocol methods such as __enter__, which
+    # vars() of a native class does not list alike) but for those this test cares about.
+    def named(k):
+        return not k.startswith("__") or k in ("__len__", "__arrow_c_stream__")
+
     for cname in native_classes:
-        methods = {k for k in vars(getattr(nat, cname)) if not k.startswith("__") or k in ("__len__", "__arrow_c_stream__")}
-        declared = {n.name for n in classes[cname].body if isinstance(n, ast.FunctionDef)}
+        methods = {k for k in vars(getattr(nat, cname)) if named(k)}
+        declared = {n.name for n in classes[cname].body if isinstance(n, ast.FunctionDef) and named(n.name)}
         assert methods == declared, (cname, methods, declared)
