@@ -71,21 +71,21 @@ __all__ = [
 
 
 def __getattr__(name: str) -> object:
-    # The analysis side (Trace, load) is imported when first used: `python -m ocular run` and a program
-    # that only records do not pay for it.
+    # The analysis side (Trace, load), spans and the live reader are imported when first used: `python -m
+    # ocular run` and a program that only records do not pay for them. What was imported is kept in the
+    # module's namespace, so the next `ocular.span` is a plain attribute: a service writes `with
+    # ocular.span(...)` in every request, and this function with its import statement took microseconds.
     if name in ("Trace", "load"):
-        from . import _analysis
-
-        return getattr(_analysis, name)
-    if name in ("span", "slower_than"):
-        from . import _spans
-
-        return getattr(_spans, name)
-    if name in ("attach", "Cursor", "Event", "Poll"):
-        from . import _live
-
-        return getattr(_live, name)
-    raise AttributeError(f"module 'ocular' has no attribute {name!r}")
+        from . import _analysis as module
+    elif name in ("span", "slower_than"):
+        from . import _spans as module
+    elif name in ("attach", "Cursor", "Event", "Poll"):
+        from . import _live as module
+    else:
+        raise AttributeError(f"module 'ocular' has no attribute {name!r}")
+    value = getattr(module, name)
+    globals()[name] = value
+    return value
 
 
 def load_ipython_extension(ip: object) -> None:
