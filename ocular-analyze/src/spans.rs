@@ -180,16 +180,51 @@ struct Thread {
     last: Option<u64>,
     /// Open spans that are measured: (span index, depth of the frame that began it, or the coroutine's
     /// frame id).
-    open: Vec<(usize, Root)>,
+    open: Vec<(usize, Holds)>,
 }
 
-#[derive(Clone, Copy)]
-enum Root {
+/// What a span open on a thread holds: the one rule for which of a thread's time and calls are a span's,
+/// for every view of spans (`spans`, `stats --span`, the profiles' labels, the calls table's column).
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Holds {
     /// A thread's span: all its thread runs while it is open, every frame on the stack (an OpenTelemetry
     /// span begins in the SDK's frames, which return before the request's work runs).
     Thread,
-    /// A coroutine's span: while a frame with this id is on the stack, the frames from it up.
+    /// A coroutine's span: while a frame with this id is on the stack, the frames from it up (the
+    /// coroutine's turns and what they call, not the other tasks run between them).
     Frame(u64),
+}
+
+impl Holds {
+    /// What a span begun with frame id `frame` (FORMAT.md 5.9; 0: a thread's) holds.
+    pub fn of(frame: u64) -> Self {
+        match frame {
+            0 => Holds::Thread,
+            f => Holds::Frame(f),
+        }
+    }
+
+    /// The depth from which the span holds a stack whose frame ids are `frames`, outermost first: 0 for a
+    /// thread's span, its coroutine's innermost activation for a coroutine's; `None` when the coroutine is
+    /// not on the stack (the time is another task's).
+    pub fn base<I>(self, frames: I) -> Option<usize>
+    where
+        I: IntoIterator<Item = u64>,
+        I::IntoIter: DoubleEndedIterator + ExactSizeIterator,
+    {
+        match self {
+            Holds::Thread => Some(0),
+            Holds::Frame(f) => frames.into_iter().rposition(|id| id == f),
+        }
+    }
+
+    /// Whether the span holds what runs on top of a stack whose frame ids are `frames` (in any order).
+    pub fn holds(self, frames: impl IntoIterator<Item = u64>) -> bool {
+        match self {
+            Holds::Thread => true,
+            Holds::Frame(f) => frames.into_iter().any(|id| id == f),
+        }
+    }
 }
 
 struct Moves<'a>(&'a mut Vec<(u32, u64)>);
@@ -812,11 +847,7 @@ fn second_pass(
                         Step::Note(EventKind::SPAN) => {
                             if let Some(&i) = index.get(&ocular_format::span::key(e)) {
                                 if sinks.stacks.is_some() || sinks.selected.contains(&i) || sinks.group[i].is_some() {
-                                    let root = match spans[i].frame {
-                                        0 => Root::Thread,
-                                        f => Root::Frame(f),
-                                    };
-                                    th.open.push((i, root));
+                                    th.open.push((i, Holds::of(spans[i].frame)));
                                 }
                             }
                         }
@@ -871,12 +902,8 @@ fn give(
         }
         let cost = if to == t { cost } else { 0.0 };
         let d = (to - from) as f64 - cost;
-        let base = match root {
-            Root::Thread => 0,
-            Root::Frame(f) => match stack.iter().rposition(|&(_, id)| id == f) {
-                Some(p) => p,
-                None => continue, // the coroutine is not running: another task's time
-            },
+        let Some(base) = root.base(stack.iter().map(|&(_, id)| id)) else {
+            continue; // the coroutine is not running: another task's time
         };
         innermost = Some((i, d));
         let mut add = |m: &mut HashMap<u32, Times>, seen: &mut HashMap<u32, u64>| {
@@ -916,13 +943,10 @@ fn give(
 /// `union`): any call of the thread while a thread's span is open, a coroutine's activations and the calls
 /// above them for its span.
 fn count_call(th: &Thread, tid: u64, spans: &[Span], t: u64, sinks: &mut Sinks<'_>) {
-    let Some((&(code, fid), below)) = th.stack.split_last() else { return };
-    let inside = |i: usize, root: Root| {
+    let Some(&(code, _)) = th.stack.last() else { return };
+    let inside = |i: usize, root: Holds| {
         let open = spans[i].begin <= t && spans[i].end.map_or(true, |e| e > t);
-        open && match root {
-            Root::Thread => true,
-            Root::Frame(f) => fid == f || below.iter().any(|&(_, id)| id == f),
-        }
+        open && root.holds(th.stack.iter().map(|&(_, id)| id))
     };
     let mut given: Vec<usize> = Vec::new();
     for &(i, root) in &th.open {
@@ -1071,5 +1095,24 @@ impl std::fmt::Display for Spans {
             writeln!(f, "note: {n}")?;
         }
         Ok(())
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::Holds;
+
+    #[test]
+    fn a_thread_s_span_holds_the_whole_stack_and_a_coroutine_s_from_its_innermost_activation() {
+        assert_eq!(Holds::of(0), Holds::Thread);
+        assert_eq!(Holds::Thread.base([7, 8, 9]), Some(0));
+        assert!(Holds::Thread.holds([]));
+        // A coroutine's span (frame id 8) holds the stack from its coroutine's innermost activation up.
+        let coro = Holds::of(8);
+        assert_eq!(coro.base([7, 8, 9, 8, 10]), Some(3));
+        assert!(coro.holds([7, 8, 9]));
+        // Another task runs: its coroutine is not on the stack, so none of this is the span's.
+        assert_eq!(coro.base([7, 11, 12]), None);
+        assert!(!coro.holds([7, 11, 12]));
     }
 }

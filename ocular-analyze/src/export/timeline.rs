@@ -13,6 +13,7 @@
 //!   frames at its opening, and every frame still open when the window closes ends there. Such slices are
 //!   `clipped` (a window edge, not the call's own start or end), and every call carries its window.
 
+use crate::spans::Holds;
 use crate::walk::{Frames, Step, Walk};
 use ocular_format::{Body, CodeObject, EventKind, Header, RawEvent, ReadOptions, Reader};
 use rustc_hash::FxHashMap as HashMap;
@@ -137,15 +138,6 @@ struct Frame {
     loops: Vec<(u32, u64)>,
 }
 
-/// Which calls a span open on a thread holds.
-#[derive(Clone, Copy)]
-enum SpanRoot {
-    /// A thread's span: every call its thread begins while it is open.
-    Thread,
-    /// A coroutine's span: the activations of the coroutine with this frame id and their callees.
-    Frame(u64),
-}
-
 struct Thread {
     stack: Vec<Frame>,
     last: u64,
@@ -155,7 +147,7 @@ struct Thread {
     /// Windows, their stacks and the recorder's pauses.
     walk: Walk,
     /// Spans open on the thread, in the order they began: (key, what they hold, end tick if they end).
-    spans: Vec<(u64, SpanRoot, Option<u64>)>,
+    spans: Vec<(u64, Holds, Option<u64>)>,
 }
 
 /// A thread's frames as the walk moves them: the ones it ends, with the tick they end at, wait in
@@ -201,10 +193,7 @@ fn innermost_span(th: &mut Thread, frame: u64, ticks: u64) -> u64 {
     th.spans
         .iter()
         .rev()
-        .find(|&&(_, root, _)| match root {
-            SpanRoot::Thread => true,
-            SpanRoot::Frame(f) => frame == f || stack.iter().any(|fr| fr.frame == f),
-        })
+        .find(|&&(_, root, _)| root.holds(std::iter::once(frame).chain(stack.iter().map(|fr| fr.frame))))
         .map_or(0, |&(key, ..)| key)
 }
 
@@ -367,8 +356,7 @@ impl Timeline {
                             Step::Note(EventKind::SPAN) => {
                                 let key = ocular_format::span::key(e);
                                 if let Some(&(frame, end)) = spans.as_ref().and_then(|s| s.get(&key)) {
-                                    let root = if frame == 0 { SpanRoot::Thread } else { SpanRoot::Frame(frame) };
-                                    th.spans.push((key, root, end));
+                                    th.spans.push((key, Holds::of(frame), end));
                                 }
                             }
                             Step::Exit(_) => {
