@@ -13,6 +13,7 @@
 //!   instructions that ran between them; it is spread evenly over that block's instructions. In precise
 //!   mode the time from one INSTRUCTION event to the next is the cost of the first instruction.
 
+use crate::walk::{Frames, Marker, Step, Walk};
 use ocular_format::{Body, CodeObject, EventKind, Header, Mode, RawEvent, ReadOptions, Reader};
 use rustc_hash::FxHashMap as HashMap;
 use std::path::Path;
@@ -440,6 +441,13 @@ enum Phase {
     Gap,
 }
 
+/// One thread in the pass: the walk of its events (windows, their stacks, pauses: walk.rs) and the
+/// figures it keeps.
+struct Thread {
+    walk: Walk,
+    ts: ThreadState,
+}
+
 #[derive(Default)]
 struct ThreadState {
     stack: Vec<Frame>,
@@ -449,8 +457,6 @@ struct ThreadState {
     last_code: u32,
     /// Sum of the recorder's cost of every event of this thread so far, in ticks.
     cost: f64,
-    /// Recorder pauses not yet in `cost`.
-    pauses: ocular_format::Pauses,
     last_ticks: u64,
     /// Events of this thread so far.
     count: u64,
@@ -468,8 +474,6 @@ struct ThreadState {
     ce: f64,
     /// The tick up to which `e` has advanced (`None` before the thread's first event).
     clock_at: Option<u64>,
-    /// While a window's STACK events arrive: how many frames of the stack they have confirmed.
-    sampling: Option<usize>,
     /// The current later window's start: when it was due (FORMAT.md 5.3, 5.7).
     window_from: u64,
     /// The current later window is a missed one (FORMAT.md 5.7), and `e[1]` when it began: it stands for
@@ -1039,13 +1043,21 @@ impl Tally {
     /// any: the loop it entered last and has not been seen to leave. Between windows the stack is not
     /// recorded: a sample there goes to a loop only if the thread's last event was in its frame (the loop
     /// still runs its recorded backward jumps), and to no function (the windows stand for it).
-    fn attribute(&mut self, q: &mut SampleQueue, t: u64, tid: u64, ts: &ThreadState, loops: &mut [LoopStats]) {
+    fn attribute(
+        &mut self,
+        q: &mut SampleQueue,
+        t: u64,
+        tid: u64,
+        ts: &ThreadState,
+        sync: Option<usize>,
+        loops: &mut [LoopStats],
+    ) {
         while q.front().is_some_and(|s| s.0 <= t) {
             let (at, k, period) = q.pop_front().expect("checked");
             let n = self.unattributed.len();
             // While a window's stack arrives, the frames it has confirmed (those above are left from
             // before the window).
-            let top = match ts.sampling {
+            let top = match sync {
                 Some(depth) => ts.stack[..depth.min(ts.stack.len())].last(),
                 None => ts.stack.last(),
             };
@@ -1123,7 +1135,7 @@ pub fn analyze(path: &Path, opts: ReadOptions) -> ocular_format::Result<Analysis
     let mut a = Analysis::default();
     let mut cost = ocular_format::cost_table(header.event_cost_ticks, None);
     let precise = header.options.mode == Mode::Precise;
-    let mut threads: HashMap<u64, ThreadState> = HashMap::default();
+    let mut threads: HashMap<u64, Thread> = HashMap::default();
     let mut tables = Tables { counts_starts: version >= (2, 10), ..Tables::default() };
     // Since 2.2 a thresholded recording records function boundaries in windows only (FORMAT.md 5.3).
     let mut log = WindowLog { ticks_per_us: header.ticks_per_second / 1e6, ..WindowLog::default() };
@@ -1146,16 +1158,17 @@ pub fn analyze(path: &Path, opts: ReadOptions) -> ocular_format::Result<Analysis
                     first_tick = first_tick.min(c.info.first_ts);
                     last_tick = last_tick.max(c.info.last_ts);
                 }
-                let ts = threads
-                    .entry(tid)
-                    .or_insert_with(|| ThreadState { root: a.tree.thread_root(tid), ..ThreadState::default() });
+                let th = threads.entry(tid).or_insert_with(|| Thread {
+                    walk: Walk::new(header.ticks_per_second),
+                    ts: ThreadState { root: a.tree.thread_root(tid), ..ThreadState::default() },
+                });
                 let per = a.per_thread.entry(tid).or_default();
                 let mut pending = samples.get_mut(&tid);
                 for e in evs {
                     if let Some(q) = pending.as_deref_mut() {
-                        tally.attribute(q, e.ticks.get(), tid, ts, &mut tables.loops);
+                        tally.attribute(q, e.ticks.get(), tid, &th.ts, th.walk.syncing(), &mut tables.loops);
                     }
-                    step(ts, e, &cost, precise, &mut tables, &mut a.tree, per, &mut log);
+                    step(th, e, &cost, precise, &mut tables, &mut a.tree, per, &mut log);
                 }
                 a.events += evs.len() as u64;
             }
@@ -1207,14 +1220,18 @@ pub fn analyze(path: &Path, opts: ReadOptions) -> ocular_format::Result<Analysis
     // Samples after a thread's last event: the function it was in then.
     for (tid, q) in samples.iter_mut() {
         let empty = ThreadState::default();
-        let ts = threads.get(tid).unwrap_or(&empty);
-        tally.attribute(q, u64::MAX, *tid, ts, &mut tables.loops);
+        let (ts, sync) = threads.get(tid).map_or((&empty, None), |th| (&th.ts, th.walk.syncing()));
+        tally.attribute(q, u64::MAX, *tid, ts, sync, &mut tables.loops);
     }
     // Frames still open at the end (the recording stopped inside them) end at their thread's last event,
     // or, in a window, when the window or the recording ended.
-    for (tid, ts) in threads.iter_mut() {
+    for (tid, th) in threads.iter_mut() {
         let per = a.per_thread.entry(*tid).or_default();
-        finish_sample(ts, ts.last_ticks, &mut a.tree, per, &mut tables);
+        let ts = &mut th.ts;
+        if let Some(depth) = th.walk.syncing() {
+            // A window's stack the thread's last event: frames above what it confirmed had returned.
+            truncate(ts, depth, ts.last_ticks, &mut a.tree, per, &mut tables);
+        }
         // With windows, a thread's last event is not where it stopped running (nothing of its calls is
         // recorded between windows): its frames end with the recording (a thread that ended before has
         // none left, its `Thread._bootstrap` return is always recorded).
@@ -1324,7 +1341,6 @@ fn due_marker(ts: &mut ThreadState, e: &RawEvent) {
         // recorded: a thread that was not running Python code then made none (the main thread, or one in a
         // C call or waiting); one that was running has its calls stand in the next opened window's.
         ts.calls_until = 0;
-        ts.sampling = None;
         ts.window_missed = true;
         if flags & RUNNING != 0 && flags & CALLS_FROM_DUE == 0 {
             ts.missed_running += 1;
@@ -1416,7 +1432,7 @@ pub fn c_code_object(f: &ocular_format::CFunction) -> CodeObject {
 #[allow(clippy::too_many_arguments)]
 #[inline]
 fn step(
-    ts: &mut ThreadState,
+    th: &mut Thread,
     e: &RawEvent,
     cost: &[f64; 256],
     precise: bool,
@@ -1428,29 +1444,33 @@ fn step(
     let t = e.ticks.get();
     let id = e.code.get();
     let off = e.offset.get();
-    if ts.pauses.pause(e) {
+    let Thread { walk, ts } = th;
+    // The walk interprets the recording's own structure (walk.rs); what is left here is what it means for
+    // the figures. A note or an unknown kind moves no frame: `program` is false for them.
+    let program = match walk.note(e) {
         // A recorder pause (FORMAT.md 5.6): taken out of the interval after the next event (it can come
-        // among a window's stack events, whose buffer filled there).
-        return;
-    }
-    match e.event_kind() {
-        Some(EventKind::DUE) => return due_marker(ts, e),
-        Some(EventKind::DUE_STACK) => return due_frame(ts, e, tables, tree, per),
-        _ => {}
-    }
+        // among a window's stack events, whose buffer filled there), as `walk.paused()` there.
+        Some(Step::Pause) => return,
+        Some(Step::Note(EventKind::DUE)) => return due_marker(ts, e),
+        Some(Step::Note(EventKind::DUE_STACK)) => return due_frame(ts, e, tables, tree, per),
+        Some(_) => false,
+        None => true,
+    };
     if let Some(depth) = ts.due_sampling.take() {
         // The stack at the due moment is complete: frames above what it confirmed had returned by then.
         truncate(ts, depth, ts.window_from, tree, per, tables);
         ts.lead_on_due = true;
     }
     log.end = log.end.max(t);
-    if ts.sampling.is_some() && e.event_kind() != Some(EventKind::STACK) {
-        // The window's stack is complete: frames above what it confirmed have returned. Before the window's
-        // time is counted (next, if it ended before this event): it belongs to the stack taken at its
-        // opening, not to frames left from before it (a caller's events seen between windows push it as a
-        // callee of the stale top; such a frame took whole windows when the first event after a window's
-        // stack came after the window).
-        finish_sample(ts, t, tree, per, tables);
+    let marker = Marker::of(e);
+    if let Some(depth) = walk.syncing().filter(|_| marker != Some(Marker::Stack)) {
+        // The window's stack is complete: frames above what it confirmed have returned (the walk ends
+        // them too, at its next step: nothing is left to it then). Before the window's time is counted
+        // (next, if it ended before this event): it belongs to the stack taken at its opening, not to
+        // frames left from before it (a caller's events seen between windows push it as a callee of the
+        // stale top; such a frame took whole windows when the first event after a window's stack came
+        // after the window).
+        truncate(ts, depth, t, tree, per, tables);
     }
     if ts.phase == Phase::Sampled && t >= ts.window_end {
         // The window ended before this event: function boundaries stopped being recorded then.
@@ -1462,25 +1482,25 @@ fn step(
         // Its calls too (they count until its length from its opening).
         ts.flush_window(tree, per);
     }
-    match e.event_kind() {
+    match marker {
         // A window stands for its lead too (FORMAT.md 5.3): it starts `lead` before its marker, and the
         // stack that follows is entered then; the clock catches up at the first event after the stack,
         // or, where the stack at the due moment came first (5.7), at the first event after that one.
-        Some(EventKind::WINDOW) => ts.advance(due(ts, t, id, log)),
-        Some(EventKind::STACK) if ts.lead_on_due => {
+        Some(Marker::Opened { lead_us, .. }) => ts.advance(due(ts, t, lead_us, log)),
+        Some(Marker::Stack) if ts.lead_on_due => {
             ts.lead_on_due = false;
             ts.advance(t);
         }
-        Some(EventKind::STACK) => {}
+        Some(Marker::Stack) => {}
         // A missed window's end (5.7) comes at the tick the next one opens, whose due moment is earlier.
-        Some(EventKind::WINDOW_END) if ts.phase == Phase::Gap => {}
+        Some(Marker::Closed) if ts.phase == Phase::Gap => {}
         _ => {
             ts.lead_on_due = false;
             ts.advance(t);
         }
     }
     // A recorder pause (FORMAT.md 5.6) is the recorder's time, taken out as the events' own cost is.
-    let mut c = cost[e.kind as usize] + ts.pauses.take() as f64;
+    let mut c = cost[e.kind as usize] + walk.paused() as f64;
     if ts.phase == Phase::Sampled
         && matches!(e.event_kind(), Some(EventKind::PY_START | EventKind::PY_RESUME | EventKind::PY_THROW))
         && ts.instrumented.insert(id)
@@ -1492,7 +1512,7 @@ fn step(
         let len = tables.code_len.get(&id).copied().unwrap_or(0);
         c += tables.instrument.0 + tables.instrument.1 * f64::from(len);
     }
-    if !matches!(e.event_kind(), Some(EventKind::WINDOW | EventKind::WINDOW_END | EventKind::STACK)) {
+    if marker.is_none() {
         // A window's opening (FORMAT.md 5.7) ran just before this event, on this thread's time (at most the
         // whole interval: a file that says more is not believed past it).
         let since = ts.last_ticks.max(ts.window_from);
@@ -1527,7 +1547,7 @@ fn step(
     let started_at_open = ts.started_at_open.take();
     ts.started_last = match kind {
         EventKind::PY_START | EventKind::COUNT => Some((id, t)),
-        EventKind::WINDOW | EventKind::WINDOW_END | EventKind::STACK => ts.started_last,
+        _ if marker.is_some() => ts.started_last,
         _ => None,
     };
     if kind == EventKind::PY_START && ts.stack.last().is_some_and(|f| f.code == id) {
@@ -1555,15 +1575,15 @@ fn step(
         }
         _ => {}
     }
-    if ts.phase == Phase::Gap && e.flags & ocular_format::event::flags::ALWAYS != 0 {
-        // A coroutine's or asyncio loop function's boundary between windows (FORMAT.md 5.5): recorded for
-        // the async view; the call tree leaves it out, as the other boundaries there are not recorded.
+    if !program {
         return;
     }
-    match kind {
-        EventKind::WINDOW => {
+    // Between windows a coroutine's or asyncio loop function's boundary (FORMAT.md 5.5) is recorded for
+    // the async view: the walk leaves it out (`Other`), as the other boundaries there are not recorded.
+    let step = walk.moves(&mut Moves { ts: &mut *ts, tree: &mut *tree, per: &mut *per, tables: &mut *tables }, e);
+    match step {
+        Step::Opened { len_us, .. } => {
             let seq = off;
-            let len_us = e.arg.get();
             log.windowed = true;
             if ts.phase == Phase::Sampled {
                 ts.checkpoint_window();
@@ -1592,9 +1612,8 @@ fn step(
                 ts.calls_from_due = false;
                 ts.instrumented.clear();
             }
-            ts.sampling = Some(0);
         }
-        EventKind::WINDOW_END => {
+        Step::Closed => {
             if ts.phase == Phase::Sampled && ts.window_missed {
                 // A missed window stands for its length from its due moment, in the stack read then. Its
                 // markers can come after events of the thread made since (jumps, counted calls: an ending
@@ -1615,11 +1634,7 @@ fn step(
             }
             ts.phase = Phase::Gap;
         }
-        EventKind::STACK => {
-            let Some(depth) = ts.sampling else { return };
-            if id == 0 {
-                return; // a frame of code that is not recorded: not on the analysis' stacks either
-            }
+        Step::Found { depth, same } => {
             // Code running at the opening was instrumented by the opening itself (its cost is the opening's).
             ts.instrumented.insert(id);
             let index = tables.indexes.get(tables.code_index(id) as usize);
@@ -1633,7 +1648,7 @@ fn step(
                 }
                 ts.advance(t);
             }
-            if !at_start && ts.stack.get(depth).is_some_and(|f| f.code == id) {
+            if !at_start && same {
                 // The same activation as before the gap, as far as can be told. Its loops' unrecorded time
                 // ends here if the frame is now outside them.
                 if depth + 1 == ts.stack.len() {
@@ -1672,9 +1687,8 @@ fn step(
                     count_call(ts, t, tree);
                 }
             }
-            ts.sampling = Some(depth + 1);
         }
-        EventKind::PY_START | EventKind::PY_RESUME | EventKind::PY_THROW => {
+        Step::Enter(kind) => {
             if kind == EventKind::PY_START {
                 recorded_call(ts, per, id, t);
             }
@@ -1695,7 +1709,7 @@ fn step(
                 }
             }
         }
-        EventKind::CALL => {
+        Step::Other(EventKind::CALL) => {
             // A call of a C function (FORMAT.md 5.4): a frame under its Python caller, counted as a call.
             let Some(code) = c_code_id(e.arg.get()) else { return };
             recorded_call(ts, per, code, t);
@@ -1704,7 +1718,7 @@ fn step(
             ts.stack.last_mut().expect("pushed").c_site = Some((id, off));
             count_call(ts, t, tree);
         }
-        EventKind::C_RETURN | EventKind::C_RAISE => {
+        Step::Other(EventKind::C_RETURN | EventKind::C_RAISE) => {
             // The innermost open C call from this call site, looked for down to its caller's frame: one that
             // matches none (the recording started inside the call) is ignored, and Python frames left above
             // it (events lost) close with it.
@@ -1724,48 +1738,33 @@ fn step(
                 }
             }
         }
-        EventKind::PY_RETURN | EventKind::PY_YIELD | EventKind::PY_UNWIND => {
-            // An exit without its entry (recording started inside the function) is ignored; an exit of a
-            // frame below the top closes the frames above it (events lost or filtered in between).
-            if let Some(pos) = ts.stack.iter().rposition(|f| f.code == id) {
-                while ts.stack.len() > pos + 1 {
-                    pop(ts, t, tree, per, tables);
-                }
-                block(ts, t, off, precise, tables, true);
-                if kind == EventKind::PY_YIELD {
-                    let top = ts.stack.last_mut().expect("found above");
-                    top.pending_tail = None;
-                    let loops = std::mem::take(&mut top.loops);
-                    ts.suspended.insert(id, (loops, t, ts.cost));
-                }
-                pop(ts, t, tree, per, tables);
+        // The exit of the frame on top (the walk ended those above it: events lost or filtered in
+        // between); an exit without its entry (recording started inside the function) moves nothing.
+        Step::Exit(kind) => {
+            block(ts, t, off, precise, tables, true);
+            if kind == EventKind::PY_YIELD {
+                let top = ts.stack.last_mut().expect("the walk found it on top");
+                top.pending_tail = None;
+                let loops = std::mem::take(&mut top.loops);
+                ts.suspended.insert(id, (loops, t, ts.cost));
             }
+            pop(ts, t, tree, per, tables);
         }
-        EventKind::JUMP
-        | EventKind::BRANCH
-        | EventKind::BRANCH_LEFT
-        | EventKind::BRANCH_RIGHT
-        | EventKind::INSTRUCTION => {
-            if ts.stack.last().map_or(true, |f| f.code != id) {
-                // A C call still open above its caller (its return not recorded: a window ended) has
-                // returned, as calls between windows have.
-                if ts.phase != Phase::Gap && !ts.stack.last().is_some_and(|f| f.c_site.is_some()) {
-                    return;
-                }
-                // Between windows calls are not recorded: the frames above the one this event is in have
-                // returned, or it was called since.
-                match ts.stack.iter().rposition(|f| f.code == id) {
-                    Some(pos) => {
-                        while ts.stack.len() > pos + 1 {
-                            pop(ts, t, tree, per, tables);
-                        }
-                    }
-                    None => push(ts, id, t, off, tables, tree),
-                }
+        // A location in the frame on top: the walk ended the frames above the one it is in (they returned
+        // unrecorded, between windows, or a C call's return was not recorded), or it was called since
+        // (`enter`).
+        // In a window, a location of code on no frame here is left out (the recording started inside its
+        // frame, which no window's stack names, FORMAT.md 5.3): the figures hold frames seen to begin, or
+        // called between windows, or above a C call whose return was not recorded.
+        Step::Location { enter: true, .. }
+            if ts.phase != Phase::Gap && !ts.stack.last().is_some_and(|f| f.c_site.is_some()) => {}
+        Step::Location { kind, enter } => {
+            if enter {
+                push(ts, id, t, off, tables, tree);
             }
             block(ts, t, off, precise, tables, true);
             let now = ts.cost;
-            let top = ts.stack.last_mut().expect("checked above");
+            let top = ts.stack.last_mut().expect("the walk put it on top");
             let dest = e.arg.get();
             if matches!(kind, EventKind::BRANCH | EventKind::BRANCH_LEFT | EventKind::BRANCH_RIGHT) {
                 let ways = tables.branches.entry((id, off)).or_default();
@@ -1885,16 +1884,28 @@ fn call_from_loop(ts: &mut ThreadState, t: u64, tables: &Tables) {
     top.pending_tail = Some((li, t, now));
 }
 
-/// The end of a window's STACK events: frames above the last one they confirmed have returned.
-fn finish_sample(
-    ts: &mut ThreadState,
-    t: u64,
-    tree: &mut CallTree,
-    per: &mut HashMap<u32, FunctionStats>,
-    tables: &mut Tables,
-) {
-    let Some(depth) = ts.sampling.take() else { return };
-    truncate(ts, depth, t, tree, per, tables);
+/// The analysis' frames as the walk moves them: a frame it ends is popped with its figures, at the tick
+/// of the event that showed it ended. A window's end moves none here: its time is counted from when it
+/// was due (FORMAT.md 5.3), by [`ThreadState::advance`]'s phases, and its frames live on into the gap.
+struct Moves<'a> {
+    ts: &'a mut ThreadState,
+    tree: &'a mut CallTree,
+    per: &'a mut HashMap<u32, FunctionStats>,
+    tables: &'a mut Tables,
+}
+
+impl Frames for Moves<'_> {
+    fn depth(&self) -> usize {
+        self.ts.stack.len()
+    }
+
+    fn code(&self, i: usize) -> u32 {
+        self.ts.stack[i].code
+    }
+
+    fn lose_above(&mut self, depth: usize, t: u64) {
+        truncate(self.ts, depth, t, self.tree, self.per, self.tables);
+    }
 }
 
 /// Ends the frames above `depth` at tick `t` (a window's stack did not confirm them).

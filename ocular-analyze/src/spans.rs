@@ -8,7 +8,7 @@
 //! a coroutine (its record's `frame`) only the time in which that coroutine is on the stack (its turns,
 //! and what it awaits), not the other tasks that run on the thread in between.
 
-use crate::walk::{Frames, Step, Walk};
+use crate::walk::{Frames, Marker, Step, Walk};
 use ocular_format::span::{Mark, Marks};
 use ocular_format::{Body, EventKind, ReadOptions, Reader};
 use rustc_hash::{FxHashMap as HashMap, FxHashSet as HashSet};
@@ -709,8 +709,8 @@ fn first_pass(path: &Path, opts: ReadOptions) -> ocular_format::Result<FirstPass
                 let tid = c.info.thread_id;
                 let m = marks.entry(tid).or_default();
                 for e in evs {
-                    if e.kind == EventKind::WINDOW as u8 && e.arg.get() != u32::MAX {
-                        windowed = true;
+                    if let Some(Marker::Opened { len_us, .. }) = Marker::of(e) {
+                        windowed |= len_us != u32::MAX;
                     }
                     if let Some(mark) = m.push(e) {
                         take(tid, mark, &mut spans, &mut ends);

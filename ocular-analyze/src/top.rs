@@ -415,7 +415,7 @@ fn step(
             ts.last = Some(t);
             return;
         }
-        Step::Other(EventKind::STACK) => {
+        Step::Unplaced => {
             ts.last = Some(t);
             return;
         }

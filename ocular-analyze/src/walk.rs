@@ -76,9 +76,43 @@ pub enum Step {
         /// Push its frame first.
         enter: bool,
     },
-    /// An event that moves no frame here (C calls, a boundary left out in the gap, a stack frame of
-    /// unrecorded code or outside an opening).
+    /// A frame of a window's stack that is on no stack here: of code that is not recorded, or outside an
+    /// opening.
+    Unplaced,
+    /// An event that moves no frame here (C calls, a boundary left out in the gap).
     Other(EventKind),
+}
+
+/// What a window's marker (FORMAT.md 5.3) is to a pass's clock, which it may advance before the walk
+/// moves frames for the event ([`Walk::moves`]): the markers place time differently from the program's
+/// events.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Marker {
+    /// A window opened, `lead_us` microseconds after it was due; `len_us` its length (`u32::MAX`: until
+    /// its end marker).
+    Opened {
+        /// Microseconds from when it was due.
+        lead_us: u32,
+        /// Its length in microseconds.
+        len_us: u32,
+    },
+    /// A window closed.
+    Closed,
+    /// A frame of the stack a window's opening wrote.
+    Stack,
+}
+
+impl Marker {
+    /// The marker `e` is, if it is one.
+    #[inline(always)]
+    pub fn of(e: &RawEvent) -> Option<Marker> {
+        match e.event_kind()? {
+            EventKind::WINDOW => Some(Marker::Opened { lead_us: e.code.get(), len_us: e.arg.get() }),
+            EventKind::WINDOW_END => Some(Marker::Closed),
+            EventKind::STACK => Some(Marker::Stack),
+            _ => None,
+        }
+    }
 }
 
 /// One thread's walk.
@@ -136,14 +170,37 @@ impl Walk {
     /// Walks `e`: ends the frames it implies ended (through `frames`), and says what is left to do.
     #[inline(always)]
     pub fn step(&mut self, frames: &mut impl Frames, e: &RawEvent) -> Step {
+        match self.note(e) {
+            Some(s) => s,
+            None => self.moves(frames, e),
+        }
+    }
+
+    /// The first half of [`Walk::step`], for a pass that does its own work between the halves: a pause, a
+    /// kind this reader does not know or a recorder note (`Some`, and nothing more to do for the stack), or
+    /// an event of the program (`None`: [`Walk::moves`] next).
+    #[inline(always)]
+    pub fn note(&mut self, e: &RawEvent) -> Option<Step> {
         if self.pauses.pause(e) {
-            return Step::Pause;
+            return Some(Step::Pause);
         }
         self.paused = self.pauses.take();
-        let Some(kind) = e.event_kind() else { return Step::Unknown };
+        let Some(kind) = e.event_kind() else { return Some(Step::Unknown) };
         if kind.is_recorder_note() {
-            return Step::Note(kind);
+            if kind == EventKind::DUE && e.offset.get() & ocular_format::event::due::MISSED != 0 {
+                // A missed window (FORMAT.md 5.7): no stack at an opening follows, and none is due, as no
+                // event of it was recorded. The thread's frames are as they were.
+                self.sync = None;
+            }
+            return Some(Step::Note(kind));
         }
+        None
+    }
+
+    /// The second half of [`Walk::step`], for an event of the program ([`Walk::note`] said `None`).
+    #[inline(always)]
+    pub fn moves(&mut self, frames: &mut impl Frames, e: &RawEvent) -> Step {
+        let Some(kind) = e.event_kind() else { return Step::Unknown };
         let t = e.ticks.get();
         let id = e.code.get();
         if kind != EventKind::STACK {
@@ -179,9 +236,9 @@ impl Walk {
                 Step::Closed
             }
             EventKind::STACK => {
-                let Some(depth) = self.sync else { return Step::Other(kind) };
+                let Some(depth) = self.sync else { return Step::Unplaced };
                 if id == 0 {
-                    return Step::Other(kind); // a frame of code that is not recorded: on no stack
+                    return Step::Unplaced; // a frame of code that is not recorded: on no stack
                 }
                 self.sync = Some(depth + 1);
                 let same = depth < frames.depth() && frames.code(depth) == id;
@@ -339,6 +396,34 @@ mod tests {
             Step::Location { kind: EventKind::JUMP, enter: true }
         );
         assert_eq!(log.stack, [1, 7]);
+    }
+
+    #[test]
+    fn a_missed_window_s_markers_end_no_frame() {
+        use ocular_format::event::due::MISSED;
+        let mut w = Walk::new(1e6);
+        let mut log = Log::default();
+        for c in [1, 2] {
+            apply(&mut log, &mut w, ev(EventKind::PY_START, 0, c, 0));
+        }
+        // A window missed while the thread was in code 2 (FORMAT.md 5.7): its markers, written when the next
+        // one opens, carry the stack at its due moment but no stack at an opening.
+        apply(&mut log, &mut w, ev(EventKind::WINDOW, 50, 30, 10));
+        let due = RawEvent::new(50, 0, MISSED, 2, EventKind::DUE as u8);
+        assert_eq!(w.step(&mut log, &due), Step::Note(EventKind::DUE));
+        assert_eq!(w.syncing(), None);
+        apply(&mut log, &mut w, ev(EventKind::DUE_STACK, 50, 1, 0));
+        apply(&mut log, &mut w, ev(EventKind::DUE_STACK, 50, 2, 1));
+        assert_eq!(apply(&mut log, &mut w, ev(EventKind::WINDOW_END, 50, 0, 0)), Step::Closed);
+        assert_eq!(log.stack, [1, 2]);
+        assert!(log.lost.is_empty());
+        // The next window's own stack confirms the frames.
+        apply(&mut log, &mut w, ev(EventKind::WINDOW, 50, 0, 10));
+        apply(&mut log, &mut w, ev(EventKind::STACK, 50, 1, 0));
+        apply(&mut log, &mut w, ev(EventKind::STACK, 50, 2, 0));
+        apply(&mut log, &mut w, ev(EventKind::JUMP, 51, 2, 0));
+        assert_eq!(log.stack, [1, 2]);
+        assert!(log.lost.is_empty());
     }
 
     #[test]

@@ -468,3 +468,27 @@ fn a_call_started_just_before_the_window_found_it_at_its_first_instruction_is_co
     let (earlier, last_after_due) = (calls(Some((1200, 1))), calls(Some((1990, 1))));
     assert_eq!((earlier.1, last_after_due.1), (1, 0), "an earlier call: {earlier:?}; after: {last_after_due:?}");
 }
+
+/// Inside a window every call and return is recorded, so a location of a frame below the top says the
+/// frames above it returned, their returns lost (a generator exhausted inside a C call read its caller's
+/// loop as its own: a loop run 300 times read 292): every view ends them there, stats as the timeline does.
+#[test]
+fn a_location_of_a_frame_below_the_top_ends_the_frames_above_it() {
+    use EventKind::*;
+    let e = vec![
+        ev(0, 0, 0, u32::MAX, WINDOW),
+        ev(0, MAIN, 0, 0, PY_START),
+        ev(100, F, 0, 0, PY_START),
+        // F's return is not recorded; main runs on.
+        ev(200, MAIN, 2, 0, JUMP),
+        ev(1000, MAIN, 2, 0, PY_RETURN),
+        ev(1000, 0, 0, 0, WINDOW_END),
+    ];
+    let (_dir, path) = write_trace(&e, &[], 1000);
+    let a = analyze(&path, Default::default()).unwrap();
+    let rows = stats::rows(&a, false, stats::SortBy::Exclusive);
+    let row = |name: &str| rows.iter().find(|r| r.function == name).unwrap_or_else(|| panic!("{name}: {rows:?}"));
+    assert!((row("f").inclusive_ms - 0.1).abs() < 1e-9, "{:?}", row("f"));
+    assert!((row("main").exclusive_ms - 0.9).abs() < 1e-9, "{:?}", row("main"));
+    assert!((row("main").inclusive_ms - 1.0).abs() < 1e-9, "{:?}", row("main"));
+}
