@@ -17,10 +17,7 @@ A child started with ``-E``, ``-I`` or ``-S`` ignores ``PYTHONPATH`` or ``site``
 
 from __future__ import annotations
 
-import json
 import os
-import random
-import shutil
 import sys
 
 from . import _options
@@ -32,6 +29,86 @@ PACKAGE_DIR = os.path.dirname(os.path.abspath(__file__))
 # The recording options a child does not take from its run as they are: it follows its own children by
 # being one, and a signal dumps each process's flight recorder through the run's own setting.
 NOT_INHERITED = ("follow", "dump_on")
+
+
+def dumps(value) -> str:
+    """`value` (dicts with text keys, lists, text, numbers, booleans, None) as JSON, as ``json.dumps`` writes
+    it, without importing json: json imports re and enum, which every followed child would pay at its start
+    (about 5 ms) for one dictionary."""
+    try:
+        from _json import encode_basestring_ascii as text
+    except ImportError:  # another implementation than CPython
+        import json
+
+        return json.dumps(value)
+    out: list[str] = []
+
+    def put(v) -> None:
+        if v is None:
+            out.append("null")
+        elif v is True:
+            out.append("true")
+        elif v is False:
+            out.append("false")
+        elif isinstance(v, str):
+            out.append(text(v))
+        elif isinstance(v, int):
+            out.append(int.__repr__(v))
+        elif isinstance(v, float):
+            if v != v or v in (float("inf"), float("-inf")):
+                raise ValueError(f"{v!r} has no JSON form")
+            out.append(float.__repr__(v))
+        elif isinstance(v, dict):
+            out.append("{")
+            for i, (k, item) in enumerate(v.items()):
+                if not isinstance(k, str):
+                    raise TypeError(f"JSON keys are text, not {k!r}")
+                out.append(", " if i else "")
+                out.append(text(k))
+                out.append(": ")
+                put(item)
+            out.append("}")
+        elif isinstance(v, (list, tuple)):
+            out.append("[")
+            for i, item in enumerate(v):
+                out.append(", " if i else "")
+                put(item)
+            out.append("]")
+        else:
+            raise TypeError(f"{type(v).__name__} has no JSON form")
+
+    put(value)
+    return "".join(out)
+
+
+def loads(raw: str):
+    """JSON text as Python values, through the C scanner that ``json.loads`` uses, without importing json
+    (see `dumps`)."""
+    try:
+        from _json import make_scanner
+    except ImportError:
+        import json
+
+        return json.loads(raw)
+
+    class Context:
+        strict = True
+        object_hook = None
+        object_pairs_hook = None
+        parse_float = float
+        parse_int = int
+        parse_constant = None
+        memo: dict = {}
+
+    try:
+        value, end = make_scanner(Context)(raw, 0)
+        if not raw[end:].strip():
+            return value
+    except (StopIteration, ValueError):
+        pass
+    import json  # not JSON as written here: json.loads says what is wrong with it
+
+    return json.loads(raw)
 
 
 def children_dir(path: str) -> str:
@@ -71,7 +148,7 @@ class Run:
     stopping the recording puts it back."""
 
     def __init__(self, rec) -> None:
-        self.run_id = random.getrandbits(63) or 1
+        self.run_id = (int.from_bytes(os.urandom(8), "little") >> 1) or 1
         self.dir = os.path.abspath(children_dir(rec.path))
         self.config = {
             "dir": self.dir,
@@ -88,10 +165,12 @@ class Run:
         """Removes a previous run's directory (its files would mix with this one's; the first child makes
         it again) and tells new interpreters to follow."""
         if os.path.isdir(self.dir):
+            import shutil  # only here: its import (bz2, lzma, fnmatch) is a few ms of every run's start
+
             shutil.rmtree(self.dir, ignore_errors=True)
         for key in (ENV, "PYTHONPATH"):
             self._saved[key] = os.environ.get(key)
-        os.environ[ENV] = json.dumps(self.config)
+        os.environ[ENV] = dumps(self.config)
         path = os.environ.get("PYTHONPATH")
         os.environ["PYTHONPATH"] = SITE_DIR + (os.pathsep + path if path else "")
 
@@ -129,7 +208,7 @@ def unrecorded(config: dict, reason: str) -> None:
     try:
         os.makedirs(config["dir"], exist_ok=True)
         with open(os.path.join(config["dir"], f"{os.getpid()}.unrecorded.json"), "w") as f:
-            json.dump(note, f)
+            f.write(dumps(note))
     except OSError:
         pass
 
@@ -147,6 +226,8 @@ def summary(path: str, run_id: int | None) -> tuple[int, int, list[str], int]:
     for name in sorted(os.listdir(directory)):
         full = os.path.join(directory, name)
         if name.endswith(".unrecorded.json"):
+            import json
+
             try:
                 with open(full) as f:
                     note = json.load(f)

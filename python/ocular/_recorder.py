@@ -516,9 +516,12 @@ class Recording:
         self.dump_on = _signal_number(dump_on) if dump_on is not None else None
         if self.dump_on is not None and not self.ring:
             raise ValueError("dump_on needs a flight recorder: give ring= a size too (ring='64MB')")
-        from . import _spans
+        if dump_when:
+            from . import _spans  # only for rules: a followed child would import it at its start
 
-        self._rules = _spans.rules(dump_when or None)
+            self._rules = _spans.rules(dump_when)
+        else:
+            self._rules = []
         # As text, as the command line gives them (and a followed child takes them).
         self.dump_when = [str(r) for r in self._rules]
         if self._rules and not self.ring:
@@ -885,12 +888,9 @@ def _install_exit_hooks() -> None:
     """os.execv and os.execve (through which every os.exec* function goes) and os._exit end the process
     without atexit: each completes the recording first, so the trace holds everything up to the call
     (without this, up to a buffer of events per thread was lost and the file had no trailer)."""
-    import functools
-
     for name in ("execv", "execve", "_exit"):
         original = getattr(os, name)
 
-        @functools.wraps(original)
         def ending(*args: Any, __original: Any = original, **kwargs: Any) -> Any:
             rec = _active
             if rec is not None and rec._pid == os.getpid():
@@ -901,6 +901,10 @@ def _install_exit_hooks() -> None:
                           file=sys.stderr)
             return __original(*args, **kwargs)
 
+        # functools.wraps by hand: functools (collections) would be imported at every recording's start.
+        for attr in ("__module__", "__name__", "__qualname__", "__doc__"):
+            setattr(ending, attr, getattr(original, attr))
+        ending.__wrapped__ = original  # type: ignore[attr-defined]
         setattr(os, name, ending)
 
 

@@ -13,10 +13,14 @@ While nothing records, a span costs a call and records nothing.
 from __future__ import annotations
 
 import contextvars
-import functools
-from typing import Any, Callable, TypeVar
 
-F = TypeVar("F", bound=Callable[..., Any])
+# typing (and functools, for a decorated function) are imported only where needed: a followed child imports
+# this module at its start.
+TYPE_CHECKING = False
+if TYPE_CHECKING:
+    from typing import Any, Callable, TypeVar
+
+    F = TypeVar("F", bound=Callable[..., Any])
 
 _CO_COROUTINE = 0x80  # an `async def` function's code (inspect is not imported for it: 10 ms)
 
@@ -77,6 +81,8 @@ class span(_ocular.Span):
         return _Done(None)
 
     def __call__(self, fn: F) -> F:
+        import functools
+
         name, attrs = self.name, self.attributes or {}
         if getattr(getattr(fn, "__code__", None), "co_flags", 0) & _CO_COROUTINE:
             @functools.wraps(fn)

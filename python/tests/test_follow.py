@@ -121,6 +121,51 @@ def test_a_python_subprocess_is_recorded_as_a_child(tmp_path):
     assert calls_per_process(out, "hello") == {child["pid"]: 321}
 
 
+# Modules a followed child would pay for at its start if Ocular imported them (json imports re and enum).
+HEAVY = ("json", "re", "enum", "typing", "functools", "collections", "shutil", "random")
+
+
+def test_a_followed_child_imports_nothing_heavy_that_it_would_not_import_unrecorded(tmp_path):
+    (tmp_path / "child.py").write_text(
+        f"import sys\nprint(sorted(m for m in {HEAVY!r} if m in sys.modules))\ndef hello():\n    return 1\nhello()\n")
+    plain = subprocess.run([sys.executable, "child.py"], capture_output=True, text=True, cwd=tmp_path, check=True)
+    out, r = run(tmp_path, """
+        import subprocess, sys
+        subprocess.run([sys.executable, "child.py"], check=True)
+    """)
+    assert r.stdout == plain.stdout
+    procs = info(out)["processes"]
+    assert len(procs) == 2 and calls_per_process(out, "hello") == {procs[1]["pid"]: 1}
+
+
+def test_the_run_s_settings_are_json_as_json_writes_and_reads_them():
+    import importlib.util
+
+    from ocular import _follow
+
+    # The children's sitecustomize, by its path: run, it would start a recording (without OCULAR_FOLLOW it
+    # does nothing but import the next sitecustomize).
+    spec = importlib.util.spec_from_file_location("ocular_site_hook", os.path.join(_follow.SITE_DIR, "sitecustomize.py"))
+    site_hook = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(site_hook)
+
+    config = {"dir": "/tmp/r\u00e9sum\u00e9 \"x\"\\\n\u2028\U0001f600.ocl.children", "run_id": 2**62 + 7, "package": "/p",
+              "options": {"mode": "adaptive", "window_period": 0.0025, "include_only": ["a.*", "b"], "sampled": False,
+                          "ring": None, "counters": [], "dump_when": ["slower_than('x', 0.25)"]}, "dump_on": 10}
+    text = _follow.dumps(config)
+    assert text == json.dumps(config)
+    assert _follow.loads(text) == site_hook._ocular_loads(text) == config
+    for bad in ('{"dir": 1} x', '{"dir": ', ""):
+        with pytest.raises(json.JSONDecodeError):
+            _follow.loads(bad)
+        with pytest.raises(json.JSONDecodeError):
+            site_hook._ocular_loads(bad)
+    with pytest.raises(ValueError, match="no JSON form"):
+        _follow.dumps({"x": float("nan")})
+    with pytest.raises(TypeError, match="keys are text"):
+        _follow.dumps({1: 2})
+
+
 def test_a_fork_bomb_of_depth_3_and_width_2_is_seven_processes_with_their_parents(tmp_path):
     out, r = run(tmp_path, """
         import os
