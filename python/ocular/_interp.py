@@ -22,11 +22,22 @@ def check_supported() -> None:
         raise UnsupportedPython("Ocular does not support free-threaded builds (the GIL is disabled)")
 
 
+_opcode_tables: dict | None = None
+
+
 def opcode_tables() -> dict:
     """The interpreter's opcode names (base and specialized), base opcode and inline caches, 256 each.
 
     INSTRUMENTED_X maps to X and keeps X's cache entries: the bytecode still holds X's caches after it.
+    Made once per process (every recording's header holds them).
     """
+    global _opcode_tables
+    if _opcode_tables is None:
+        _opcode_tables = _make_opcode_tables()
+    return {k: list(v) if isinstance(v, list) else v for k, v in _opcode_tables.items()}
+
+
+def _make_opcode_tables() -> dict:
     all_names, deopt = _specialized_tables()
     names = [n if not n.startswith("<") else "" for n in all_names[:256]]
     number = {n: op for op, n in enumerate(names) if n}

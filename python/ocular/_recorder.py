@@ -413,6 +413,9 @@ def _calibrate(mode: str, tool: int, threshold: int, buffer_events: int, c_calls
 # The calls calibration's loop without the recorder (timed run, iterations) and its ticks per iteration at
 # the start: timed again at the stop, it says how much faster or slower the machine ran then (FORMAT.md 6.6).
 _speed_probe: tuple[Callable[[], int], int, float] | None = None
+# This process's calibrations by the settings they measured (Recording._calibration): (cost of the mode's
+# events, cost per kind, ticks per second, the speed probe).
+_calibrations: dict[tuple, tuple[float, list[tuple[int, float]], float, Any]] = {}
 
 
 def speed_at_stop() -> list[tuple[int, float]]:
@@ -597,14 +600,7 @@ class Recording:
         try:
             if self._run is not None:
                 self._run.begin()
-            # The tick rate is measured across the calibration (about 2 ms; clock points good to tens of ns)
-            # instead of a sleep of its own, which would add 10 ms to every run.
-            before = nat.clock_point()
-            cost, per_kind = calibration(self.mode, tool, self.deinstrument_threshold, self.buffer_events,
-                                         self.c_calls, self.sampled)
-            after = nat.clock_point()
-            span_ns = after[1] - before[1]
-            hz = (after[0] - before[0]) * 1e9 / span_ns if span_ns >= 1_000_000 else nat.ticks_per_second(2)
+            cost, per_kind, hz = self._calibration(nat, tool)
             self.event_cost_ns = cost * 1e9 / hz
             self.call_event_cost_ns = per_kind[0][1] * 1e9 / hz
             header = {
@@ -690,6 +686,29 @@ class Recording:
             # Function boundaries are recorded in windows (the first one is open now): their opener.
             nat.start_windows(self.window_period, self.window_length, main_ident, self._window_signal)
         return self
+
+    def _calibration(self, nat: Any, tool: int) -> tuple[float, list[tuple[int, float]], float]:
+        """(cost of the mode's events, the cost per event kind, ticks per second) for this recording: measured
+        at the process's first recording with these settings, and reused by its later ones (the next test
+        of a pytest session, a forked child): a measurement takes ~2 ms of every start. The costs are
+        scaled for the machine's speed at each stop, against its speed when they were measured (the speed
+        probe, FORMAT.md 6.6), as they are for the recording that measured them."""
+        global _speed_probe
+        key = (self.mode, self.deinstrument_threshold, self.buffer_events, self.c_calls, self.sampled)
+        known = _calibrations.get(key)
+        if known is not None:
+            cost, per_kind, hz, _speed_probe = known
+            return cost, list(per_kind), hz
+        # The tick rate is measured across the calibration (about 2 ms; clock points good to tens of ns)
+        # instead of a sleep of its own, which would add 10 ms to every run.
+        before = nat.clock_point()
+        cost, per_kind = calibration(self.mode, tool, self.deinstrument_threshold, self.buffer_events,
+                                     self.c_calls, self.sampled)
+        after = nat.clock_point()
+        span_ns = after[1] - before[1]
+        hz = (after[0] - before[0]) * 1e9 / span_ns if span_ns >= 1_000_000 else nat.ticks_per_second(2)
+        _calibrations[key] = (cost, list(per_kind), hz, _speed_probe)
+        return cost, per_kind, hz
 
     def stop(self) -> "Recording":
         global _active

@@ -292,6 +292,28 @@ def test_recordings_carry_a_cost_per_event_kind(ocl):
     assert rec.call_event_cost_ns > 0 and rec.event_cost_ns > 0
 
 
+def test_a_process_s_later_recordings_reuse_its_calibration_and_scale_it_at_their_stop(tmp_path):
+    # Measuring the costs takes ~2 ms of a start: the next test of a pytest session, or a forked child, takes
+    # the first measurement with the same settings, and its own stop's speed probe scales it.
+    from ocular import _ocular
+
+    paths = [tmp_path / f"{i}.ocl" for i in range(3)]
+    for p in paths[:2]:
+        with ocular.record(p, mode="adaptive", sampled=True):
+            workloads.loop(10)
+    with ocular.record(paths[2], mode="calls"):
+        workloads.loop(10)
+    cal = [_ocular.read(p)["calibration"] for p in paths]
+    heads = [read_ocl(p)["header"] for p in paths]
+    same = {k: v for k, v in cal[0].items() if k != "speed_stop"}
+    assert {k: v for k, v in cal[1].items() if k != "speed_stop"} == same
+    assert heads[1]["event_cost_ticks"] == heads[0]["event_cost_ticks"]
+    assert heads[1]["ticks_per_second"] == heads[0]["ticks_per_second"]
+    assert all(c["speed_stop"] > 0 for c in cal)
+    # Other settings are measured for themselves.
+    assert set(cal[2]) != set(cal[0]) and heads[2]["mode"] == "calls"
+
+
 def _live_code_objects():
     """Every code object reachable from a live function, with the code objects nested in their constants."""
     import gc
