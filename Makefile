@@ -40,7 +40,7 @@ demo: check-python ## record the bundled workload (testdata/workloads/demo.py), 
 test: test-rust test-python ## build everything and run every test (Rust, then Python on each 3.12+, 3.14 and 3.15 in a Debian root)
 
 test-rust:
-	$(CARGO) test --workspace --locked --features ocular-analyze/parquet
+	$(CARGO) test --workspace --exclude ocular-python --locked --features ocular-analyze/parquet
 
 check-python:
 	@if [ -z "$(PYTHONS)" ]; then echo "no CPython 3.12+ found: install one (pyenv install 3.12) or pass PYTHON=/path/to/python3.12"; exit 1; fi
@@ -78,10 +78,10 @@ test-wheel: check-python ## the first Python's wheel installed in a fresh venv w
 
 lint: check-python ## rustfmt, clippy with warnings as errors, docs without warnings, the extension's stub against the extension (stubtest)
 	$(CARGO) fmt --all -- --check
-	$(CARGO) clippy --workspace --all-targets --locked -- -D warnings
+	$(CARGO) clippy --workspace --exclude ocular-python --all-targets --locked -- -D warnings
 	$(CARGO) clippy -p ocular-analyze --all-targets --locked $(ANALYZE_FEATURES) -- -D warnings
-	PYO3_PYTHON=$(firstword $(PYTHONS)) $(CARGO) clippy -p ocular-record --features python --locked -- -D warnings
-	RUSTDOCFLAGS="-D warnings" $(CARGO) doc --workspace --no-deps --locked
+	PYO3_PYTHON=$(firstword $(PYTHONS)) $(CARGO) clippy -p ocular-python --locked -- -D warnings
+	RUSTDOCFLAGS="-D warnings" $(CARGO) doc --workspace --exclude ocular-python --no-deps --locked
 	@# The typed stub (python/ocular/_ocular.pyi) says what the built extension has: names, signatures, classes.
 	@venv=$$(scripts/venv.sh $(firstword $(PYTHONS)) | tail -n 1); set -e; \
 	    $$venv/bin/python -m pip install -q --disable-pip-version-check "mypy>=1.18"; \

@@ -1,9 +1,9 @@
 //! The Ocular recorder.
 //!
-//! The plain-Rust core (this crate without features) is the clock, the per-thread buffers and the writer
-//! thread; `cargo test` covers it without an interpreter. The `python` feature adds `src/py/`, the
-//! CPython extension `ocular._ocular` built by maturin, which is as thin as it can be: raw
-//! `METH_FASTCALL` callbacks that read the clock and push into a [`session::ThreadBuffer`].
+//! The clock, the per-thread buffers and the writer thread, in plain Rust: `cargo test` covers them without
+//! an interpreter. The CPython extension `ocular._ocular` over them is the `ocular-python` crate (built by
+//! maturin), which is as thin as it can be: raw `METH_FASTCALL` callbacks that read the clock and push
+//! into a [`session::ThreadBuffer`].
 //!
 //! ```no_run
 //! use ocular_record::session::{Config, Session, ThreadBuffer};
@@ -25,5 +25,3 @@ pub mod filter;
 pub mod session;
 pub mod threads;
 
-#[cfg(feature = "python")]
-mod py;

@@ -1,5 +1,5 @@
 """The recording's options, as the extension defines them once (``RecordOptions`` in ocular-record's
-``src/py/cli.rs``): each one's name (``record()``'s keyword argument), default, ``ocular run`` flag and help.
+``ocular-python/src/cli.rs``): each one's name (``record()``'s keyword argument), default, ``ocular run`` flag and help.
 ``ocular run``, ``%%ocular``, the pytest plugin and the children a run follows take theirs from here;
 ``Recording``'s keyword arguments are the same names and defaults, written out for editors and type
 checkers (``python/tests/test_options.py`` holds them to this definition).

@@ -1,5 +1,5 @@
-"""The recording's options are defined once, in the extension (`RecordOptions`, ocular-record's
-src/py/cli.rs): `record()`'s keyword arguments, `ocular run`'s flags, `%%ocular`'s and the pytest plugin's
+"""The recording's options are defined once, in the extension (`RecordOptions`, ocular-python's
+src/cli.rs): `record()`'s keyword arguments, `ocular run`'s flags, `%%ocular`'s and the pytest plugin's
 options, and what a followed child takes from its run all agree with that definition."""
 
 from __future__ import annotations

@@ -17,10 +17,10 @@ mod read;
 mod spans;
 mod windows;
 
-use crate::clock::{self, ClockPoint};
-use crate::filter::Filter;
-use crate::session::{Config, Discard, OnFull, Session, Sink, ThreadBuffer};
 use ocular_format::{CodeObject, CodeSnapshot, EventKind, Header, Mode, OpcodeTable, Options, ThreadInfo};
+use ocular_record::clock::{self, ClockPoint};
+use ocular_record::filter::Filter;
+use ocular_record::session::{Config, Discard, OnFull, Session, Sink, ThreadBuffer};
 use pyo3::exceptions::{PyOSError, PyRuntimeError, PyValueError};
 use pyo3::ffi;
 use pyo3::intern;
@@ -69,17 +69,17 @@ struct Window {
 
 /// The tick at which the current window ends: function boundaries with a later tick are not recorded.
 /// `u64::MAX` while the first window is open. Written with the GIL held, read by the callbacks.
-pub(super) static WINDOW_END: AtomicU64 = AtomicU64::new(u64::MAX);
+pub(crate) static WINDOW_END: AtomicU64 = AtomicU64::new(u64::MAX);
 
 /// Calls recorded since the recording started (compared only while the first window is open), and the
 /// number at which the first window ends: `FIRST_WINDOW_CALLS_PER_HIT` times the threshold (FORMAT.md
 /// 5.3). Written with the GIL held.
-pub(super) static FIRST_CALLS: AtomicU64 = AtomicU64::new(0);
-pub(super) static FIRST_LIMIT: AtomicU64 = AtomicU64::new(0);
+pub(crate) static FIRST_CALLS: AtomicU64 = AtomicU64::new(0);
+pub(crate) static FIRST_LIMIT: AtomicU64 = AtomicU64::new(0);
 
 /// 50,000 calls at the default threshold of 500: a few milliseconds of recording every call, whatever
 /// the program.
-pub(super) const FIRST_WINDOW_CALLS_PER_HIT: u64 = 100;
+pub(crate) const FIRST_WINDOW_CALLS_PER_HIT: u64 = 100;
 
 /// The global state.
 ///
@@ -165,20 +165,20 @@ struct Recorder {
 
 /// A recording's counters and the thread that drains their samples into the file.
 struct CounterState {
-    c: std::sync::Arc<crate::counters::Counters>,
+    c: std::sync::Arc<ocular_record::counters::Counters>,
     stop: std::sync::Arc<std::sync::atomic::AtomicBool>,
     drain: Option<std::thread::JoinHandle<()>>,
-    sink: crate::session::CounterSink,
+    sink: ocular_record::session::CounterSink,
 }
 
 impl CounterState {
     /// Starts the `ocular-counters` thread: every 10 ms, the samples the kernel wrote go to the writer.
-    fn start(c: crate::counters::Counters, sink: crate::session::CounterSink) -> CounterState {
+    fn start(c: ocular_record::counters::Counters, sink: ocular_record::session::CounterSink) -> CounterState {
         let c = std::sync::Arc::new(c);
         let stop = std::sync::Arc::new(std::sync::atomic::AtomicBool::new(false));
         let drain = c.any().then(|| {
             let (c, stop, sink) = (std::sync::Arc::clone(&c), std::sync::Arc::clone(&stop), sink.clone());
-            crate::threads::spawn("ocular-counters", move || {
+            ocular_record::threads::spawn("ocular-counters", move || {
                 while !stop.load(Ordering::Acquire) {
                     std::thread::sleep(std::time::Duration::from_millis(10));
                     sink.send(c.drain());
@@ -202,9 +202,9 @@ impl CounterState {
 
 /// Direct-mapped cache of code object -> state, per thread: consecutive events alternate between a
 /// handful of code objects (caller and callees), which a single "last code" entry would miss.
-pub(super) const CODE_CACHE: usize = 64;
+pub(crate) const CODE_CACHE: usize = 64;
 /// Entries of a thread's cache of C callables: a program calls a few dozen distinct ones in its hot parts.
-pub(super) const C_CACHE: usize = 128;
+pub(crate) const C_CACHE: usize = 128;
 
 struct ThreadState {
     buf: ThreadBuffer,
@@ -402,7 +402,7 @@ fn start(
     };
     let specs = counters
         .iter()
-        .map(|c| crate::counters::spec(c))
+        .map(|c| ocular_record::counters::spec(c))
         .collect::<Result<Vec<_>, _>>()
         .map_err(PyValueError::new_err)?;
     let options_mode = mode_from(mode)?;
@@ -452,7 +452,7 @@ fn start(
         (Output::File(session), false) => {
             // SAFETY: PyThread_get_thread_native_id has no preconditions.
             let tid = unsafe { PyThread_get_thread_native_id() } as u64;
-            Some(CounterState::start(crate::counters::Counters::new(specs, tid), session.counter_sink()))
+            Some(CounterState::start(ocular_record::counters::Counters::new(specs, tid), session.counter_sink()))
         }
         _ => None,
     };

@@ -8,8 +8,8 @@ use super::{
     attach, lookup, name_thread, state, thread_ending, CodeState, ThreadState, BOOT, CODE_CACHE, FIRST_CALLS,
     FIRST_LIMIT, RECORD, WINDOW_END,
 };
-use crate::clock;
 use ocular_format::{EventKind, RawEvent};
+use ocular_record::clock;
 use pyo3::ffi;
 use pyo3::prelude::*;
 use pyo3::types::PyDict;

@@ -33,8 +33,8 @@
 //! long C call would otherwise get a window far more often than its share.
 
 use super::{lookup, state, RECORD, WINDOW_END};
-use crate::clock;
 use ocular_format::{EventKind, RawEvent};
+use ocular_record::clock;
 use pyo3::exceptions::PyRuntimeError;
 use pyo3::ffi;
 use pyo3::prelude::*;
@@ -153,11 +153,11 @@ pub(super) fn start_windows(py: Python<'_>, period: f64, length: f64, main_ident
     rec.window_len = ((length * 1e6).round() as u32, (length * rec.ticks_per_second).round() as u64);
     let pending_call = py.version_info() >= (3, 13);
     let (tx, rx) = mpsc::channel::<()>();
-    let handle = crate::threads::spawn("ocular-windows", move || {
+    let handle = ocular_record::threads::spawn("ocular-windows", move || {
         // Without either, every window is opened by the fallback.
         let signal = (signo > 0 && !pending_call).then_some(signo);
         let (ftx, frx) = mpsc::channel::<Instant>();
-        let fallback = crate::threads::spawn("ocular-windows-gil", move || {
+        let fallback = ocular_record::threads::spawn("ocular-windows-gil", move || {
             while let Ok(mut deadline) = frx.recv() {
                 while let Ok(d) = frx.try_recv() {
                     deadline = d;

@@ -80,7 +80,7 @@ pub(super) fn queue(generation: u64, asked_main: bool) {
     let threads = lock(&THREADS).clone();
     let stacks =
         threads.into_iter().map(|p| (p, if USABLE.load(Ordering::Relaxed) { read(p) } else { None })).collect();
-    let ticks = crate::clock::ticks();
+    let ticks = ocular_record::clock::ticks();
     let mut q = lock(&QUEUE);
     q.retain(|d| d.generation == generation);
     if q.len() >= MAX_QUEUED {

@@ -259,7 +259,7 @@ pub(super) fn record_option_specs<'py>(py: Python<'py>, prog: &str) -> PyResult<
 #[pyfunction]
 #[pyo3(signature = (argv, prog="python -m ocular"))]
 pub(super) fn parse_run<'py>(py: Python<'py>, argv: Vec<OsString>, prog: &str) -> PyResult<Bound<'py, PyAny>> {
-    let argv = std::iter::once(OsString::from(prog)).chain(crate::argv::split_attached_module(argv));
+    let argv = std::iter::once(OsString::from(prog)).chain(ocular_record::argv::split_attached_module(argv));
     let parsed = command(prog).try_get_matches_from(argv).and_then(|m| Cli::from_arg_matches(&m));
     let run = match parsed {
         Ok(Cli { command: Command::Run(run) }) => *run,

@@ -5,9 +5,9 @@
 
 use super::callbacks::current_thread;
 use super::state;
-use crate::clock;
 use ocular_format::span::{self, Attribute, SpanBegin, SpanEnd};
 use ocular_format::EventKind;
+use ocular_record::clock;
 use pyo3::exceptions::PyRuntimeError;
 use pyo3::ffi;
 use pyo3::prelude::*;
