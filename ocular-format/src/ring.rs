@@ -625,24 +625,44 @@ impl RingWriter {
     /// thread that fills the slot takes no page fault (Linux 5.14+ `MADV_POPULATE_WRITE`, which costs
     /// what faulting heap pages in costs; elsewhere, `posix_fallocate` and writing the pages).
     pub fn prepare_slot(&self, slot: u32) -> std::io::Result<*mut RawEvent> {
+        self.prepare_slot_unless(slot, &|| false).map(|p| p.expect("never given up"))
+    }
+
+    /// [`prepare_slot`](Self::prepare_slot), given up (`Ok(None)`) as soon as `give_up()` says so, checked
+    /// every 256 KiB: a spare slot made ahead of need is not worth a stop's wait (a 1.5 MiB slot takes
+    /// ~0.9 ms to fault in). A slot given up must not be used: its pages may be unallocated.
+    pub fn prepare_slot_unless(&self, slot: u32, give_up: &dyn Fn() -> bool) -> std::io::Result<Option<*mut RawEvent>> {
+        const STEP: usize = 256 << 10;
         let _ = self.entry(slot);
         let off = self.slots_offset + slot as u64 * self.layout.slot_bytes();
         let len = self.layout.slot_bytes() as usize;
         // SAFETY: the slot lies within the mapping (checked by `entry` and the layout), 8-aligned.
         let ptr = unsafe { self.map.as_mut_ptr().add(off as usize) };
         #[cfg(target_os = "linux")]
-        match self.map.advise_range(memmap2::Advice::PopulateWrite, off as usize, len) {
-            Ok(()) => return Ok(ptr as *mut RawEvent),
-            // Kernels before 5.14 do not know the advice; anything else is a real error (no space).
-            Err(e) if e.raw_os_error() != Some(libc::EINVAL) => return Err(e),
-            Err(_) => {}
+        {
+            let mut done = 0;
+            while done < len {
+                if give_up() {
+                    return Ok(None);
+                }
+                let n = STEP.min(len - done);
+                match self.map.advise_range(memmap2::Advice::PopulateWrite, off as usize + done, n) {
+                    Ok(()) => done += n,
+                    // Kernels before 5.14 do not know the advice; anything else is a real error (no space).
+                    Err(e) if e.raw_os_error() != Some(libc::EINVAL) => return Err(e),
+                    Err(_) => break,
+                }
+            }
+            if done == len {
+                return Ok(Some(ptr as *mut RawEvent));
+            }
         }
         if let Some(file) = &self.file {
             reserve(file, off, len as u64)?;
         }
         // SAFETY: as above; the slot is not in use yet (it is being prepared), so nothing else writes it.
         unsafe { std::ptr::write_bytes(ptr, 0, len) };
-        Ok(ptr as *mut RawEvent)
+        Ok(Some(ptr as *mut RawEvent))
     }
 
     /// Slot `slot`'s first event, without preparing it (it was prepared before): for tests that write

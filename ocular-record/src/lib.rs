@@ -24,4 +24,3 @@ pub mod counters;
 pub mod filter;
 pub mod session;
 pub mod threads;
-

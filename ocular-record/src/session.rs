@@ -25,7 +25,7 @@ use ocular_format::{
 use std::fs::File;
 use std::io::BufWriter;
 use std::path::{Path, PathBuf};
-use std::sync::atomic::{AtomicUsize, Ordering};
+use std::sync::atomic::{AtomicBool, AtomicUsize, Ordering};
 use std::sync::mpsc::Receiver;
 use std::sync::mpsc::{channel, Sender};
 use std::sync::{Arc, Condvar, Mutex};
@@ -133,6 +133,9 @@ pub const RING_KEEP: std::time::Duration = std::time::Duration::from_secs(7 * 24
 /// How many ring files of killed recordings are kept (the newest).
 pub const RING_KEEP_FILES: usize = 8;
 
+/// Whether this process has swept the runtime directory's rings of dead recordings (at its first recording).
+static SWEPT: AtomicBool = AtomicBool::new(false);
+
 impl Default for Config {
     fn default() -> Self {
         // 64 Ki events = 1.5 MiB per buffer, larger than a core's L2, so a buffer the writer reads does not
@@ -190,7 +193,7 @@ impl Pool {
         if let Some(b) = self.free.lock().unwrap_or_else(|e| e.into_inner()).pop_front() {
             return Some(b);
         }
-        self.allocate()
+        self.allocate(false)
     }
 
     /// A buffer for a recording thread that holds none, to fill until it gives it back with
@@ -237,7 +240,10 @@ impl Pool {
     /// A new buffer if the limit allows, its pages written so the allocating thread takes the page
     /// faults (calloc'd memory would fault later, on the recording thread, one fault per 170 events): a
     /// slot of the ring file if there is one left (and disk space for it), else on the heap.
-    fn allocate(&self) -> Option<Buffer> {
+    ///
+    /// A spare (`spare`: made ahead of need by the writer) is given up when the recording starts stopping
+    /// while its pages are being made: `None` then.
+    fn allocate(&self, spare: bool) -> Option<Buffer> {
         let n = self.allocated.fetch_add(1, Ordering::Relaxed);
         if n >= self.cfg.max_buffers.saturating_add(self.held.load(Ordering::Relaxed)) {
             self.allocated.fetch_sub(1, Ordering::Relaxed);
@@ -247,10 +253,19 @@ impl Pool {
             let slot = self.slots.fetch_add(1, Ordering::Relaxed);
             if slot < ring.layout().max_slots as usize {
                 // Its pages allocated and mapped by the allocating thread, as a heap buffer's are below.
-                if let Ok(ptr) = ring.prepare_slot(slot as u32) {
-                    let len = ring.layout().slot_events as usize;
-                    let ptr = std::ptr::NonNull::new(ptr).expect("a mapping is never at null");
-                    return Some(Buffer { ptr, len, slot: slot as u32 });
+                let closing = || spare && self.closing.load(Ordering::Relaxed);
+                match ring.prepare_slot_unless(slot as u32, &closing) {
+                    Ok(Some(ptr)) => {
+                        let len = ring.layout().slot_events as usize;
+                        let ptr = std::ptr::NonNull::new(ptr).expect("a mapping is never at null");
+                        return Some(Buffer { ptr, len, slot: slot as u32 });
+                    }
+                    // Given up: the slot stays unused (a ring's reader skips a slot no thread took).
+                    Ok(None) => {
+                        self.allocated.fetch_sub(1, Ordering::Relaxed);
+                        return None;
+                    }
+                    Err(_) => {}
                 }
             }
         }
@@ -277,7 +292,7 @@ impl Pool {
     /// One more free buffer, if the limit allows and the recording is not stopping.
     pub fn add_spare(&self) {
         if !self.closing.load(Ordering::Relaxed) {
-            if let Some(b) = self.allocate() {
+            if let Some(b) = self.allocate(true) {
                 self.give(b);
             }
         }
@@ -309,7 +324,7 @@ impl Pool {
             if free >= spares {
                 return;
             }
-            match self.allocate() {
+            match self.allocate(true) {
                 Some(b) => self.give(b),
                 None => return,
             }
@@ -1200,9 +1215,12 @@ impl Session {
                 job.pool.add_spare();
             }
             // Rings of killed recordings stay for their traces to be read: the newest 8, for a week at
-            // most (RING.md 2).
-            if let Some(dir) = ocular_format::ring::runtime_dir() {
-                ocular_format::ring::sweep(&dir, RING_KEEP, RING_KEEP_FILES);
+            // most (RING.md 2). Once per process: a later recording of it (the next test of a pytest
+            // session) would find the same rings, and a stop waits for the sweep (~0.1 ms a ring).
+            if !SWEPT.swap(true, Ordering::Relaxed) {
+                if let Some(dir) = ocular_format::ring::runtime_dir() {
+                    ocular_format::ring::sweep(&dir, RING_KEEP, RING_KEEP_FILES);
+                }
             }
             for msg in rx {
                 if job.handle(msg) {

@@ -718,3 +718,33 @@ fn a_ring_whose_trace_directory_is_gone_is_written_to_the_fallback_directory_nev
         [fallback.join("run.ocl.4242-0.recovered.ocl"), fallback.join("run.ocl.4242-0.recovered-2.ocl")]
     );
 }
+
+#[cfg(target_os = "linux")]
+#[test]
+fn a_spare_slot_is_given_up_between_its_steps_of_pages_when_asked() {
+    // The writer makes spare slots ahead of need; a stop does not wait for the rest of one (RING.md 3.2: a
+    // slot no thread took stays free, and readers skip it).
+    let dir = tempfile::tempdir().unwrap();
+    let layout = Layout { slot_events: 32768, ..LAYOUT }; // 768 KiB a slot: three steps of 256 KiB
+    let w = RingWriter::create(&dir.path().join("t.ring"), std::process::id(), now_ticks(), 1e9, layout).unwrap();
+    let asked = std::cell::Cell::new(0);
+    let after_one_step = || {
+        asked.set(asked.get() + 1);
+        asked.get() > 1
+    };
+    assert!(w.prepare_slot_unless(0, &after_one_step).unwrap().is_none());
+    assert_eq!(asked.get(), 2, "asked before each step: one made, given up before the second");
+    asked.set(0);
+    let never = || {
+        asked.set(asked.get() + 1);
+        false
+    };
+    let p = w.prepare_slot_unless(1, &never).unwrap().expect("made whole");
+    assert_eq!(asked.get(), 3);
+    // SAFETY: slot 1 holds 32,768 events, its pages made.
+    unsafe { p.add(32767).write(ev(9, 1)) };
+    w.filling(1, 7, 1, 0);
+    append(&w, 1, 0, &[ev(1, 1), ev(2, 1)]);
+    let pending = w.pending(u64::MAX);
+    assert_eq!(pending.iter().map(|s| s.thread_id).collect::<Vec<_>>(), vec![7], "slot 0, given up, is not read");
+}
