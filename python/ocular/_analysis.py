@@ -101,8 +101,6 @@ class Trace:
         With ``span``, only the time inside the spans of that name (``stats --span``): per function its
         calls begun inside them, its exclusive and inclusive ms inside them with their 95% intervals
         (``exclusive_ci_ms``, ``inclusive_ci_ms``) and ``share`` of the program's time inside them."""
-        import copy
-
         if span is not None:
             if per_thread:
                 raise ValueError("stats(span=...) merges threads: per_thread=True cannot go with it")
@@ -112,14 +110,14 @@ class Trace:
                 _warn(warns)
                 return report["rows"]
 
-            return copy.deepcopy(self._cached(("stats", "span", span), within))
+            return _copy_rows(self._cached(("stats", "span", span), within))
 
         def make() -> list[dict[str, Any]]:
             rows, warns = _call(_ext().stats, self.path, per_thread=per_thread, salvage=self.salvage)
             _warn(warns)
             return rows
 
-        return copy.deepcopy(self._cached(("stats", per_thread), make))  # the caller may edit its rows
+        return _copy_rows(self._cached(("stats", per_thread), make))  # the caller may edit its rows
 
     def _arrow(self, name: str, select: dict):
         def make():
@@ -273,6 +271,24 @@ def _call(f, *args, **kwargs):
 def _warn(warns):
     for w in warns:
         warnings.warn(w, stacklevel=3)
+
+
+def _copy_rows(rows: list[dict[str, Any]]) -> list[dict[str, Any]]:
+    """The rows as the caller's own (the cache keeps the analysis as made): a dict per row, and any list or
+    dict in one copied too. copy.deepcopy took 0.85 ms for a test's 44 rows, more than analysing its trace."""
+    import copy
+
+    return [{k: copy.deepcopy(v) if isinstance(v, (list, dict)) else v for k, v in r.items()} for r in rows]
+
+
+def stats_rows(path: str) -> list[dict[str, Any]]:
+    """``load(path).stats()`` without the Trace (its info read, its cache, the copy): for the pytest plugin's
+    summary, which reads each test's trace once."""
+    if not os.path.exists(path):
+        raise FileNotFoundError(f"no such trace: {path}")
+    rows, warns = _call(_ext().stats, path, per_thread=False, salvage=False)
+    _warn(warns)
+    return rows
 
 
 def load(path: str | os.PathLike[str], salvage: bool = False) -> Trace:

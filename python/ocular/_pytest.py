@@ -84,13 +84,19 @@ def _xdist_worker(config: pytest.Config) -> str | None:
     return getattr(config, "workerinput", {}).get("workerid")
 
 
-def _quietly(f: "Any") -> tuple[Any, list[str]]:
+def _quietly(f: "Any", *args: "Any") -> tuple[Any, list[str]]:
     """f() with Ocular's own warnings caught, as messages for the summary. Only around what runs
     unrecorded (a stop, an analysis): a start's rare warnings (a tool id note) go to pytest's warnings."""
     with warnings.catch_warnings(record=True) as caught:
         warnings.simplefilter("always")
-        out = f()
+        out = f(*args)
     return out, [str(w.message) for w in caught]
+
+
+# A test's recording: buffers of 8,192 events (192 KiB) instead of 65,536, as many more of them in flight
+# (the same 96 MiB at most): each recording makes its first buffers' pages at its start and frees them at
+# its stop, ~1 ms a 1.5 MiB buffer, which a test that records a few hundred events paid in full.
+TEST_BUFFERS = {"buffer_events": 8192, "max_buffers": 512}
 
 
 class OcularPlugin:
@@ -203,7 +209,7 @@ class OcularPlugin:
         item.stash[_RESULT] = result
         try:
             # Not inside catch_warnings, as the stop is: its __exit__ would run recorded, in every trace.
-            rec = record(path, **self.kwargs).start()
+            rec = record(path, **self.kwargs, **TEST_BUFFERS).start()
         except Exception as e:  # noqa: BLE001 - the test runs unrecorded; the summary says why
             result["error"] = f"{type(e).__name__}: {e}"
             result["done"] = True
@@ -244,7 +250,7 @@ class OcularPlugin:
             tr.write_line(f"ocular: could not summarize the traces: {type(e).__name__}: {e}")
 
     def _summary_tests(self, tr: Any) -> None:
-        from ._analysis import load
+        from ._analysis import stats_rows
 
         recorded = [r for r in self.results if not r["error"]]
         where = " (by the xdist workers)" if not self.records_here else ""
@@ -255,8 +261,7 @@ class OcularPlugin:
         per_test = []
         for r in recorded:
             try:
-                trace = load(r["path"])
-                rows, notes = _quietly(trace.stats)
+                rows, notes = _quietly(stats_rows, r["path"])
             except Exception as e:  # noqa: BLE001 - one unreadable file does not hide the others
                 r["error"] = f"reading {r['path']}: {type(e).__name__}: {e}"
                 continue
