@@ -174,16 +174,6 @@ class Run:
         path = os.environ.get("PYTHONPATH")
         os.environ["PYTHONPATH"] = SITE_DIR + (os.pathsep + path if path else "")
 
-    def calibrated(self, calibration: dict) -> None:
-        """The run's calibration, for its new interpreters to take (Recording._take_run_calibration)."""
-        try:
-            text = dumps(dict(self.config, calibration=calibration))
-        except ValueError:  # not a finite number somewhere: each child measures its own
-            return
-        self.config["calibration"] = calibration
-        if ENV in self._saved:  # begun: the environment says it too
-            os.environ[ENV] = text
-
     def end(self) -> None:
         """Puts the environment back as it was (children started from now on are not followed)."""
         for key, value in self._saved.items():

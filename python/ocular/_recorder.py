@@ -418,26 +418,6 @@ _speed_probe: tuple[Callable[[], int], int, float] | None = None
 _calibrations: dict[tuple, tuple[float, list[tuple[int, float]], float, Any]] = {}
 
 
-def _loop_probe(n: int, per_iteration: float) -> tuple[Callable[[], int], int, float]:
-    """A speed probe for a calibration another process made: the calls calibration's loop (its untraced
-    run, as in `_calibrate`), timed at this process's stop against the other's ticks per iteration."""
-    ticks = _native().ticks
-
-    def target() -> None:
-        pass
-
-    def run(n: int, f: Callable[[], None] = target) -> None:
-        for _ in range(n):
-            f()
-
-    def once() -> int:
-        t0 = ticks()
-        run(n)
-        return ticks() - t0
-
-    return once, n, per_iteration
-
-
 def speed_at_stop() -> list[tuple[int, float]]:
     """[(253, ticks per iteration of the calibration's loop now)] for the stop's calibration chunk, or []
     without a probe. Its events must be off: the loop runs unrecorded, median of seven runs (~0.2 ms)."""
@@ -719,9 +699,6 @@ class Recording:
         if known is not None:
             cost, per_kind, hz, _speed_probe = known
             return cost, list(per_kind), hz
-        if self._follow_config is not None and self._run is None and self._take_run_calibration(key):
-            cost, per_kind, hz, _speed_probe = _calibrations[key]
-            return cost, list(per_kind), hz
         # The tick rate is measured across the calibration (about 2 ms; clock points good to tens of ns)
         # instead of a sleep of its own, which would add 10 ms to every run.
         before = nat.clock_point()
@@ -731,29 +708,7 @@ class Recording:
         span_ns = after[1] - before[1]
         hz = (after[0] - before[0]) * 1e9 / span_ns if span_ns >= 1_000_000 else nat.ticks_per_second(2)
         _calibrations[key] = (cost, list(per_kind), hz, _speed_probe)
-        if self._run is not None and _speed_probe is not None:
-            # For the run's new interpreters (a child forked has this process's calibrations already).
-            self._run.calibrated({"python": sys.hexversion, "executable": os.path.realpath(sys.executable),
-                                  "key": list(key), "cost": cost, "per_kind": [list(k) for k in per_kind],
-                                  "hz": hz, "loop": _speed_probe[1], "speed": _speed_probe[2]})
         return cost, per_kind, hz
-
-    def _take_run_calibration(self, key: tuple) -> bool:
-        """A child of a run on the run's interpreter with its settings takes the run's calibration (measured
-        by the run's first process, ~2-4 ms that each child would spend again), with a speed probe of its
-        own: its stop times the probe's loop in this process, and the costs are scaled for this process's
-        speed then against the run's when it measured them (FORMAT.md 6.6)."""
-        got = (self._follow_config or {}).get("calibration")
-        if (not got or got.get("python") != sys.hexversion or got.get("key") != list(key)
-                or got.get("executable") != os.path.realpath(sys.executable)):
-            return False
-        try:
-            per_kind = [(int(k), float(c)) for k, c in got["per_kind"]]
-            entry = (float(got["cost"]), per_kind, float(got["hz"]), _loop_probe(int(got["loop"]), float(got["speed"])))
-        except (KeyError, TypeError, ValueError):
-            return False
-        _calibrations[key] = entry
-        return True
 
     def stop(self) -> "Recording":
         global _active

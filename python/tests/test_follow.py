@@ -138,25 +138,6 @@ def test_a_followed_child_imports_nothing_heavy_that_it_would_not_import_unrecor
     assert len(procs) == 2 and calls_per_process(out, "hello") == {procs[1]["pid"]: 1}
 
 
-def test_a_child_on_the_run_s_interpreter_takes_the_run_s_calibration_and_its_own_speed_at_the_stop(tmp_path):
-    # Measuring the recorder's costs took 2-4 ms of every child's start: the run's first process measured
-    # them, on the same interpreter with the same settings.
-    from ocular import _ocular
-
-    (tmp_path / "child.py").write_text("def hello():\n    return 1\nfor _ in range(250):\n    hello()\n")
-    out, r = run(tmp_path, """
-        import subprocess, sys
-        subprocess.run([sys.executable, "child.py"], check=True)
-    """, mode="adaptive")
-    (child,) = (out.parent / "run.ocl.children").glob("*.ocl")
-    parent_cal, child_cal = _ocular.read(str(out))["calibration"], _ocular.read(str(child))["calibration"]
-    assert {k: v for k, v in child_cal.items() if k != "speed_stop"} == {
-        k: v for k, v in parent_cal.items() if k != "speed_stop"}
-    assert child_cal["speed_stop"] > 0 and parent_cal["speed_stop"] > 0
-    procs = info(out)["processes"]
-    assert calls_per_process(out, "hello") == {procs[1]["pid"]: 250}
-
-
 def test_the_run_s_settings_are_json_as_json_writes_and_reads_them():
     import importlib.util
 
