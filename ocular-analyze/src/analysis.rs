@@ -1903,6 +1903,7 @@ impl Frames for Moves<'_> {
         self.ts.stack[i].code
     }
 
+    #[inline]
     fn lose_above(&mut self, depth: usize, t: u64) {
         truncate(self.ts, depth, t, self.tree, self.per, self.tables);
     }

@@ -250,7 +250,9 @@ impl Walk {
             EventKind::PY_START | EventKind::PY_RESUME | EventKind::PY_THROW => Step::Enter(kind),
             EventKind::PY_RETURN | EventKind::PY_YIELD | EventKind::PY_UNWIND => match innermost(frames, id) {
                 Some(pos) => {
-                    frames.lose_above(pos + 1, t);
+                    if pos + 1 < frames.depth() {
+                        frames.lose_above(pos + 1, t);
+                    }
                     Step::Exit(kind)
                 }
                 None => Step::ExitUnknown(kind),
