@@ -154,10 +154,8 @@ def test_the_run_s_settings_are_json_as_json_writes_and_reads_them():
                           "ring": None, "counters": [], "dump_when": ["slower_than('x', 0.25)"]}, "dump_on": 10}
     text = _follow.dumps(config)
     assert text == json.dumps(config)
-    assert _follow.loads(text) == site_hook._ocular_loads(text) == config
+    assert site_hook._ocular_loads(text) == config
     for bad in ('{"dir": 1} x', '{"dir": ', ""):
-        with pytest.raises(json.JSONDecodeError):
-            _follow.loads(bad)
         with pytest.raises(json.JSONDecodeError):
             site_hook._ocular_loads(bad)
     with pytest.raises(ValueError, match="no JSON form"):
