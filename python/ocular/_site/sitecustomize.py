@@ -71,6 +71,7 @@ def _ocular_loads(raw):
             strict = True
             object_hook = None
             object_pairs_hook = None
+            array_hook = None  # read by 3.15's scanner
             parse_float = float
             parse_int = int
             parse_constant = None
