@@ -5,7 +5,7 @@
 
 use super::windows::close_first_window;
 use super::{
-    attach, lookup, name_thread, state, thread_ending, CodeState, ThreadState, BOOT, CODE_CACHE, FIRST_CALLS,
+    attach, lookup, name_thread, state, thread_ending, Cached, CodeState, ThreadState, BOOT, CODE_CACHE, FIRST_CALLS,
     FIRST_LIMIT, RECORD, WINDOW_END,
 };
 use ocular_format::{EventKind, RawEvent};
@@ -122,10 +122,10 @@ unsafe fn event<const KIND: u8, const DEST: bool, const LOCATION: bool, const CA
         let ts = LAST_TS.load(Ordering::Relaxed);
         let code = *args as usize;
         let entry = (&(*ts).cache)[slot(code)];
-        if entry.0 != code {
-            return cold::<KIND, DEST, LOCATION, CAN_DISABLE, THRESH>(t, args);
+        if entry.code != code {
+            return resolve::<KIND, DEST, LOCATION, CAN_DISABLE, THRESH>(ts, t, args);
         }
-        record::<KIND, DEST, LOCATION, CAN_DISABLE, THRESH>(ts, entry.1, t, args)
+        record::<KIND, DEST, LOCATION, CAN_DISABLE, THRESH>(ts, entry, t, args)
     }
 }
 
@@ -135,7 +135,8 @@ fn slot(code: usize) -> usize {
     (code >> 4) % CODE_CACHE
 }
 
-/// Everything but a cache hit.
+/// An event of a thread that was not the last to record: its state is looked up (and attached), then the
+/// code object as in [`resolve`].
 ///
 /// # Safety
 /// As [`event`].
@@ -151,18 +152,57 @@ unsafe fn cold<const KIND: u8, const DEST: bool, const LOCATION: bool, const CAN
         if ts.is_null() {
             return none(); // not recording
         }
+        resolve::<KIND, DEST, LOCATION, CAN_DISABLE, THRESH>(ts, t, args)
+    }
+}
+
+/// A code object missing from the first level of the cache of a thread known to be the current
+/// recording's (`ts`): the second level, then the recorder's map; the thread is not looked up again.
+///
+/// # Safety
+/// As [`event`], with `ts` the calling thread's state, attached to the current recording.
+#[cold]
+#[inline(never)]
+unsafe fn resolve<
+    const KIND: u8,
+    const DEST: bool,
+    const LOCATION: bool,
+    const CAN_DISABLE: bool,
+    const THRESH: bool,
+>(
+    ts: *mut ThreadState,
+    t: u64,
+    args: *mut *mut ffi::PyObject,
+) -> *mut ffi::PyObject {
+    // SAFETY: see the function's contract.
+    unsafe {
         let code = *args;
+        let second = slot2(code as usize);
+        let entry = (&(*ts).cache2)[second];
+        if entry.code == code as usize {
+            (&mut (*ts).cache)[slot(code as usize)] = entry;
+            return record::<KIND, DEST, LOCATION, CAN_DISABLE, THRESH>(ts, entry, t, args);
+        }
         let cs = lookup(code);
         // lookup may have run Python, and so other threads: check the recording is still ours.
         if cs.is_null() || (*ts).generation != state().generation {
             return none();
         }
         if (*cs).flags == RECORD {
-            (&mut (*ts).cache)[slot(code as usize)] = (code as usize, cs);
-            return record::<KIND, DEST, LOCATION, CAN_DISABLE, THRESH>(ts, cs, t, args);
+            let entry = Cached::of(code as usize, cs);
+            (&mut (*ts).cache)[slot(code as usize)] = entry;
+            (&mut (*ts).cache2)[second] = entry;
+            return record::<KIND, DEST, LOCATION, CAN_DISABLE, THRESH>(ts, entry, t, args);
         }
         special::<KIND, DEST, LOCATION, CAN_DISABLE, THRESH>(ts, cs, t, args)
     }
+}
+
+/// The second level's slot: the same bits as [`slot`]'s and more, so that code objects that share a
+/// first-level slot mostly do not share this one.
+#[inline(always)]
+fn slot2(code: usize) -> usize {
+    (code >> 4) % super::CODE_CACHE2
 }
 
 /// The calling thread's state for the current recording (attached, its stack written if a window needs
@@ -200,7 +240,7 @@ pub(super) unsafe fn current_thread<const KIND: u8>() -> *mut ThreadState {
 }
 
 /// # Safety
-/// As [`event`], with `ts` and `cs` valid for the current recording.
+/// As [`event`], with `ts` and `entry`'s code state valid for the current recording.
 #[inline(always)]
 unsafe fn record<
     const KIND: u8,
@@ -210,15 +250,16 @@ unsafe fn record<
     const THRESH: bool,
 >(
     ts: *mut ThreadState,
-    cs: *mut CodeState,
+    entry: Cached,
     t: u64,
     args: *mut *mut ffi::PyObject,
 ) -> *mut ffi::PyObject {
     // SAFETY: see the function's contract; offsets are Python ints.
     unsafe {
-        if is_boundary(KIND) && (*cs).boundary != 0 {
-            // Coroutine code and asyncio's loop functions (FORMAT.md 5.5); for other code this byte, on the
-            // cache line `id` is read from, is the whole cost.
+        let cs = entry.cs;
+        if is_boundary(KIND) && entry.boundary != 0 {
+            // Coroutine code and asyncio's loop functions (FORMAT.md 5.5); for other code this byte, read
+            // with the id, is the whole cost.
             return boundary::<KIND>(ts, cs, t, args);
         }
         let fast = fast_ints();
@@ -274,7 +315,7 @@ unsafe fn record<
                 }
             }
         }
-        (*ts).buf.push(RawEvent::new(t, (*cs).id, off, arg, KIND), &*(*ts).sink);
+        (*ts).buf.push(RawEvent::new(t, entry.id, off, arg, KIND), &*(*ts).sink);
         if THRESH && !LOCATION && first_full {
             // The recording reached the first window's number of calls: the first window ends here.
             close_first_window(t + 1);
@@ -495,7 +536,7 @@ unsafe fn special<
             super::windows::missed_for_ending(&mut *ts, t);
         }
         if flags & RECORD != 0 {
-            let r = record::<KIND, DEST, false, false, false>(ts, cs, t, args);
+            let r = record::<KIND, DEST, false, false, false>(ts, Cached::of(*args as usize, cs), t, args);
             ffi::Py_DECREF(r);
         }
         if ending {
@@ -764,7 +805,7 @@ unsafe fn call<const THRESH: bool>(args: *mut *mut ffi::PyObject) -> *mut ffi::P
         let ts = LAST_TS.load(Ordering::Relaxed);
         let code = *args as usize;
         let entry = (&(*ts).cache)[slot(code)];
-        if entry.0 != code {
+        if entry.code != code {
             return call_cold::<THRESH>(t, args);
         }
         if THRESH && t >= WINDOW_END.load(Ordering::Relaxed) {
@@ -784,7 +825,7 @@ unsafe fn call<const THRESH: bool>(args: *mut *mut ffi::PyObject) -> *mut ffi::P
             c.2
         };
         let off = small_int(fast_ints(), *args.add(1));
-        (*ts).buf.push(RawEvent::new(t, (*entry.1).id, off, id, EventKind::CALL as u8), &*(*ts).sink);
+        (*ts).buf.push(RawEvent::new(t, entry.id, off, id, EventKind::CALL as u8), &*(*ts).sink);
         none()
     }
 }
@@ -811,7 +852,7 @@ unsafe fn call_cold<const THRESH: bool>(t: u64, args: *mut *mut ffi::PyObject) -
             return disable(); // excluded code: off for good
         }
         if (*cs).flags == RECORD {
-            (&mut (*ts).cache)[slot(code as usize)] = (code as usize, cs);
+            (&mut (*ts).cache)[slot(code as usize)] = Cached::of(code as usize, cs);
         }
         if THRESH && t >= WINDOW_END.load(Ordering::Relaxed) {
             return disable();
