@@ -11,7 +11,7 @@ PYTHONS := $(shell scripts/find-pythons.sh)
 NEW_PYTHONS ?= 3.14 3.15
 
 .DEFAULT_GOAL := help
-.PHONY: help demo report-check test test-rust test-python check-python pythons wheels test-wheel stress lint bench bench-format bench-record bench-truth bench-analyze bench-peers bench-startup bench-after-stop bench-spans bench-flight bench-live bench-counters bench-follow fuzz clean
+.PHONY: help demo report-check test test-rust test-python check-python pythons wheels test-wheel stress lint bench bench-format bench-record bench-truth bench-analyze bench-peers bench-breakdown bench-startup bench-after-stop bench-spans bench-flight bench-live bench-counters bench-follow fuzz clean
 
 help: ## list the targets
 	@grep -E '^[a-zA-Z_-]+:.*## ' $(MAKEFILE_LIST) | awk 'BEGIN {FS = ":.*## "}; {printf "  make %-16s %s\n", $$1, $$2}'
@@ -148,9 +148,9 @@ bench-format: ## .ocl size and read/write throughput on 10M synthetic events
 # newest Python found; trace0 needs 3.13+). Pass options with PEERS_ARGS="--quick" (see bench/peers.py -h).
 # make bench-peers PEERS_PYTHON=3.14 runs it on Debian unstable's CPython 3.14 (scripts/pythons.sh).
 PEERS_PYTHON ?=
-bench-peers: check-python ## Ocular next to cProfile, VizTracer, pyinstrument, trace0 on pyperformance programs
-	$(CARGO) build --release --locked -p ocular-analyze $(ANALYZE_FEATURES)
-	@set -e; \
+# The peers' virtualenv (.venv/peers-X.Y: the pinned peers and programs, Ocular's extension built into it),
+# for bench-peers and bench-breakdown; leaves $$run (the command prefix for Debian's Pythons) and $$venv.
+PEERS_SETUP = set -e; \
 	    if [ -n "$(PEERS_PYTHON)" ]; then \
 	        scripts/pythons.sh root; run="scripts/pythons.sh run $(PEERS_PYTHON)"; py=python$(PEERS_PYTHON); \
 	    else \
@@ -164,8 +164,17 @@ bench-peers: check-python ## Ocular next to cProfile, VizTracer, pyinstrument, t
 	    $$run $$venv/bin/python -m pip install -q --disable-pip-version-check -r bench/peers-requirements.txt; \
 	    echo "== building the extension into $$venv"; \
 	    $$run env VIRTUAL_ENV=$$venv CARGO_TARGET_DIR=$(abspath $(or $(CARGO_TARGET_DIR),target))/py$$ver \
-	        $$venv/bin/maturin develop --release --quiet; \
+	        $$venv/bin/maturin develop --release --quiet
+
+bench-peers: check-python ## Ocular next to cProfile, VizTracer, pyinstrument, trace0 on pyperformance programs and real packages' work (sqlglot, Markdown, pycparser)
+	$(CARGO) build --release --locked -p ocular-analyze $(ANALYZE_FEATURES)
+	@$(PEERS_SETUP); \
 	    $$run $$venv/bin/python bench/peers.py --analyze=$(abspath $(or $(CARGO_TARGET_DIR),target))/release/ocular-analyze $(PEERS_ARGS)
+
+# make bench-breakdown BREAKDOWN_ARGS='--repeats 9 bench/programs/markdown_render.py' for another program.
+bench-breakdown: check-python ## where each nanosecond goes: Ocular calls mode beside trace0 on sqlglot, per event (dispatch, clock and store, Ocular's own, fixed costs)
+	@$(PEERS_SETUP); \
+	    $$run $$venv/bin/python bench/peer_breakdown.py $(BREAKDOWN_ARGS)
 
 # The corpus (ocular-format/fuzz/corpus/reader) is kept in the repository, minimized (cargo fuzz cmin
 # reader): each run starts from what earlier runs found. A crash stops the run and leaves its input in

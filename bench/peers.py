@@ -10,7 +10,10 @@ bm_*/run_benchmark.py), in one process each: pyperf's worker flags `--worker -l 
 pyperf run the benchmark body LOOPS times in the process itself instead of spawning worker processes
 that a tracer attached to the parent would not see. LOOPS is fixed per program (see PYPERFORMANCE) so
 that an untraced run does about 0.6 s of work. Plus the bundled testdata/workloads/demo.py (a short
-program: interpreter and tool start-up weigh much more there). loops.py is not used: it records itself.
+program: interpreter and tool start-up weigh much more there), and real packages' work in
+bench/programs/: sqlglot transpiling its own test fixture to three dialects (trace0's headline workload),
+Python-Markdown rendering a generated document, pycparser parsing generated C. loops.py is not used: it
+records itself.
 
 Method: every run is a child process, timed from spawn to exit with perf_counter (wall time, what a
 user waits for, including each tool's start-up and its writing of the trace). Runs are interleaved:
@@ -57,6 +60,9 @@ PYPERFORMANCE = {
     "spectral_norm": 4,
 }
 WORKLOADS = ["demo"]  # testdata/workloads/*.py that run as plain scripts
+# Real packages' work, bench/programs/*.py (nobody here wrote the packages), -> the package they need
+# (peers-requirements.txt pins it). sqlglot on its own fixture is trace0's headline workload.
+PACKAGE_PROGRAMS = {"sqlglot_identity": "sqlglot", "markdown_render": "markdown", "pycparser_parse": "pycparser"}
 
 # tool -> (label, output extension or None)
 TOOLS = {
@@ -123,6 +129,11 @@ def programs(names: list[str], scale: float) -> tuple[dict[str, tuple[str, list[
             out[name] = (script, ["--worker", "-l", str(loops), "-n", "1", "-w", "0"])
         elif name in WORKLOADS:
             out[name] = (os.path.join(ROOT, "testdata", "workloads", f"{name}.py"), [])
+        elif name in PACKAGE_PROGRAMS:
+            if importlib.util.find_spec(PACKAGE_PROGRAMS[name]) is None:
+                missing[name] = f"{PACKAGE_PROGRAMS[name]} is not installed (bench/peers-requirements.txt)"
+                continue
+            out[name] = (os.path.join(ROOT, "bench", "programs", f"{name}.py"), [])
         else:
             missing[name] = "unknown program"
     return out, missing
@@ -380,7 +391,7 @@ def main() -> int:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--repeats", type=int, default=None, help="interleaved repeats (default 5; --quick: 1)")
     ap.add_argument("--programs", default=None,
-                    help=f"comma-separated (default: all: {','.join([*PYPERFORMANCE, *WORKLOADS])}; "
+                    help=f"comma-separated (default: all: {','.join([*PYPERFORMANCE, *WORKLOADS, *PACKAGE_PROGRAMS])}; "
                          "--quick: richards,demo)")
     ap.add_argument("--tools", default=",".join(DEFAULT_TOOLS),
                     help="comma-separated (default: all: %(default)s; also: " + ", ".join(WINDOW_VARIANTS) + ")")
@@ -400,7 +411,7 @@ def main() -> int:
     repeats = opts.repeats if opts.repeats is not None else (1 if opts.quick else 5)
     scale = opts.scale if opts.scale is not None else (0.25 if opts.quick else 1.0)
     prog_names = (opts.programs.split(",") if opts.programs
-                  else ["richards", "demo"] if opts.quick else [*PYPERFORMANCE, *WORKLOADS])
+                  else ["richards", "demo"] if opts.quick else [*PYPERFORMANCE, *WORKLOADS, *PACKAGE_PROGRAMS])
     tools = [t.strip() for t in opts.tools.split(",") if t.strip()]
     for t in tools:
         if t not in TOOLS:
