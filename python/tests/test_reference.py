@@ -217,6 +217,19 @@ def test_calls_mode_records_every_call_whatever_the_threshold(ocl):
     assert counts(f["workload"])[("loop", "PY_START")] == 20
 
 
+def test_thousands_of_functions_keep_their_own_ids_through_the_code_cache(ocl):
+    # GIVEN 3,000 functions called in turn, more than the callbacks' two cache levels hold apart
+    with ocular.record(ocl, mode="calls"):
+        with Reference(event_names("calls")) as ref:
+            workloads.many_functions(3000, 3)
+    # THEN every event is the reference's, each under its own function: a stale cache entry would give one
+    # function another's id
+    f = read_ocl(ocl)
+    c = counts(f["workload"])
+    assert c == counts(ref.events)
+    assert all(c[(f"f{i}", "PY_START")] == 3 and c[(f"f{i}", "PY_RETURN")] == 3 for i in range(3000))
+
+
 def test_header_describes_the_interpreter(ocl):
     with ocular.record(ocl, mode="precise", deinstrument_threshold=3, exclude="x"):
         pass

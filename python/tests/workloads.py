@@ -96,3 +96,18 @@ def mixed():
     objects(20)
     use_gen(20)
     exceptions(3)
+
+
+def many_functions(n, rounds):
+    """`n` distinct functions (f0 .. f{n-1}, compiled in this file), each called `rounds` times, in an order
+    that cycles through all of them: far more code objects than a thread's first-level code cache holds,
+    many sharing its slots and the second level's."""
+    src = "\n".join(f"def f{i}(x):\n    return x + {i}\n" for i in range(n))
+    space = {}
+    exec(compile(src, __file__, "exec"), space)
+    fs = [space[f"f{i}"] for i in range(n)]
+    t = 0
+    for r in range(rounds):
+        for i in range(n):
+            t += fs[(i * 7 + r) % n](i)
+    return t
