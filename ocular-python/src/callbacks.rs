@@ -178,10 +178,12 @@ unsafe fn resolve<
     unsafe {
         let code = *args;
         let second = slot2(code as usize);
-        let entry = (&(*ts).cache2)[second];
-        if entry.code == code as usize {
-            (&mut (*ts).cache)[slot(code as usize)] = entry;
-            return record::<KIND, DEST, LOCATION, CAN_DISABLE, THRESH>(ts, entry, t, args);
+        let cache2: &[Cached] = &(*ts).cache2;
+        if let Some(&entry) = cache2.get(second) {
+            if entry.code == code as usize {
+                (&mut (*ts).cache)[slot(code as usize)] = entry;
+                return record::<KIND, DEST, LOCATION, CAN_DISABLE, THRESH>(ts, entry, t, args);
+            }
         }
         let cs = lookup(code);
         // lookup may have run Python, and so other threads: check the recording is still ours.
@@ -191,7 +193,16 @@ unsafe fn resolve<
         if (*cs).flags == RECORD {
             let entry = Cached::of(code as usize, cs);
             (&mut (*ts).cache)[slot(code as usize)] = entry;
-            (&mut (*ts).cache2)[second] = entry;
+            let ts = &mut *ts;
+            if ts.cache2.is_empty() {
+                ts.misses += 1;
+                if ts.misses >= super::CODE_CACHE2_AFTER {
+                    ts.cache2 = vec![Cached::EMPTY; super::CODE_CACHE2].into_boxed_slice();
+                }
+            }
+            if let Some(e) = ts.cache2.get_mut(second) {
+                *e = entry;
+            }
             return record::<KIND, DEST, LOCATION, CAN_DISABLE, THRESH>(ts, entry, t, args);
         }
         special::<KIND, DEST, LOCATION, CAN_DISABLE, THRESH>(ts, cs, t, args)

@@ -228,11 +228,14 @@ impl Cached {
     }
 }
 
-/// The second level, read when the first misses, before the recorder's map (48 KiB a thread): a program
-/// whose hot part runs hundreds of functions misses the first level often. sqlglot transpiling its test
-/// fixture (3,200 code objects) missed 64 entries at 17% of its events, 2,048 at 0.5% (simulated on its
-/// trace); with the map behind the first level its recording cost ~1.8x the floor's per event.
+/// The second level, read when the first misses, before the recorder's map (48 KiB): a program whose hot
+/// part runs hundreds of functions misses the first level often. sqlglot transpiling its test fixture
+/// (3,200 code objects) missed 64 entries at 17% of its events, 2,048 at 0.5% (simulated on its trace);
+/// with the map behind the first level its recording cost ~1.8x the floor's per event. Allocated once a
+/// thread has missed the first level `CODE_CACHE2_AFTER` times, and freed when the thread ends: thread
+/// states are never freed, and a program that starts thousands of short threads keeps no 48 KiB of each.
 pub(crate) const CODE_CACHE2: usize = 2048;
+pub(crate) const CODE_CACHE2_AFTER: u32 = 256;
 /// Entries of a thread's cache of C callables: a program calls a few dozen distinct ones in its hot parts.
 pub(crate) const C_CACHE: usize = 128;
 
@@ -240,8 +243,10 @@ struct ThreadState {
     buf: ThreadBuffer,
     generation: u64,
     cache: [Cached; CODE_CACHE],
-    /// The second level (`CODE_CACHE2` entries), cleared where `cache` is.
+    /// The second level (`CODE_CACHE2` entries, or none yet), cleared where `cache` is.
     cache2: Box<[Cached]>,
+    /// First-level misses while the second level is not allocated.
+    misses: u32,
     named: bool,
     /// The recorder's sink and threshold, cached here so the hot path reads one struct. Valid while
     /// `generation` matches (the recorder is boxed and lives until stop bumps the generation).
@@ -869,7 +874,8 @@ unsafe fn attach(ts: *mut ThreadState) -> *mut ThreadState {
             buf: ThreadBuffer::new(tid),
             generation: 0,
             cache: [Cached::EMPTY; CODE_CACHE],
-            cache2: vec![Cached::EMPTY; CODE_CACHE2].into_boxed_slice(),
+            cache2: Box::new([]),
+            misses: 0,
             ccache: [(0, 0, 0); C_CACHE],
             pcache: [(0, 0); C_CACHE],
             named: false,
@@ -979,6 +985,9 @@ unsafe fn thread_ending(ts: *mut ThreadState) {
     let t = unsafe { &mut *ts };
     t.buf.flush(rec.out.sink());
     due::unregister(t.pyts);
+    // Nothing of the thread runs after its bootstrap returns: its second-level cache goes (the state stays).
+    t.cache2 = Box::new([]);
+    t.misses = 0;
 }
 
 extern "C" {

@@ -230,6 +230,28 @@ def test_thousands_of_functions_keep_their_own_ids_through_the_code_cache(ocl):
     assert all(c[(f"f{i}", "PY_START")] == 3 and c[(f"f{i}", "PY_RETURN")] == 3 for i in range(3000))
 
 
+def test_threads_each_keep_their_functions_ids_through_their_own_code_caches(ocl):
+    # GIVEN four threads each calling 1,500 functions of their own in turn (the GIL switching between them)
+    import threading
+
+    def work():
+        workloads.many_functions(1500, 2)
+
+    with ocular.record(ocl, mode="calls"):
+        with Reference(event_names("calls")) as ref:
+            ts = [threading.Thread(target=work) for _ in range(4)]
+            for t in ts:
+                t.start()
+            for t in ts:
+                t.join()
+    # THEN each thread's events are the reference's, under their own functions
+    f = read_ocl(ocl)
+    assert {tid: counts({tid: evs}) for tid, evs in f["workload"].items()} == {
+        tid: counts({tid: evs}) for tid, evs in ref.events.items()}
+    c = counts(f["workload"])
+    assert all(c[(f"f{i}", "PY_START")] == 8 for i in range(1500))
+
+
 def test_header_describes_the_interpreter(ocl):
     with ocular.record(ocl, mode="precise", deinstrument_threshold=3, exclude="x"):
         pass
