@@ -33,7 +33,6 @@ import time
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 DEFAULT = os.path.join(ROOT, "bench", "programs", "sqlglot_identity.py")
-EVENTS = ["PY_START", "PY_RETURN", "PY_YIELD", "PY_RESUME", "PY_THROW", "PY_UNWIND"]
 TOOL = 4
 
 
@@ -48,12 +47,13 @@ def child(kind: str, out: str, argv: list[str]) -> None:
     rec = None
     if kind in ("noop", "floor"):
         from ocular import _ocular
+        from ocular._recorder import event_names
 
         cb = _ocular.bench_callbacks[kind]
         mon = sys.monitoring
         mon.use_tool_id(TOOL, "bench")
         mask = 0
-        for n in EVENTS:
+        for n in event_names("calls"):  # the events Ocular's calls mode asks for
             e = getattr(mon.events, n)
             mon.register_callback(TOOL, e, cb)
             mask |= e
@@ -63,16 +63,16 @@ def child(kind: str, out: str, argv: list[str]) -> None:
 
         rec = ocular.record(out, mode="calls")
         rec.start()
-    started, cpu = time.time(), time.thread_time()
+    started = time.time()
     try:
         runpy.run_path(argv[0], run_name="__main__")
     finally:
-        ran, cpu = time.time(), time.thread_time() - cpu
+        ran = time.time()
         if kind in ("noop", "floor"):
             sys.monitoring.set_events(TOOL, 0)
         if rec is not None:
             rec.stop()
-        print(f"ocular-breakdown-stamps {first} {started} {ran} {time.time()} {cpu}", file=sys.stderr)
+        print(f"ocular-breakdown-stamps {first} {started} {ran} {time.time()}", file=sys.stderr)
 
 
 def trace0_available() -> bool:
@@ -125,7 +125,7 @@ def main() -> None:
             if p.returncode != 0:
                 sys.exit(f"{k} failed ({p.returncode}):\n{p.stderr[-2000:]}")
             line = [x for x in p.stderr.splitlines() if x.startswith("ocular-breakdown-stamps")][-1]
-            _, started, ran, _, _ = (float(x) for x in line.split()[1:])
+            _, started, ran, _ = (float(x) for x in line.split()[1:])
             cpu = (u1.ru_utime - u0.ru_utime) + (u1.ru_stime - u0.ru_stime)
             if r:
                 runs[k].append((t1 - t0, cpu, started - t0, ran - started, t1 - ran))
