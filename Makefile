@@ -23,7 +23,7 @@ demo: check-python ## record the bundled workload (testdata/workloads/demo.py), 
 	@mkdir -p $(OUT)
 	@# What a user installs: the package in a venv, whose `ocular` command records and analyzes (the
 	@# standalone analyzer, and its Parquet export's compile of polars, are not needed for it).
-	@venv=$$(scripts/venv.sh $(firstword $(PYTHONS)) | tail -n 1); set -e; \
+	@venv=$$(scripts/venv.sh $(firstword $(PYTHONS)) demo | tail -n 1); set -e; \
 	    run() { echo "== ocular $$*"; $$venv/bin/ocular "$$@"; echo; }; \
 	    run run -o $(OUT)/demo.ocl testdata/workloads/demo.py; \
 	    run info $(OUT)/demo.ocl; \

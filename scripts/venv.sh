@@ -1,10 +1,12 @@
 #!/usr/bin/env bash
-# Usage: scripts/venv.sh PYTHON
+# Usage: scripts/venv.sh PYTHON [demo]
 # Makes (or reuses) .venv/X.Y for the interpreter PYTHON, with maturin and pytest from PyPI, builds the
 # extension into it (release, with its own cargo target dir so versions do not rebuild each other), and
-# prints the venv's directory as its last line.
+# prints the venv's directory as its last line. With `demo`, only what `make demo` runs is installed
+# (maturin, and polars for the Parquet export): the test dependencies come with the first `make test`.
 set -euo pipefail
 py="$1"
+only_demo="${2:-}"
 ver=$("$py" -c 'import sys; print(f"{sys.version_info[0]}.{sys.version_info[1]}")')
 root="$(cd "$(dirname "$0")/.." && pwd)"
 venv="$root/.venv/$ver"
@@ -18,7 +20,12 @@ fi
 # across a recording in the tests and bench/after_stop.py (another sys.monitoring tool in the process);
 # nbclient, ipykernel and nbformat run a real notebook (the %%ocular magic) in python/tests/test_notebook.py;
 # opentelemetry-sdk instruments the service of python/tests/test_spans.py (ocular.otel).
-if ! [ -x "$venv/bin/maturin" ] || ! "$venv/bin/python" -c 'import pytest, polars, pandas, pyarrow, perfetto.protos.perfetto.trace.perfetto_trace_pb2, coverage, nbclient, ipykernel, nbformat, opentelemetry.sdk' 2>/dev/null; then
+if [ "$only_demo" = demo ]; then
+    if ! [ -x "$venv/bin/maturin" ] || ! "$venv/bin/python" -c 'import polars' 2>/dev/null; then
+        echo "== installing maturin and polars into $venv" >&2
+        "$venv/bin/python" -m pip install -q --disable-pip-version-check "maturin>=1.9,<2" polars >&2
+    fi
+elif ! [ -x "$venv/bin/maturin" ] || ! "$venv/bin/python" -c 'import pytest, polars, pandas, pyarrow, perfetto.protos.perfetto.trace.perfetto_trace_pb2, coverage, nbclient, ipykernel, nbformat, opentelemetry.sdk' 2>/dev/null; then
     echo "== installing maturin, pytest, perfetto, polars, pandas, pyarrow and coverage into $venv" >&2
     "$venv/bin/python" -m pip install -q --disable-pip-version-check --upgrade pip >&2
     "$venv/bin/python" -m pip install -q --disable-pip-version-check "maturin>=1.9,<2" "pytest>=8" perfetto protobuf \
