@@ -587,9 +587,10 @@ def main() -> int:
     if c is not None:
         peers = ", ".join(f"{TOOLS[x][0]} {fmt_ratio(v)}" for x, v in
                           (("trace0", t0_), ("cprofile", cp), ("viztracer", vz)) if v is not None)
-        # Below as printed: medians equal to two decimals are level, not ahead.
-        ok = all(v is None or (c < v and fmt_ratio(c) != fmt_ratio(v)) for v in (t0_, cp, vz))
-        level = not ok and all(v is None or c <= v or fmt_ratio(c) == fmt_ratio(v) for v in (t0_, cp, vz))
+        # Compared as printed (two decimals): medians that print equal are level, not ahead.
+        others = [round(v, 2) for v in (t0_, cp, vz) if v is not None]
+        ok = all(round(c, 2) < v for v in others)
+        level = not ok and all(round(c, 2) <= v for v in others)
         checks.append(f"Ocular calls median {fmt_ratio(c)} below trace0's, cProfile's and VizTracer's "
                       f"({peers or 'none measured'}): "
                       f"{'met' if ok else 'NOT met (level)' if level else 'NOT met'}")

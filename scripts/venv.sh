@@ -21,15 +21,17 @@ fi
 # nbclient, ipykernel and nbformat run a real notebook (the %%ocular magic) in python/tests/test_notebook.py;
 # opentelemetry-sdk instruments the service of python/tests/test_spans.py (ocular.otel).
 if [ "$only_demo" = demo ]; then
-    if ! [ -x "$venv/bin/maturin" ] || ! "$venv/bin/python" -c 'import polars' 2>/dev/null; then
-        echo "== installing maturin and polars into $venv" >&2
-        "$venv/bin/python" -m pip install -q --disable-pip-version-check "maturin>=1.9,<2" polars >&2
-    fi
-elif ! [ -x "$venv/bin/maturin" ] || ! "$venv/bin/python" -c 'import pytest, polars, pandas, pyarrow, perfetto.protos.perfetto.trace.perfetto_trace_pb2, coverage, nbclient, ipykernel, nbformat, opentelemetry.sdk' 2>/dev/null; then
-    echo "== installing maturin, pytest, perfetto, polars, pandas, pyarrow and coverage into $venv" >&2
+    needs=(polars) packages=("maturin>=1.9,<2" polars)
+else
+    needs=(pytest polars pandas pyarrow perfetto.protos.perfetto.trace.perfetto_trace_pb2 coverage nbclient ipykernel
+           nbformat opentelemetry.sdk)
+    packages=("maturin>=1.9,<2" "pytest>=8" perfetto protobuf polars pandas pyarrow coverage nbclient ipykernel nbformat
+              opentelemetry-sdk)
+fi
+if ! [ -x "$venv/bin/maturin" ] || ! "$venv/bin/python" -c "import $(IFS=,; echo "${needs[*]}")" 2>/dev/null; then
+    echo "== installing ${packages[*]} into $venv" >&2
     "$venv/bin/python" -m pip install -q --disable-pip-version-check --upgrade pip >&2
-    "$venv/bin/python" -m pip install -q --disable-pip-version-check "maturin>=1.9,<2" "pytest>=8" perfetto protobuf \
-        polars pandas pyarrow coverage nbclient ipykernel nbformat opentelemetry-sdk >&2
+    "$venv/bin/python" -m pip install -q --disable-pip-version-check "${packages[@]}" >&2
 fi
 # The distribution was named `ocular` before (PyPI's `ocular` is another project): a venv made then still
 # has it, and two distributions would both claim the package and its commands.
