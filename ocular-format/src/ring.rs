@@ -409,7 +409,8 @@ pub fn settle_to(ring: &Path, fallback: Option<&Path>) -> crate::Result<Settled>
 /// The recording's side of a ring file.
 #[derive(Debug)]
 pub struct RingWriter {
-    map: memmap2::MmapRaw,
+    /// Given back on a thread of its own when the ring is dropped (see its `Drop`).
+    map: std::mem::ManuallyDrop<memmap2::MmapRaw>,
     /// `None` for a ring in anonymous memory (a flight recorder without a ring file).
     file: Option<File>,
     path: PathBuf,
@@ -535,7 +536,7 @@ impl RingWriter {
     ) -> Self {
         let (slots_offset, meta_offset, chunks_offset, _) = layout.offsets().expect("checked by the caller");
         let w = RingWriter {
-            map,
+            map: std::mem::ManuallyDrop::new(map),
             file,
             path,
             layout,
@@ -873,6 +874,25 @@ impl RingWriter {
             return Ok(());
         }
         std::fs::remove_file(&self.path)
+    }
+}
+
+impl Drop for RingWriter {
+    /// Unmapping a ring gives back the pages its slots were written in, one at a time (~1.5 us each on a
+    /// memory file system: 4-6 ms for the few slots of a recording of millions of events), and the last
+    /// reference to a removed ring file frees them: that is done on a thread of its own, beside the
+    /// program, instead of in the stop that dropped the ring. If the process ends first, its exit frees
+    /// them, as it would have.
+    fn drop(&mut self) {
+        // SAFETY: `self` is being dropped: nothing uses the mapping after this, and it is taken only here.
+        let map = unsafe { std::mem::ManuallyDrop::take(&mut self.map) };
+        let file = self.file.take();
+        let free = move || {
+            drop(map);
+            drop(file);
+        };
+        // A thread that cannot be made drops the closure, and with it the mapping, here.
+        let _ = std::thread::Builder::new().name("ocular-unmap".into()).spawn(free);
     }
 }
 
