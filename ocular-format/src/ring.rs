@@ -882,7 +882,7 @@ impl Drop for RingWriter {
     /// memory file system: 4-6 ms for the few slots of a recording of millions of events), and the last
     /// reference to a removed ring file frees them: that is done on a thread of its own, beside the
     /// program, instead of in the stop that dropped the ring. If the process ends first, its exit frees
-    /// them, as it would have.
+    /// them, as it would have; a fork waits for it ([`finish_unmapping`]).
     fn drop(&mut self) {
         // SAFETY: `self` is being dropped: nothing uses the mapping after this, and it is taken only here.
         let map = unsafe { std::mem::ManuallyDrop::take(&mut self.map) };
@@ -892,7 +892,24 @@ impl Drop for RingWriter {
             drop(file);
         };
         // A thread that cannot be made drops the closure, and with it the mapping, here.
-        let _ = std::thread::Builder::new().name("ocular-unmap".into()).spawn(free);
+        if let Ok(h) = std::thread::Builder::new().name("ocular-unmap".into()).spawn(free) {
+            let mut pending = UNMAPPING.lock().unwrap_or_else(|e| e.into_inner());
+            pending.retain(|h| !h.is_finished());
+            pending.push(h);
+        }
+    }
+}
+
+/// The threads giving rings back (see `RingWriter`'s `Drop`) that may still run.
+static UNMAPPING: Mutex<Vec<std::thread::JoinHandle<()>>> = Mutex::new(Vec::new());
+
+/// Waits until every ring dropped so far has been given back. Before a fork: a thread still unmapping one
+/// would make the process multi-threaded at the fork (Python warns of that from 3.12) when it was not
+/// before the ring was given back there.
+pub fn finish_unmapping() {
+    let pending = std::mem::take(&mut *UNMAPPING.lock().unwrap_or_else(|e| e.into_inner()));
+    for h in pending {
+        let _ = h.join();
     }
 }
 

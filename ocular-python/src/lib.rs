@@ -711,6 +711,13 @@ fn ring_path() -> Option<String> {
     }
 }
 
+/// Before a fork: waits for the threads giving stopped recordings' rings back, so that none is running
+/// when the process forks (see `ocular_format::ring::finish_unmapping`).
+#[pyfunction]
+fn finish_unmapping(py: Python<'_>) {
+    py.detach(ocular_format::ring::finish_unmapping);
+}
+
 /// In a forked child: forget the parent's recording without writing to its file.
 #[pyfunction]
 fn abandon_after_fork() {
@@ -1005,6 +1012,7 @@ fn _ocular(m: &Bound<'_, PyModule>) -> PyResult<()> {
     m.add_function(wrap_pyfunction!(ring_path, m)?)?;
     m.add_function(wrap_pyfunction!(counter_errors, m)?)?;
     m.add_function(wrap_pyfunction!(abandon_after_fork, m)?)?;
+    m.add_function(wrap_pyfunction!(finish_unmapping, m)?)?;
     m.add_function(wrap_pyfunction!(is_recording, m)?)?;
     m.add_function(wrap_pyfunction!(windows::start_windows, m)?)?;
     m.add_function(wrap_pyfunction!(windows::window_signal, m)?)?;

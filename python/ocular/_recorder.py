@@ -141,6 +141,9 @@ def _quiet_fork_warning(quiet: bool) -> None:
 
 
 def _before_fork() -> None:
+    # A stopped recording's ring is given back on a thread of its own: done before the fork, which would
+    # otherwise find the process multi-threaded (and Python warn of it) only because of Ocular.
+    _native().finish_unmapping()
     _quiet_fork_warning(_active is not None and threading.active_count() == 1)
 
 
