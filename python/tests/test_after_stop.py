@@ -196,30 +196,6 @@ def test_cprofile_in_a_forked_child_counts_every_call(ocl):
     assert out.split() == ["child", "True", str(CALLS)]
 
 
-@pytest.mark.skipif(not hasattr(os, "fork"), reason="needs os.fork")
-def test_a_fork_right_after_a_stop_finds_the_process_single_threaded(ocl):
-    # GIVEN a recording of a million calls (its ring's slots are given back on a thread of Ocular's after the
-    # stop), WHEN the program forks as soon as the recording stopped, THEN Python does not warn that the
-    # process is multi-threaded: the fork waited for that thread, as a process that never recorded has none.
-    out = _run(f"""
-        import os, warnings, ocular
-        def f():
-            return 1
-        warnings.simplefilter("always")
-        with warnings.catch_warnings(record=True) as caught:
-            for _ in range(3):
-                with ocular.record({ocl!r}, mode="calls"):
-                    for _ in range(1_000_000):
-                        f()
-                pid = os.fork()
-                if pid == 0:
-                    os._exit(0)
-                os.waitpid(pid, 0)
-        print(len(caught), [str(w.message) for w in caught])
-    """)
-    assert out.split()[0] == "0", out
-
-
 def test_coverage_across_a_recording_still_reports_every_line(tmp_path):
     # GIVEN coverage.py on sys.monitoring (its sysmon core), which also returns DISABLE for lines it has
     # seen, started before a recording and stopped after it

@@ -358,8 +358,7 @@ def f():
 e = threading.Event()
 if THREAD:
     threading.Thread(target=e.wait).start()
-for _ in range(10):
-    f()
+WORK
 pid = os.fork()
 if pid == 0:
     os._exit(0)
@@ -373,11 +372,25 @@ def test_fork_warns_about_threads_only_when_the_program_has_its_own(tmp_path, th
     # Ocular's writer thread made every fork warn "This process is multi-threaded" (CPython counts the
     # OS's threads); the program's own threads still make it warn, as without Ocular.
     script = tmp_path / "w.py"
-    script.write_text(FORK.replace("THREAD", str(thread)))
+    script.write_text(FORK.replace("THREAD", str(thread)).replace("WORK", "for _ in range(10):\n    f()"))
     r = _python(["-W", "default", "-m", "ocular", "run", "-q", "-o", str(tmp_path / "t.ocl"), str(script)], tmp_path)
     assert r.returncode == 0, r.stderr
     plain = _python(["-W", "default", str(script)], tmp_path)
     assert ("is multi-threaded" in r.stderr) == ("is multi-threaded" in plain.stderr) == thread, r.stderr
+
+
+def test_a_fork_right_after_a_stop_does_not_warn_about_threads(tmp_path):
+    # A stopped recording's ring is given back on a thread of Ocular's: a fork as soon as the recording of a
+    # million calls stopped waits for that thread, and finds the process single-threaded, as a program that
+    # never recorded is (three stops, a fork after each: three warnings before the fork waited).
+    work = (f"import ocular\nfor _ in range(3):\n    with ocular.record({str(tmp_path / 't.ocl')!r}, mode='calls'):\n"
+            "        for _ in range(1_000_000):\n            f()\n    if os.fork() == 0:\n        os._exit(0)\n"
+            "    os.wait()")
+    script = tmp_path / "w.py"
+    script.write_text(FORK.replace("THREAD", "False").replace("WORK", work))
+    r = _python(["-W", "default", str(script)], tmp_path)
+    assert r.returncode == 0, r.stderr
+    assert "is multi-threaded" not in r.stderr, r.stderr
 
 
 def test_the_fork_warning_filter_is_gone_after_the_stop(ocl):
