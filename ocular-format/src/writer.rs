@@ -31,17 +31,16 @@ pub struct WriterOptions {
     /// zstd level for CODE chunks: written once per code object, they are a small part of the writer's
     /// work and, in a thresholded recording, much of the file. They are compressed while the program runs.
     pub meta_level: i32,
-    /// zstd level for SNAPSHOT chunks: compressed while the stop waits.
-    pub snapshot_level: i32,
 }
 
 impl Default for WriterOptions {
     fn default() -> Self {
         // Level 1: the same size within 0.5% as level 3 on recorder data, and a third less writer CPU (BENCHMARKS.md).
-        // Snapshots at level 1 too, with the events' context: sqlglot's 1,502 snapshots (601 KB of mostly
-        // zero XORed bytecode) came to 50,088 bytes against 50,016 at level 3, compressed in 2.1-2.5 ms
-        // against 3.2-3.9 while the stop waits, and a context of its own cost its tables' set-up besides.
-        Self { compress: true, level: 1, meta_level: META_LEVEL, snapshot_level: 1 }
+        // SNAPSHOT (and CFUNC) chunks go through the events' context, at their level: sqlglot's 1,502
+        // snapshots (601 KB of mostly zero XORed bytecode) came to 50,088 bytes against 50,016 at level 3,
+        // compressed in 2.1-2.5 ms against 3.2-3.9 while the stop waits, and a context of their own cost its
+        // tables' set-up besides.
+        Self { compress: true, level: 1, meta_level: META_LEVEL }
     }
 }
 
@@ -69,7 +68,6 @@ pub struct Writer<W: Write> {
     events: u64,
     lost: u64,
     zstd: zstd::bulk::Compressor<'static>,
-    snapshot_zstd: Option<zstd::bulk::Compressor<'static>>,
     raw: Vec<u8>,
     stored: Vec<u8>,
     encoder: crate::codec::Encoder,
@@ -125,7 +123,6 @@ impl<W: Write> Writer<W> {
             events: 0,
             lost: 0,
             zstd,
-            snapshot_zstd: None,
             raw: Vec::new(),
             stored: Vec::new(),
             encoder: Default::default(),
@@ -359,7 +356,7 @@ impl<W: Write> Writer<W> {
                 push_framed(&snapshot, &mut one, &mut self.raw, "code snapshot")?;
                 bytecode = snapshot.bytecode;
             }
-            self.emit(Place::meta(kind::SNAPSHOT, 0, part.len() as u32), Zstd::Snapshots)?;
+            self.emit(Place::meta(kind::SNAPSHOT, 0, part.len() as u32), Zstd::Events)?;
         }
         Ok(())
     }
@@ -383,7 +380,7 @@ impl<W: Write> Writer<W> {
             for f in part {
                 push_framed(f, &mut one, &mut self.raw, "C function")?;
             }
-            self.emit(Place::meta(kind::CFUNC, 0, part.len() as u32), Zstd::Snapshots)?;
+            self.emit(Place::meta(kind::CFUNC, 0, part.len() as u32), Zstd::Events)?;
         }
         Ok(())
     }
@@ -452,17 +449,7 @@ impl<W: Write> Writer<W> {
         if compress {
             self.stored.clear();
             self.stored.reserve(zstd::zstd_safe::compress_bound(self.raw.len()));
-            // Two contexts: switching one context's level would reset its tables at every switch.
-            let z = if how == Zstd::Snapshots && self.opts.snapshot_level != self.opts.level {
-                if self.snapshot_zstd.is_none() {
-                    let z = zstd::bulk::Compressor::new(self.opts.snapshot_level).map_err(|e| io_err(&self.path, e))?;
-                    self.snapshot_zstd = Some(z);
-                }
-                self.snapshot_zstd.as_mut().expect("set above")
-            } else {
-                &mut self.zstd
-            };
-            z.compress_to_buffer(&self.raw, &mut self.stored).map_err(|e| io_err(&self.path, e))?;
+            self.zstd.compress_to_buffer(&self.raw, &mut self.stored).map_err(|e| io_err(&self.path, e))?;
             // A small payload can grow by zstd's frame header: then it is stored as it is.
             compress = self.stored.len() < self.raw.len();
         }
@@ -532,12 +519,11 @@ impl Place {
     }
 }
 
-/// Which zstd context a chunk is compressed with, if any.
+/// Whether a chunk is compressed (with the events' context), or stored as it is.
 #[derive(Clone, Copy, PartialEq, Eq)]
 enum Zstd {
     No,
     Events,
-    Snapshots,
 }
 
 /// Appends `item` as a framed record: postcard's encoding of a byte string (varint length, then the
