@@ -64,6 +64,46 @@ pub struct SpanBegin {
     pub cut: bool,
 }
 
+/// [`SpanBegin`] borrowed: what the recorder writes a span's beginning from without copying its name and
+/// attributes. It serializes to the same bytes.
+#[derive(Clone, Copy, Debug, Serialize)]
+pub struct SpanBeginRef<'a> {
+    /// The span's name.
+    pub name: &'a str,
+    /// The OpenTelemetry trace id (16 bytes), or empty.
+    #[serde(with = "serde_bytes")]
+    pub trace_id: &'a [u8],
+    /// The OpenTelemetry span id (8 bytes), or empty.
+    #[serde(with = "serde_bytes")]
+    pub span_id: &'a [u8],
+    /// The OpenTelemetry parent span's id (8 bytes), or empty.
+    #[serde(with = "serde_bytes")]
+    pub parent_span_id: &'a [u8],
+    /// The key of the span of this recording that encloses it (0: none).
+    pub parent: u64,
+    /// 0: the span is its thread's; otherwise the frame id (FORMAT.md 5.5) of its asyncio task's coroutine.
+    pub frame: u64,
+    /// Its attributes when it began.
+    pub attributes: &'a [Attribute],
+    /// Attribute values were cut to fit [`MAX_RECORD`] (false: [`write_begin_ref`] cuts them if it must).
+    pub cut: bool,
+}
+
+impl SpanBeginRef<'_> {
+    fn owned(self) -> SpanBegin {
+        SpanBegin {
+            name: self.name.to_owned(),
+            trace_id: self.trace_id.to_vec(),
+            span_id: self.span_id.to_vec(),
+            parent_span_id: self.parent_span_id.to_vec(),
+            parent: self.parent,
+            frame: self.frame,
+            attributes: self.attributes.to_vec(),
+            cut: self.cut,
+        }
+    }
+}
+
 /// A span's record at its end (FORMAT.md 5.9, `SpanEnd`).
 #[derive(Clone, Debug, Default, PartialEq, Serialize, Deserialize)]
 pub struct SpanEnd {
@@ -125,9 +165,35 @@ fn truncate_at_char(s: &mut String, at: usize) {
 /// Writes the events of a span's beginning through `push`: a `SPAN` of `key` at `ticks`, then its record's
 /// pieces. A record too long is cut to fit, and says so (`cut`).
 pub fn write_begin(ticks: u64, key: u64, record: &SpanBegin, push: impl FnMut(RawEvent)) {
-    let bytes = encode(record, |r| &mut r.attributes, |r| &mut r.name, |r| &mut r.cut);
-    events(EventKind::SPAN, ticks, key, Some(&bytes), push);
+    let r = SpanBeginRef {
+        name: &record.name,
+        trace_id: &record.trace_id,
+        span_id: &record.span_id,
+        parent_span_id: &record.parent_span_id,
+        parent: record.parent,
+        frame: record.frame,
+        attributes: &record.attributes,
+        cut: record.cut,
+    };
+    write_begin_ref(ticks, key, &r, push);
 }
+
+/// [`write_begin`] from a borrowed record. A span's beginning is written on the program's thread, as it
+/// runs: a record that fits [`ENCODED_ON_STACK`] bytes is encoded there, without an allocation.
+pub fn write_begin_ref(ticks: u64, key: u64, record: &SpanBeginRef<'_>, push: impl FnMut(RawEvent)) {
+    let mut buf = [0u8; ENCODED_ON_STACK];
+    match postcard::to_slice(record, &mut buf) {
+        Ok(bytes) => events(EventKind::SPAN, ticks, key, Some(bytes), push),
+        Err(_) => {
+            let owned = record.owned();
+            let bytes = encode(&owned, |r| &mut r.attributes, |r| &mut r.name, |r| &mut r.cut);
+            events(EventKind::SPAN, ticks, key, Some(&bytes), push);
+        }
+    }
+}
+
+/// The longest span record encoded on the stack (a name, ids and a few short attributes).
+const ENCODED_ON_STACK: usize = 512;
 
 /// Writes the events of a span's end through `push`: a `SPAN_END` of `key` at `ticks`, then its record's
 /// pieces if it adds anything to the beginning's.
@@ -391,5 +457,13 @@ mod tests {
         // A record that fits is not marked cut.
         let [Mark::Begin { record: Some(back), .. }] = &read(&begin_events(1, 1, &request()))[..] else { panic!() };
         assert!(!back.cut);
+    }
+
+    #[test]
+    fn a_record_longer_than_the_stack_buffer_but_within_the_limit_is_written_whole() {
+        let mut r = request();
+        r.attributes.push(Attribute { key: "db.statement".into(), kind: 0, value: "x".repeat(2 * ENCODED_ON_STACK) });
+        let [Mark::Begin { record: Some(back), .. }] = &read(&begin_events(1, 1, &r))[..] else { panic!() };
+        assert_eq!(back, &r);
     }
 }

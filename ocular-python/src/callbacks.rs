@@ -135,6 +135,23 @@ fn slot(code: usize) -> usize {
     (code >> 4) % CODE_CACHE
 }
 
+/// The boundary flags (FORMAT.md 5.5) of the code object at `code`, from the thread's first-level cache
+/// (the functions on its stack mostly are there) or else the recording's table; `None` for code the
+/// recording has not seen.
+///
+/// # Safety
+/// GIL held; `ts` the calling thread's state for the current recording.
+pub(super) unsafe fn code_boundary(ts: *mut ThreadState, code: usize) -> Option<u8> {
+    // SAFETY: GIL held and `ts` current (caller).
+    unsafe {
+        let entry = (&(*ts).cache)[slot(code)];
+        if entry.code == code {
+            return Some(entry.boundary);
+        }
+        state().recorder.as_deref()?.codes.get(&code).map(|cs| cs.boundary)
+    }
+}
+
 /// An event of a thread that was not the last to record: its state is looked up (and attached), then the
 /// code object as in [`resolve`].
 ///

@@ -1022,6 +1022,7 @@ fn _ocular(m: &Bound<'_, PyModule>) -> PyResult<()> {
     m.add_function(wrap_pyfunction!(spans::span_rules, m)?)?;
     m.add_function(wrap_pyfunction!(spans::span_current, m)?)?;
     m.add_class::<spans::Span>()?;
+    m.add_class::<spans::Done>()?;
     m.add_function(wrap_pyfunction!(due::due_stacks_usable, m)?)?;
     m.add_function(wrap_pyfunction!(read::read, m)?)?;
     m.add_function(wrap_pyfunction!(read::file_events, m)?)?;

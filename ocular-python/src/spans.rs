@@ -1,14 +1,16 @@
 //! Spans (FORMAT.md 5.9): a stretch of the program its code marks as one unit of work (a request, a job),
-//! written into the event stream of the thread where it runs. [`Span`] is `ocular.span`'s native half (a
-//! context manager whose entry and exit cost a few hundred nanoseconds); the OpenTelemetry span processor
-//! (`ocular.otel`) calls [`span_begin`] and [`span_end`]. Neither is on the hot path of the callbacks.
+//! written into the event stream of the thread where it runs. [`Span`] is `ocular.span` (a context manager,
+//! async context manager and decorator whose entry and exit cost a few hundred nanoseconds: a service
+//! writes one around every request); the OpenTelemetry span processor (`ocular.otel`) calls [`span_begin`]
+//! and [`span_end`]. Neither is on the hot path of the callbacks.
 
-use super::callbacks::current_thread;
+use super::callbacks::{code_boundary, current_thread};
 use super::state;
-use ocular_format::span::{self, Attribute, SpanBegin, SpanEnd};
+use super::ThreadState;
+use ocular_format::span::{self, Attribute, SpanBeginRef, SpanEnd};
 use ocular_format::EventKind;
 use ocular_record::clock;
-use pyo3::exceptions::PyRuntimeError;
+use pyo3::exceptions::{PyRuntimeError, PyStopIteration};
 use pyo3::ffi;
 use pyo3::prelude::*;
 use pyo3::types::{PyBool, PyDict, PyFloat, PyInt, PyList, PyString, PyTuple};
@@ -19,18 +21,22 @@ static NEXT: AtomicU64 = AtomicU64::new(1);
 static NEXT_FOR: AtomicU64 = AtomicU64::new(0);
 
 /// The `contextvars.ContextVar` holding the key of the span that encloses the code running now (per thread
-/// and per asyncio task), and the function a span's end calls while dump rules are set (`_spans.ended`):
-/// given by the package once ([`span_setup`]), kept for the process's life.
+/// and per asyncio task), the function a span's end calls while dump rules are set (`_spans.ended`), and
+/// the one that makes a decorated function (`_spans.decorate`): given by the package once ([`span_setup`]),
+/// kept for the process's life.
 static CURRENT: AtomicPtr<ffi::PyObject> = AtomicPtr::new(std::ptr::null_mut());
 static ENDED: AtomicPtr<ffi::PyObject> = AtomicPtr::new(std::ptr::null_mut());
+static DECORATE: AtomicPtr<ffi::PyObject> = AtomicPtr::new(std::ptr::null_mut());
 /// Whether the running recording has dump rules (a span's end then reports its duration).
 static RULES: AtomicBool = AtomicBool::new(false);
 
-/// `span_setup(current, ended)`: the package's context variable and its span-end hook (once, at import).
+/// `span_setup(current, ended, decorate)`: the package's context variable, its span-end hook and its
+/// decorator (once, at import).
 #[pyfunction]
-pub(super) fn span_setup(current: Bound<'_, PyAny>, ended: Bound<'_, PyAny>) {
+pub(super) fn span_setup(current: Bound<'_, PyAny>, ended: Bound<'_, PyAny>, decorate: Bound<'_, PyAny>) {
     CURRENT.store(current.unbind().into_ptr(), Ordering::Release);
     ENDED.store(ended.unbind().into_ptr(), Ordering::Release);
+    DECORATE.store(decorate.unbind().into_ptr(), Ordering::Release);
 }
 
 /// `span_rules(on)`: whether the running recording has dump rules.
@@ -40,8 +46,7 @@ pub(super) fn span_rules(on: bool) {
 }
 
 /// A span's attributes as FORMAT.md 5.9 writes them: (key, kind, value as text).
-fn attributes_of(d: Option<&Bound<'_, PyDict>>) -> PyResult<Vec<(String, u8, String)>> {
-    let Some(d) = d else { return Ok(Vec::new()) };
+fn attributes_of(d: &Bound<'_, PyDict>) -> PyResult<Vec<Attribute>> {
     let mut out = Vec::with_capacity(d.len());
     for (k, v) in d.iter() {
         out.push(attribute(k.str()?.to_string(), &v)?);
@@ -49,7 +54,7 @@ fn attributes_of(d: Option<&Bound<'_, PyDict>>) -> PyResult<Vec<(String, u8, Str
     Ok(out)
 }
 
-fn attribute(key: String, v: &Bound<'_, PyAny>) -> PyResult<(String, u8, String)> {
+fn attribute(key: String, v: &Bound<'_, PyAny>) -> PyResult<Attribute> {
     let kind = if v.is_instance_of::<PyString>() {
         0
     } else if v.is_instance_of::<PyBool>() {
@@ -64,22 +69,27 @@ fn attribute(key: String, v: &Bound<'_, PyAny>) -> PyResult<(String, u8, String)
         5
     };
     let text = if kind == 4 { v.repr()? } else { v.str()? };
-    Ok((key, kind, text.to_string()))
+    Ok(Attribute { key, kind, value: text.to_string() })
 }
 
-/// `ocular.span(name, **attributes)`'s native half: a context manager that writes a span's beginning at
-/// its entry and its end at its exit. `ocular.span` (python/ocular/_spans.py) adds `async with` and the
-/// decorator.
-#[pyclass(module = "ocular._ocular", name = "Span", subclass)]
+/// Marks a span, named ``name``, with attributes: a context manager (``with``, ``async with``) or a
+/// decorator of a function or coroutine function (a span per call). ``set_attribute(key, value)`` adds an
+/// attribute known only once it runs.
+///
+/// A span belongs to the thread where it begins, or, begun in a coroutine, to that coroutine and what it
+/// awaits: the asyncio tasks that run in between on the same thread are not in it. An exception that ends
+/// it is its status (an error, with the exception's message). One ``span`` object marks one span at a
+/// time; a decorator makes a new one per call. While nothing records, a span writes nothing.
+#[pyclass(module = "ocular", name = "span", freelist = 64)]
 pub(super) struct Span {
     /// The span's name.
     #[pyo3(get)]
-    name: String,
+    name: Py<PyString>,
     /// Its attributes as given (a decorator makes a span per call with them).
     #[pyo3(get)]
     attributes: Option<Py<PyDict>>,
     /// Attributes set while it runs, written at its end.
-    later: Vec<(String, u8, String)>,
+    later: Vec<Attribute>,
     /// Its key while open and recorded (0: not recorded), and whether it is open.
     key: u64,
     open: bool,
@@ -95,7 +105,7 @@ impl Span {
     #[pyo3(signature = (name, /, **attributes))]
     fn new(name: Bound<'_, PyAny>, attributes: Option<Bound<'_, PyDict>>) -> PyResult<Self> {
         Ok(Span {
-            name: name.str()?.to_string(),
+            name: name.str()?.unbind(),
             attributes: attributes.map(Bound::unbind),
             later: Vec::new(),
             key: 0,
@@ -108,7 +118,7 @@ impl Span {
     /// An attribute known only once the span runs (a result's size): written at its end.
     fn set_attribute(&mut self, key: Bound<'_, PyAny>, value: Bound<'_, PyAny>) -> PyResult<()> {
         let a = attribute(key.str()?.to_string(), &value)?;
-        self.later.retain(|x| x.0 != a.0);
+        self.later.retain(|x| x.key != a.key);
         self.later.push(a);
         Ok(())
     }
@@ -116,6 +126,37 @@ impl Span {
     fn __enter__(slf: Bound<'_, Self>) -> PyResult<Bound<'_, Self>> {
         Self::begin(&slf, None)?;
         Ok(slf)
+    }
+
+    /// `async with`: the span begins in the caller's coroutine, which is what it belongs to (a coroutine of
+    /// Ocular's own is not recorded, and would be the innermost one on the stack), so this is not one: it
+    /// returns an awaitable that is done at once.
+    fn __aenter__(slf: Bound<'_, Self>) -> PyResult<Done> {
+        Self::begin(&slf, None)?;
+        Ok(Done { value: Some(slf.into_any().unbind()) })
+    }
+
+    #[pyo3(signature = (exc_type = None, exc = None, tb = None))]
+    fn __aexit__(
+        &mut self,
+        py: Python<'_>,
+        exc_type: Option<Bound<'_, PyAny>>,
+        exc: Option<Bound<'_, PyAny>>,
+        tb: Option<Bound<'_, PyAny>>,
+    ) -> PyResult<Done> {
+        self.__exit__(py, exc_type, exc, tb)?;
+        Ok(Done { value: None })
+    }
+
+    /// As a decorator: a span per call of `fn` (per run of a coroutine function's coroutine).
+    fn __call__<'py>(slf: Bound<'py, Self>, r#fn: Bound<'py, PyAny>) -> PyResult<Bound<'py, PyAny>> {
+        let py = slf.py();
+        let hook = DECORATE.load(Ordering::Acquire);
+        if hook.is_null() {
+            return Err(PyRuntimeError::new_err("ocular.span as a decorator needs the ocular package"));
+        }
+        // SAFETY: `hook` is kept alive by span_setup's reference.
+        unsafe { Bound::from_borrowed_ptr(py, hook) }.call1((slf, r#fn))
     }
 
     /// Begins the span as the turns of `coro` (a coroutine not yet started: the decorator's), or, without
@@ -171,14 +212,14 @@ impl Span {
         let began = std::mem::take(&mut self.began);
         if began != 0 && RULES.load(Ordering::Relaxed) {
             if let Some(end) = end {
-                report_end(py, &self.name, end.saturating_sub(began))?;
+                report_end(py, self.name.bind(py), end.saturating_sub(began))?;
             }
         }
         Ok(false)
     }
 
-    fn __repr__(&self) -> String {
-        format!("ocular.span({:?})", self.name)
+    fn __repr__(&self, py: Python<'_>) -> String {
+        format!("ocular.span({:?})", self.name.bind(py).to_string_lossy())
     }
 }
 
@@ -189,7 +230,7 @@ impl Span {
         if s.open {
             return Err(PyRuntimeError::new_err(format!(
                 "span {:?} is already open: one span object marks one span at a time",
-                s.name
+                s.name.bind(py).to_string_lossy()
             )));
         }
         s.open = true;
@@ -200,11 +241,12 @@ impl Span {
         let var = CURRENT.load(Ordering::Acquire);
         let parent = current_key(py, var);
         let attributes = match &s.attributes {
-            Some(d) => attributes_of(Some(d.bind(py)))?,
+            Some(d) => attributes_of(d.bind(py))?,
             None => Vec::new(),
         };
         let frame = coro.map_or(0, |c| frame_of(&c));
-        let (key, t) = write_begin(s.name.clone(), attributes, &[], &[], &[], parent, frame);
+        let name = s.name.bind(py).to_str()?;
+        let (key, t) = write_begin(name, &attributes, &[], &[], &[], parent, frame);
         s.key = key;
         if key != 0 && !var.is_null() {
             let k = key.into_pyobject(py)?;
@@ -240,7 +282,7 @@ fn current_key(py: Python<'_>, var: *mut ffi::PyObject) -> u64 {
 }
 
 /// A span's end took `ticks`: the package's hook decides whether a dump rule fires.
-fn report_end(py: Python<'_>, name: &str, ticks: u64) -> PyResult<()> {
+fn report_end(py: Python<'_>, name: &Bound<'_, PyString>, ticks: u64) -> PyResult<()> {
     let hook = ENDED.load(Ordering::Acquire);
     if hook.is_null() {
         return Ok(());
@@ -258,8 +300,8 @@ fn report_end(py: Python<'_>, name: &str, ticks: u64) -> PyResult<()> {
 
 /// Writes a span's beginning on the calling thread: its key (0 when nothing records) and tick.
 fn write_begin(
-    name: String,
-    attributes: Vec<(String, u8, String)>,
+    name: &str,
+    attributes: &[Attribute],
     trace_id: &[u8],
     span_id: &[u8],
     parent_span_id: &[u8],
@@ -278,24 +320,24 @@ fn write_begin(
             NEXT.store(1, Ordering::Relaxed);
         }
         let key = NEXT.fetch_add(1, Ordering::Relaxed);
-        let record = SpanBegin {
+        let record = SpanBeginRef {
             name,
-            trace_id: trace_id.to_vec(),
-            span_id: span_id.to_vec(),
-            parent_span_id: parent_span_id.to_vec(),
+            trace_id,
+            span_id,
+            parent_span_id,
             parent,
-            frame: if frame != 0 { frame } else { coroutine_frame((*ts).pyts) },
-            attributes: attributes.into_iter().map(|(key, kind, value)| Attribute { key, kind, value }).collect(),
+            frame: if frame != 0 { frame } else { coroutine_frame(ts) },
+            attributes,
             cut: false,
         };
-        span::write_begin(t, key, &record, |e| (*ts).buf.push(e, &*(*ts).sink));
+        span::write_begin_ref(t, key, &record, |e| (*ts).buf.push(e, &*(*ts).sink));
         (key, t)
     }
 }
 
 /// Writes a span's end on the calling thread; its tick, or `None` if nothing records (or an earlier
 /// recording's span).
-fn write_end(key: u64, status: u8, message: String, attributes: Vec<(String, u8, String)>) -> Option<u64> {
+fn write_end(key: u64, status: u8, message: String, attributes: Vec<Attribute>) -> Option<u64> {
     let t = clock::ticks();
     // SAFETY: GIL held (callers are Python-facing); the thread state of the current recording, if any.
     unsafe {
@@ -303,12 +345,7 @@ fn write_end(key: u64, status: u8, message: String, attributes: Vec<(String, u8,
         if ts.is_null() || NEXT_FOR.load(Ordering::Relaxed) != state().generation {
             return None;
         }
-        let record = SpanEnd {
-            status,
-            message,
-            attributes: attributes.into_iter().map(|(key, kind, value)| Attribute { key, kind, value }).collect(),
-            cut: false,
-        };
+        let record = SpanEnd { status, message, attributes, cut: false };
         span::write_end(t, key, Some(&record), |e| (*ts).buf.push(e, &*(*ts).sink));
         Some(t)
     }
@@ -329,7 +366,8 @@ pub(super) fn span_begin(
     parent_span_id: &[u8],
     parent: u64,
 ) -> u64 {
-    write_begin(name, attributes, trace_id, span_id, parent_span_id, parent, 0).0
+    let attributes: Vec<Attribute> = attributes.into_iter().map(attribute_of).collect();
+    write_begin(&name, &attributes, trace_id, span_id, parent_span_id, parent, 0).0
 }
 
 /// Ends the span of `key` on the calling thread: `status` 0 unset, 1 ok, 2 error, with `message` and the
@@ -338,7 +376,33 @@ pub(super) fn span_begin(
 #[pyo3(signature = (key, status = 0, message = String::new(), attributes = Vec::new()))]
 pub(super) fn span_end(key: u64, status: u8, message: String, attributes: Vec<(String, u8, String)>) {
     if key != 0 {
-        write_end(key, status, message, attributes);
+        write_end(key, status, message, attributes.into_iter().map(attribute_of).collect());
+    }
+}
+
+fn attribute_of((key, kind, value): (String, u8, String)) -> Attribute {
+    Attribute { key, kind, value }
+}
+
+/// What `async with` awaits at a span's entry and exit: an awaitable that is done at once, with `value`.
+#[pyclass(module = "ocular._ocular", name = "SpanDone", freelist = 16)]
+pub(super) struct Done {
+    value: Option<Py<PyAny>>,
+}
+
+#[pymethods]
+impl Done {
+    fn __await__(slf: PyRef<'_, Self>) -> PyRef<'_, Self> {
+        slf
+    }
+
+    fn __iter__(slf: PyRef<'_, Self>) -> PyRef<'_, Self> {
+        slf
+    }
+
+    fn __next__(&mut self, py: Python<'_>) -> PyResult<()> {
+        let value = self.value.take().unwrap_or_else(|| py.None());
+        Err(PyStopIteration::new_err((value,)))
     }
 }
 
@@ -380,12 +444,13 @@ static LAYOUT_TRIED: AtomicBool = AtomicBool::new(false);
 /// whose turns a span begun here is made of.
 ///
 /// # Safety
-/// GIL held, on the thread whose thread state is `pyts`.
-unsafe fn coroutine_frame(pyts: usize) -> u64 {
+/// GIL held; `ts` the calling thread's state for the current recording.
+unsafe fn coroutine_frame(ts: *mut ThreadState) -> u64 {
     use ocular_format::event::flags::FRAME;
     // SAFETY: GIL held (caller): the frames of this thread are live and do not move while it runs this;
     // their first two words (code, previous frame) have the layout `due::check` verified.
     unsafe {
+        let pyts = (*ts).pyts;
         if !super::due::layout_checked() {
             if LAYOUT_TRIED.swap(true, Ordering::Relaxed) {
                 return coroutine_frame_slow();
@@ -400,7 +465,6 @@ unsafe fn coroutine_frame(pyts: usize) -> u64 {
                 return coroutine_frame_slow();
             }
         }
-        let Some(rec) = state().recorder.as_deref() else { return 0 };
         // The running frame, read directly (this thread's own, with the GIL).
         let mut f = (super::callbacks::frame_id(pyts) << 3) as usize;
         for _ in 0..COROUTINE_DEPTH {
@@ -408,7 +472,7 @@ unsafe fn coroutine_frame(pyts: usize) -> u64 {
                 return 0;
             }
             let code = (f as *const usize).read() & !7;
-            if rec.codes.get(&code).is_some_and(|cs| cs.boundary & FRAME != 0) {
+            if code_boundary(ts, code).is_some_and(|b| b & FRAME != 0) {
                 return (f >> 3) as u64;
             }
             f = (f as *const usize).add(1).read();

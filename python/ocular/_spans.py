@@ -59,71 +59,39 @@ def attributes(items: Any) -> list[tuple[str, int, str]]:
     return out
 
 
-class span(_ocular.Span):
-    """Marks a span, named ``name``, with attributes: a context manager (``with``, ``async with``) or a
-    decorator of a function or coroutine function (a span per call). ``set_attribute(key, value)`` adds an
-    attribute known only once it runs.
+# The span class is native: a service writes `with ocular.span(...)` around every request, and a Python
+# class (or a subclass of the native one) took twice as long to make and enter.
+span = _ocular.span
 
-    A span belongs to the thread where it begins, or, begun in a coroutine, to that coroutine and what it
-    awaits: the asyncio tasks that run in between on the same thread are not in it. An exception that ends
-    it is its status (an error, with the exception's message). One ``span`` object marks one span at a
-    time; a decorator makes a new one per call. While nothing records, a span writes nothing."""
 
-    __slots__ = ()
+def decorate(s: span, fn: F) -> F:
+    """``@ocular.span(name, **attributes)``: ``fn`` with a span per call, or, a coroutine function, per run
+    of its coroutine."""
+    import functools
 
-    # Not coroutines: the span begins in the caller's coroutine, which is what it belongs to (a coroutine
-    # of Ocular's own is not recorded, and would be the innermost one on the stack).
-    def __aenter__(self) -> _Done:
-        return _Done(self.__enter__())
-
-    def __aexit__(self, exc_type: Any, exc: Any, tb: Any) -> _Done:
-        self.__exit__(exc_type, exc, tb)
-        return _Done(None)
-
-    def __call__(self, fn: F) -> F:
-        import functools
-
-        name, attrs = self.name, self.attributes or {}
-        if getattr(getattr(fn, "__code__", None), "co_flags", 0) & _CO_COROUTINE:
-            @functools.wraps(fn)
-            async def run_async(*args: Any, **kwargs: Any) -> Any:
-                # The span is the decorated coroutine's (this wrapper is Ocular's code, not recorded).
-                coro = fn(*args, **kwargs)
-                s = span(name, **attrs)._begin(coro)
-                try:
-                    result = await coro
-                except BaseException as e:
-                    s.__exit__(type(e), e, e.__traceback__)
-                    raise
-                s.__exit__(None, None, None)
-                return result
-
-            return run_async  # type: ignore[return-value]
-
+    name, attrs = s.name, s.attributes or {}
+    if getattr(getattr(fn, "__code__", None), "co_flags", 0) & _CO_COROUTINE:
         @functools.wraps(fn)
-        def run(*args: Any, **kwargs: Any) -> Any:
-            with span(name, **attrs):
-                return fn(*args, **kwargs)
+        async def run_async(*args: Any, **kwargs: Any) -> Any:
+            # The span is the decorated coroutine's (this wrapper is Ocular's code, not recorded).
+            coro = fn(*args, **kwargs)
+            s = span(name, **attrs)._begin(coro)
+            try:
+                result = await coro
+            except BaseException as e:
+                s.__exit__(type(e), e, e.__traceback__)
+                raise
+            s.__exit__(None, None, None)
+            return result
 
-        return run  # type: ignore[return-value]
+        return run_async  # type: ignore[return-value]
 
+    @functools.wraps(fn)
+    def run(*args: Any, **kwargs: Any) -> Any:
+        with span(name, **attrs):
+            return fn(*args, **kwargs)
 
-class _Done:
-    """An awaitable that is done at once, with ``value``: what ``async with`` awaits."""
-
-    __slots__ = ("value",)
-
-    def __init__(self, value: Any) -> None:
-        self.value = value
-
-    def __await__(self) -> _Done:
-        return self
-
-    def __iter__(self) -> _Done:
-        return self
-
-    def __next__(self) -> Any:
-        raise StopIteration(self.value)
+    return run  # type: ignore[return-value]
 
 
 def current() -> int:
@@ -250,4 +218,4 @@ def ended(name: str, seconds: float) -> None:
                   f"ring into {path}", file=sys.stderr)
 
 
-_ocular.span_setup(_current, ended)
+_ocular.span_setup(_current, ended, decorate)

@@ -155,6 +155,39 @@ def test_a_span_ended_by_an_exception_is_an_error_with_its_message(tmp_path):
         ("ValueError: no such order", {"i": "1", "late": "True"})]
 
 
+def test_async_with_spans_nest_per_task_and_keep_their_status(tmp_path):
+    import asyncio
+
+    async def job(i):
+        async with ocular.span("outer", i=i) as s:
+            s.set_attribute("late", i)
+            await asyncio.sleep(0.001)
+            async with ocular.span("inner", i=i):
+                await asyncio.sleep(0.001)
+        try:
+            async with ocular.span("failing", i=i):
+                raise KeyError(i)
+        except KeyError:
+            pass
+
+    async def main():
+        await asyncio.gather(job(0), job(1))
+
+    trace = tmp_path / "async.ocl"
+    with ocular.record(trace, mode="calls"):
+        asyncio.run(main())
+    view = spans(trace, "--top", "6")
+    assert {n["name"]: (n["count"], n["errors"]) for n in view["names"]} == {
+        "outer": (2, 0), "inner": (2, 0), "failing": (2, 2)}
+    got = {(s["span"]["name"], dict(s["span"]["attributes"])["i"]): s["span"] for s in view["slowest"]}
+    for i in "01":
+        # The two tasks interleave on one thread: each inner span is inside its own task's outer one.
+        assert got["inner", i]["parent"] == got["outer", i]["key"]
+        assert dict(got["outer", i]["attributes"])["late"] == i
+        assert got["failing", i]["parent"] == 0
+        assert (got["failing", i]["status"], got["failing", i]["message"]) == ("error", f"KeyError: {i}")
+
+
 def test_one_span_object_marks_one_span_at_a_time():
     s = ocular.span("once")
     with s:
