@@ -353,21 +353,24 @@ fn write_end(key: u64, status: u8, message: String, attributes: Vec<Attribute>) 
 
 /// Begins a span on the calling thread (the OpenTelemetry processor's): returns its key, or 0 when
 /// nothing is recording (then [`span_end`] of 0 does nothing). `attributes` are (key, kind, value) as
-/// FORMAT.md 5.9 gives them; the three ids are OpenTelemetry's, or empty; `parent` is the key of the span
-/// of this recording that encloses it (0: none). The span is the turns of the innermost coroutine frame
-/// on the stack, or else the thread's.
+/// FORMAT.md 5.9 gives them; the ids are OpenTelemetry's, as its integers (the parent's `None` for a root
+/// span), written big-endian as OpenTelemetry's hex is; `parent` is the key of the span of this recording
+/// that encloses it (0: none). The span is the turns of the innermost coroutine frame on the stack, or else
+/// the thread's.
 #[pyfunction]
 #[pyo3(signature = (name, attributes, trace_id, span_id, parent_span_id, parent))]
 pub(super) fn span_begin(
-    name: String,
+    name: &str,
     attributes: Vec<(String, u8, String)>,
-    trace_id: &[u8],
-    span_id: &[u8],
-    parent_span_id: &[u8],
+    trace_id: u128,
+    span_id: u64,
+    parent_span_id: Option<u64>,
     parent: u64,
 ) -> u64 {
     let attributes: Vec<Attribute> = attributes.into_iter().map(attribute_of).collect();
-    write_begin(&name, &attributes, trace_id, span_id, parent_span_id, parent, 0).0
+    let parent_span_id = parent_span_id.map(u64::to_be_bytes);
+    let parent_span_id = parent_span_id.as_ref().map_or(&[][..], |b| &b[..]);
+    write_begin(name, &attributes, &trace_id.to_be_bytes(), &span_id.to_be_bytes(), parent_span_id, parent, 0).0
 }
 
 /// Ends the span of `key` on the calling thread: `status` 0 unset, 1 ok, 2 error, with `message` and the

@@ -16,7 +16,7 @@ from __future__ import annotations
 
 from typing import Any
 
-from . import _spans
+from . import _ocular, _spans
 from .errors import MissingDependency
 
 try:
@@ -40,18 +40,19 @@ class SpanProcessor(_SpanProcessor):
     def on_start(self, span: Any, parent_context: Any = None) -> None:
         ctx = span.get_span_context()
         parent = span.parent
-        begun = dict(span.attributes or {})
+        # The SDK's attributes are a locked mapping behind a proxy: copied once (a dict), and only if any.
+        attrs = span.attributes
+        begun = attrs.copy() if attrs else None
         # The enclosing span of this recording: the OpenTelemetry parent, if it was recorded here, or the
         # `ocular.span` around this code.
-        enclosing = self._open.get(parent.span_id)[0] if parent is not None and parent.span_id in self._open \
-            else _spans.current()
-        key = _spans._native().span_begin(
+        entry = self._open.get(parent.span_id) if parent is not None else None
+        key = _ocular.span_begin(
             span.name,
-            _spans.attributes(begun),
-            ctx.trace_id.to_bytes(16, "big"),
-            ctx.span_id.to_bytes(8, "big"),
-            parent.span_id.to_bytes(8, "big") if parent is not None else b"",
-            enclosing,
+            _spans.attributes(begun) if begun else [],
+            ctx.trace_id,
+            ctx.span_id,
+            parent.span_id if parent is not None else None,
+            entry[0] if entry is not None else _spans.current(),
         )
         if key:
             # What runs next in this context (an ocular.span, say) is inside it, until its end.
@@ -66,11 +67,16 @@ class SpanProcessor(_SpanProcessor):
             _spans._current.reset(token)
         except (ValueError, RuntimeError):
             pass  # ended in another context than it began in: that context's enclosing span stays
-        later = {k: v for k, v in (span.attributes or {}).items() if k not in begun or begun[k] != v}
+        attrs = span.attributes
+        later: list[tuple[str, int, str]] = []
+        if attrs:
+            now = attrs.copy()
+            if now != begun:
+                later = _spans.attributes({k: v for k, v in now.items() if begun is None or k not in begun
+                                           or begun[k] != v})
         status = span.status
         code = getattr(status.status_code, "value", 0)
-        _spans._native().span_end(key, code if code in (0, 1, 2) else 0, status.description or "",
-                                  _spans.attributes(later))
+        _ocular.span_end(key, code if code in (0, 1, 2) else 0, status.description or "", later)
         if _spans._rules and span.end_time and span.start_time:
             _spans.ended(span.name, (span.end_time - span.start_time) / 1e9)
 
