@@ -79,7 +79,8 @@ def test_the_slow_requests_are_the_slow_spans_and_their_time_is_named_where_it_w
     # The slow spans (those above the largest step in the slowest tenth: the slow requests, and any other
     # that the machine held up as long) spent their extra time in slow_lookup, which the others never ran.
     d = {x["name"]: x for x in view["differences"]}["GET /orders"]
-    assert len(slow) <= d["slow"] <= 15 and d["slow"] + d["others"] == 300
+    # At most the slowest tenth, by the view's rule: a busy machine can hold up that many.
+    assert len(slow) <= d["slow"] <= 30 and d["slow"] + d["others"] == 300
     first = d["functions"][0]
     assert first["function"] == "slow_lookup", d["functions"][:3]
     assert first["others_ms"] == 0 and first["slow_ms"] >= 4.5 * len(slow) / d["slow"], first
