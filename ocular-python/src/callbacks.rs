@@ -22,7 +22,7 @@ thread_local! {
     // const-initialized and not Drop: no lazy-init check and no destructor registration on access.
     static TS: Cell<*mut ThreadState> = const { Cell::new(ptr::null_mut()) };
     // Registered on a thread's first event; its destructor runs when the thread exits.
-    static EXIT: ExitGuard = const { ExitGuard(Cell::new(0)) };
+    static EXIT: ExitGuard = const { ExitGuard(Cell::new(0), Cell::new(ptr::null_mut())) };
 }
 
 /// The thread that produced the last event, and its state. A thread-local lookup in a shared library is
@@ -34,14 +34,19 @@ static LAST_TS: AtomicPtr<ThreadState> = AtomicPtr::new(ptr::null_mut());
 
 /// Clears `LAST_TP` when its thread exits: the C library may give the exiting thread's thread pointer to
 /// the next thread it creates, which must not inherit this thread's state. Thread-local destructors run
-/// before the thread's memory is reused.
-struct ExitGuard(Cell<usize>);
+/// before the thread's memory is reused, and after the thread's last Python code: its state is then
+/// handed over to be retired (`super::retire_ended`).
+struct ExitGuard(Cell<usize>, Cell<*mut ThreadState>);
 
 impl Drop for ExitGuard {
     fn drop(&mut self) {
         let tp = self.0.get();
         if tp != 0 {
             let _ = LAST_TP.compare_exchange(tp, 0, Ordering::Relaxed, Ordering::Relaxed);
+        }
+        let ts = self.1.get();
+        if !ts.is_null() {
+            super::thread_exited(ts);
         }
     }
 }
@@ -259,7 +264,10 @@ pub(super) unsafe fn current_thread<const KIND: u8>() -> *mut ThreadState {
         }
         let tp = thread_pointer();
         if tp != 0 {
-            EXIT.with(|g| g.0.set(tp));
+            EXIT.with(|g| {
+                g.0.set(tp);
+                g.1.set(ts);
+            });
             LAST_TS.store(ts, Ordering::Relaxed);
             LAST_TP.store(tp, Ordering::Relaxed);
         }

@@ -28,7 +28,7 @@ use pyo3::prelude::*;
 use pyo3::types::{PyBytes, PyDict};
 use rustc_hash::FxHashMap;
 use std::cell::UnsafeCell;
-use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
+use std::sync::atomic::{AtomicBool, AtomicPtr, AtomicU64, Ordering};
 
 /// A value shared between threads that only ever touch it with the GIL held.
 struct GilCell<T>(UnsafeCell<T>);
@@ -39,9 +39,17 @@ unsafe impl<T> Sync for GilCell<T> {}
 
 struct State {
     recorder: Option<Box<Recorder>>,
-    /// Every thread that ever recorded. Never freed: a thread's thread-local pointer may outlive a
-    /// recording, and `generation` tells it its state is stale.
+    /// Every thread state ever made. Never freed: a thread's thread-local pointer may outlive a
+    /// recording, and `generation` tells it its state is stale. A thread that exits gives its state to the
+    /// next new thread ([`retire_ended`]), so a program that starts a thread per request keeps as many
+    /// states as it had threads at once.
     threads: Vec<*mut ThreadState>,
+    /// States of exited threads, retired, for new threads to take.
+    free: Vec<*mut ThreadState>,
+    /// The threads of this recording retired while it ran, and the events they pushed: `stop` counts
+    /// them with the live ones.
+    retired_threads: u64,
+    retired_pushed: u64,
     /// Bumped at every start and stop.
     generation: u64,
     /// The current (or last) window of a thresholded recording (FORMAT.md 5.3).
@@ -51,6 +59,9 @@ struct State {
 static STATE: GilCell<State> = GilCell(UnsafeCell::new(State {
     recorder: None,
     threads: Vec::new(),
+    free: Vec::new(),
+    retired_threads: 0,
+    retired_pushed: 0,
     generation: 0,
     window: Window { seq: 0, opened: 0, len_us: u32::MAX },
 }));
@@ -258,6 +269,8 @@ struct ThreadState {
     needs_stack: bool,
     /// The thread's `PyThreadState`, where coroutine events read the running frame (FORMAT.md 5.5).
     pyts: usize,
+    /// The next state in [`ENDED`], once the thread has exited.
+    ended_next: *mut ThreadState,
     /// Last: the fields above are read by every event, this by `CALL` only.
     /// Direct-mapped cache of C callable key -> id (`callbacks::c_key`), for `CALL` events (FORMAT.md 5.4).
     /// Only holds ids of the current recording: cleared where `cache` is.
@@ -525,6 +538,8 @@ fn start(
     // SAFETY: GIL held; no Python call while the reference is alive.
     let st = unsafe { state() };
     st.generation += 1;
+    st.retired_threads = 0;
+    st.retired_pushed = 0;
     due::reset();
     st.recorder = Some(Box::new(rec));
     // The first window opens with the recording.
@@ -587,8 +602,10 @@ fn stop<'py>(py: Python<'py>, names: &Bound<'py, PyDict>, speed: Vec<(u8, f64)>)
     if let Output::File(s) = &rec.out {
         s.pool().close();
     }
-    let mut pushed = 0u64;
-    let mut threads = 0u64;
+    // Threads that exited meanwhile (retired: counted there; not yet: their states still hold this
+    // recording's generation, and are flushed and counted below).
+    let mut pushed = std::mem::take(&mut st.retired_pushed);
+    let mut threads = std::mem::take(&mut st.retired_threads);
     for &ts in &st.threads {
         // SAFETY: thread states are never freed; with the GIL held their owners are not running.
         let ts = unsafe { &mut *ts };
@@ -873,26 +890,35 @@ fn describe_code(code: &Bound<'_, PyAny>) -> PyResult<CodeObject> {
 unsafe fn attach(ts: *mut ThreadState) -> *mut ThreadState {
     // SAFETY: GIL held by the caller; no Python call while `st` is alive.
     let st = unsafe { state() };
+    if st.recorder.is_none() {
+        return std::ptr::null_mut();
+    }
+    // SAFETY: GIL held.
+    unsafe { retire_ended(st) };
     let Some(rec) = st.recorder.as_deref() else { return std::ptr::null_mut() };
     // SAFETY: PyThread_get_thread_native_id has no preconditions.
     let tid = unsafe { PyThread_get_thread_native_id() } as u64;
     let ts = if ts.is_null() {
-        let new = Box::into_raw(Box::new(ThreadState {
-            buf: ThreadBuffer::new(tid),
-            generation: 0,
-            cache: [Cached::EMPTY; CODE_CACHE],
-            cache2: Box::new([]),
-            misses: 0,
-            ccache: [(0, 0, 0); C_CACHE],
-            pcache: [(0, 0); C_CACHE],
-            named: false,
-            sink: std::ptr::null::<Discard>() as *const dyn Sink,
-            threshold: 0,
-            py_id: 0,
-            needs_stack: false,
-            pyts: 0,
-        }));
-        st.threads.push(new);
+        let new = st.free.pop().unwrap_or_else(|| {
+            let new = Box::into_raw(Box::new(ThreadState {
+                buf: ThreadBuffer::new(tid),
+                generation: 0,
+                cache: [Cached::EMPTY; CODE_CACHE],
+                cache2: Box::new([]),
+                misses: 0,
+                ccache: [(0, 0, 0); C_CACHE],
+                pcache: [(0, 0); C_CACHE],
+                named: false,
+                sink: std::ptr::null::<Discard>() as *const dyn Sink,
+                threshold: 0,
+                py_id: 0,
+                needs_stack: false,
+                pyts: 0,
+                ended_next: std::ptr::null_mut(),
+            }));
+            st.threads.push(new);
+            new
+        });
         callbacks::set_thread_state(new);
         new
     } else {
@@ -995,6 +1021,65 @@ unsafe fn thread_ending(ts: *mut ThreadState) {
     // Nothing of the thread runs after its bootstrap returns: its second-level cache goes (the state stays).
     t.cache2 = Box::new([]);
     t.misses = 0;
+}
+
+/// States of threads that exited, not yet retired: pushed by the thread's own thread-local destructor,
+/// which runs without the GIL once nothing of the thread runs Python any more, and taken, with the GIL, by
+/// [`retire_ended`]. A stack linked through `ThreadState::ended_next`, lock-free, so that a fork never
+/// finds it locked.
+static ENDED: AtomicPtr<ThreadState> = AtomicPtr::new(std::ptr::null_mut());
+
+/// The calling thread is exiting, and `ts` is its state: from its thread-local destructor.
+pub(crate) fn thread_exited(ts: *mut ThreadState) {
+    let mut head = ENDED.load(Ordering::Acquire);
+    loop {
+        // SAFETY: `ts` is the exiting thread's state, never freed; only this thread and the retirer (after
+        // taking it from the stack) write `ended_next`.
+        unsafe { (*ts).ended_next = head };
+        match ENDED.compare_exchange_weak(head, ts, Ordering::Release, Ordering::Acquire) {
+            Ok(_) => return,
+            Err(h) => head = h,
+        }
+    }
+}
+
+/// Retires the states of the threads that exited: a thread of this recording has its last buffer
+/// submitted (when its `Thread._bootstrap`'s return was not seen, as between windows), its stack no
+/// longer read at due moments, its counters closed after their last samples, and is counted at the stop;
+/// then its state is free for a new thread. Without this, every thread a program ever started pinned a
+/// state, a buffer and, between windows, a window marker per window until the recording stopped.
+///
+/// # Safety
+/// GIL held; no reference into `st`'s thread states alive.
+pub(crate) unsafe fn retire_ended(st: &mut State) {
+    let mut p = ENDED.swap(std::ptr::null_mut(), Ordering::AcqRel);
+    while !p.is_null() {
+        // SAFETY: a state on the stack belongs to a thread that exited: nothing else uses it.
+        let t = unsafe { &mut *p };
+        let next = std::mem::replace(&mut t.ended_next, std::ptr::null_mut());
+        if t.generation == st.generation {
+            if let Some(rec) = st.recorder.as_deref() {
+                t.buf.flush(rec.out.sink());
+                due::unregister(t.pyts);
+                if let Some(c) = &rec.counters {
+                    c.c.close_thread(t.buf.thread_id);
+                }
+                if !t.named {
+                    if let Output::File(s) = &rec.out {
+                        let tid = t.buf.thread_id;
+                        s.thread(ThreadInfo { thread_id: tid, name: format!("Thread-{tid}"), is_main: false });
+                    }
+                }
+                st.retired_threads += 1;
+                st.retired_pushed += t.buf.pushed;
+            }
+        }
+        t.generation = 0;
+        t.cache2 = Box::new([]);
+        t.misses = 0;
+        st.free.push(p);
+        p = next;
+    }
 }
 
 extern "C" {

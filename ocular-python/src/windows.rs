@@ -294,6 +294,8 @@ unsafe fn open(py: Python<'_>, generation: u64) -> bool {
         if st.generation != generation {
             return false;
         }
+        // Threads that exited get no more markers.
+        super::retire_ended(st);
         let Some(rec) = st.recorder.as_deref() else { return false };
         let (len_us, len_ticks) = rec.window_len;
         let sink = rec.out.sink();

@@ -116,6 +116,8 @@ fn why(spec: &Spec, e: &std::io::Error) -> String {
 struct Open {
     thread_id: u64,
     counter: u8,
+    /// Its thread exited: dropped by the next drain, once that has read its last samples.
+    closing: bool,
     #[cfg(target_os = "linux")]
     sampler: perf_event::Sampler,
 }
@@ -169,9 +171,12 @@ impl Counters {
                     other => other,
                 };
                 match got {
-                    Ok(sampler) => {
-                        c.open.get_mut().expect("new").push(Open { thread_id: tid, counter: i as u8, sampler })
-                    }
+                    Ok(sampler) => c.open.get_mut().expect("new").push(Open {
+                        thread_id: tid,
+                        counter: i as u8,
+                        closing: false,
+                        sampler,
+                    }),
                     Err(e) => c.errors[i] = why(spec, &e),
                 }
             }
@@ -217,6 +222,7 @@ impl Counters {
                 Ok(sampler) => self.open.lock().unwrap_or_else(|e| e.into_inner()).push(Open {
                     thread_id: tid,
                     counter: i as u8,
+                    closing: false,
                     sampler,
                 }),
                 Err(e) => self.failed.lock().unwrap_or_else(|e| e.into_inner()).push(format!(
@@ -224,6 +230,18 @@ impl Counters {
                     spec.name,
                     why(spec, &e)
                 )),
+            }
+        }
+    }
+
+    /// Thread `tid` exited: its samplers are closed after the next drain reads their last samples, and a
+    /// new thread given the same id (Linux reuses them) gets counters of its own. A program that starts a
+    /// thread per request otherwise kept a file descriptor and 256 KiB of mapping per counter and thread.
+    pub fn close_thread(&self, tid: u64) {
+        self.threads.lock().unwrap_or_else(|e| e.into_inner()).retain(|&t| t != tid);
+        for o in self.open.lock().unwrap_or_else(|e| e.into_inner()).iter_mut() {
+            if o.thread_id == tid {
+                o.closing = true;
             }
         }
     }
@@ -267,6 +285,7 @@ impl Counters {
                     out.lost.push((o.thread_id, o.counter, lost));
                 }
             }
+            open.retain(|o| !o.closing);
         }
         out
     }

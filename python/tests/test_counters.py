@@ -87,6 +87,42 @@ def test_task_clock_samples_follow_the_time_of_each_function(tmp_path):
     assert _c(rows["sleeper"], "task-clock") / 1e6 < 0.2 * rows["sleeper"]["exclusive_ms"]
 
 
+SHORT_THREADS = textwrap.dedent("""
+    import os, sys, threading, time
+    import ocular
+    def work():
+        s = 0
+        for i in range(20_000):
+            s += i
+    def fds():
+        return len(os.listdir("/proc/self/fd"))
+    with ocular.record(sys.argv[1], mode="calls", counters=["task-clock:100000"]):
+        before = fds()
+        for _ in range(300):
+            t = threading.Thread(target=work)
+            t.start()
+            t.join()
+        time.sleep(0.05)  # a drain of the counters (every 10 ms) closes the exited threads' samplers
+        print(fds() - before)
+""")
+
+
+def test_an_exited_thread_s_counters_are_closed_after_their_last_samples(tmp_path):
+    # A thread per request kept its sampler (a file descriptor and 256 KiB of mapping per counter) until the
+    # recording stopped: 300 threads, 300 descriptors.
+    (tmp_path / "prog.py").write_text(SHORT_THREADS)
+    out = tmp_path / "c.ocl"
+    r = subprocess.run([sys.executable, str(tmp_path / "prog.py"), str(out)], capture_output=True, text=True,
+                       timeout=120)
+    assert r.returncode == 0, r.stderr
+    assert int(r.stdout) <= 4, r.stdout
+    # Their samples are in the file: work() ran on 300 threads, each sampled while it ran.
+    s = subprocess.run([ANALYZE, "stats", "--json", "--top", "50", str(out)], capture_output=True, text=True)
+    rows = {row["function"]: row for row in json.loads(s.stdout)}
+    assert rows["work"]["calls"] == 300
+    assert _c(rows["work"], "task-clock") / 1e6 >= 0.3 * rows["work"]["exclusive_ms"], rows["work"]
+
+
 def test_context_switches_go_to_the_function_that_sleeps(tmp_path):
     rows, _, _ = _record(tmp_path, "context-switches")
     sleeper = _c(rows["sleeper"], "context-switches")
