@@ -117,7 +117,7 @@ bench-startup: check-python ## fixed costs: an empty script under ocular run (an
 bench-after-stop: check-python ## a hot loop after a recording stopped vs never recorded; coverage.py callbacks across one
 	@venv=$$(scripts/venv.sh $(firstword $(PYTHONS)) | tail -n 1); $$venv/bin/python bench/after_stop.py
 
-bench-spans: check-python ## what one span costs (ocular.span, the OpenTelemetry processor), and a span-per-request server's throughput recorded and not
+bench-spans: check-python ## what one span costs (ocular.span, the OpenTelemetry processor), a span-per-request server's throughput recorded and not, and what a thread per request costs
 	@venv=$$(scripts/venv.sh $(firstword $(PYTHONS)) | tail -n 1); $$venv/bin/python bench/spans_bench.py
 
 bench-flight: check-python ## flight recorder: what a dump costs the program (the soak: bench/flight.py soak --minutes 10)

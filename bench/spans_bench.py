@@ -1,6 +1,6 @@
-"""What spans cost: one span, and a service's throughput.
+"""What spans cost: one span, a service's throughput, and a thread per request.
 
-    make bench-spans        (or: PYTHON bench/spans_bench.py [--repeats N] [--requests N])
+    make bench-spans        (or: PYTHON bench/spans_bench.py [--repeats N] [--requests N] [--threads N])
 
 Table 1: the cost of one span, in a fresh process per cell: `with ocular.span("op"):` around an empty body,
 less the same loop without the span, per span; while recording (default mode) and while not. The OpenTelemetry
@@ -12,6 +12,9 @@ Table 2: a service's throughput: the standard library's threading HTTP server on
 a span (`ocular.span`), served in a process of its own (recorded or not), under a client in another process
 that sends requests one after another for a fixed number; requests per second, each kind of server
 alternating with the others, median over repeats, and its ratio to the unrecorded server.
+
+Table 3: what a thread per request costs: 3,000 threads, each started, running a short loop and joined,
+one after another, recorded (default mode, --sampled) or not; microseconds per thread, median over repeats.
 """
 
 from __future__ import annotations
@@ -109,6 +112,38 @@ print(json.dumps(n / (time.perf_counter() - t)))
 """
 
 
+THREADS_CHILD = r"""
+import json, sys, threading, time
+
+def work():
+    s = 0
+    for i in range(50):
+        s += i
+
+n = int(sys.argv[1])
+t = time.perf_counter()
+for _ in range(n):
+    th = threading.Thread(target=work)
+    th.start()
+    th.join()
+print(json.dumps((time.perf_counter() - t) / n * 1e6))
+"""
+
+
+def thread_cost(kind: str, tmp: str, n: int) -> float:
+    cmd = [sys.executable]
+    if kind != "untraced":
+        cmd += ["-m", "ocular", "run", "-q", "-o", os.path.join(tmp, f"threads-{kind}.ocl")]
+        if kind == "sampled":
+            cmd += ["--sampled"]
+    path = os.path.join(tmp, "threads.py")
+    if not os.path.exists(path):
+        with open(path, "w") as f:
+            f.write(THREADS_CHILD)
+    out = subprocess.run(cmd + [path, str(n)], check=True, capture_output=True, text=True, timeout=600)
+    return float(out.stdout.strip().splitlines()[-1])
+
+
 def span_cost(kind: str, tmp: str) -> float:
     out = subprocess.run([sys.executable, "-c", SPAN_CHILD, kind, os.path.join(tmp, f"{kind}.ocl")], check=True,
                          capture_output=True, text=True, timeout=600)
@@ -145,6 +180,7 @@ def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--repeats", type=int, default=5)
     ap.add_argument("--requests", type=int, default=2000)
+    ap.add_argument("--threads", type=int, default=3000)
     args = ap.parse_args()
     print(f"CPython {platform.python_version()}, {os.cpu_count()} CPUs; {args.repeats} repeats")
     with tempfile.TemporaryDirectory() as tmp:
@@ -174,6 +210,18 @@ def main() -> None:
                          ("sampled", "recorded, --sampled")]:
             m = statistics.median(rps[k])
             print(f"{label:<40} {m:>8.0f} {m / base:>6.2f}x")
+
+        us: dict[str, list[float]] = {k: [] for k in kinds}
+        for _ in range(args.repeats):
+            for k in kinds:
+                us[k].append(thread_cost(k, tmp, args.threads))
+        base = statistics.median(us["untraced"])
+        print(f"\nTable 3: a thread per request: {args.threads:,} short threads started and joined one after another")
+        print(f"{'program':<40} {'us/thread':>9} {'ratio':>7}")
+        for k, label in [("untraced", "not recorded"), ("default", "recorded, default mode"),
+                         ("sampled", "recorded, --sampled")]:
+            m = statistics.median(us[k])
+            print(f"{label:<40} {m:>9.0f} {m / base:>6.2f}x")
 
 
 if __name__ == "__main__":
