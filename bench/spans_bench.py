@@ -27,6 +27,7 @@ import subprocess
 import sys
 import tempfile
 import time
+from typing import Callable
 
 SPAN_CHILD = r"""
 import json, sys, time
@@ -198,31 +199,33 @@ def main() -> None:
         if have_otel:
             print(f"{'ocular.otel.SpanProcessor on an SDK span':<48} {statistics.median(costs['otel']):>8.0f}")
 
-        kinds = ["untraced", "default", "sampled"]
-        rps: dict[str, list[float]] = {k: [] for k in kinds}
-        for _ in range(args.repeats):
-            for k in kinds:
-                rps[k].append(throughput(k, tmp, args.requests))
-        base = statistics.median(rps["untraced"])
+        rps = by_kind(args.repeats, lambda k: throughput(k, tmp, args.requests))
         print(f"\nTable 2: a threading HTTP server, a span per request; {args.requests} requests one after another")
-        print(f"{'server':<40} {'req/s':>8} {'ratio':>7}")
-        for k, label in [("untraced", "not recorded"), ("default", "recorded, default mode"),
-                         ("sampled", "recorded, --sampled")]:
-            m = statistics.median(rps[k])
-            print(f"{label:<40} {m:>8.0f} {m / base:>6.2f}x")
-
-        us: dict[str, list[float]] = {k: [] for k in kinds}
-        for _ in range(args.repeats):
-            for k in kinds:
-                us[k].append(thread_cost(k, tmp, args.threads))
-        base = statistics.median(us["untraced"])
+        print_by_kind("server", "req/s", rps)
+        us = by_kind(args.repeats, lambda k: thread_cost(k, tmp, args.threads))
         print(f"\nTable 3: a thread per request: {args.threads:,} short threads started and joined one after another")
-        print(f"{'program':<40} {'us/thread':>9} {'ratio':>7}")
-        for k, label in [("untraced", "not recorded"), ("default", "recorded, default mode"),
-                         ("sampled", "recorded, --sampled")]:
-            m = statistics.median(us[k])
-            print(f"{label:<40} {m:>9.0f} {m / base:>6.2f}x")
+        print_by_kind("program", "us/thread", us)
 
+
+KINDS = [("untraced", "not recorded"), ("default", "recorded, default mode"), ("sampled", "recorded, --sampled")]
+
+
+def by_kind(repeats: int, measure: Callable[[str], float]) -> dict[str, list[float]]:
+    """`measure` of each kind of run, the kinds alternating, `repeats` times."""
+    out: dict[str, list[float]] = {k: [] for k, _ in KINDS}
+    for _ in range(repeats):
+        for k, _ in KINDS:
+            out[k].append(measure(k))
+    return out
+
+
+def print_by_kind(what: str, unit: str, values: dict[str, list[float]]) -> None:
+    """Each kind's median and its ratio to the unrecorded run's."""
+    base = statistics.median(values["untraced"])
+    print(f"{what:<40} {unit:>9} {'ratio':>7}")
+    for k, label in KINDS:
+        m = statistics.median(values[k])
+        print(f"{label:<40} {m:>9.0f} {m / base:>6.2f}x")
 
 if __name__ == "__main__":
     t = time.perf_counter()
