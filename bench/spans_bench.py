@@ -131,17 +131,23 @@ print(json.dumps((time.perf_counter() - t) / n * 1e6))
 """
 
 
-def thread_cost(kind: str, tmp: str, n: int) -> float:
+def command(kind: str, trace: str) -> list[str]:
+    """Python, under `ocular run` (default mode or --sampled) unless `kind` is "untraced"."""
     cmd = [sys.executable]
     if kind != "untraced":
-        cmd += ["-m", "ocular", "run", "-q", "-o", os.path.join(tmp, f"threads-{kind}.ocl")]
+        cmd += ["-m", "ocular", "run", "-q", "-o", trace]
         if kind == "sampled":
             cmd += ["--sampled"]
+    return cmd
+
+
+def thread_cost(kind: str, tmp: str, n: int) -> float:
     path = os.path.join(tmp, "threads.py")
     if not os.path.exists(path):
         with open(path, "w") as f:
             f.write(THREADS_CHILD)
-    out = subprocess.run(cmd + [path, str(n)], check=True, capture_output=True, text=True, timeout=600)
+    out = subprocess.run(command(kind, os.path.join(tmp, f"threads-{kind}.ocl")) + [path, str(n)], check=True,
+                         capture_output=True, text=True, timeout=600)
     return float(out.stdout.strip().splitlines()[-1])
 
 
@@ -152,12 +158,8 @@ def span_cost(kind: str, tmp: str) -> float:
 
 
 def throughput(kind: str, tmp: str, requests: int) -> float:
-    cmd = [sys.executable]
-    if kind != "untraced":
-        cmd += ["-m", "ocular", "run", "-q", "-o", os.path.join(tmp, f"server-{kind}.ocl")]
-        if kind == "sampled":
-            cmd += ["--sampled"]
-    server = subprocess.Popen(cmd + [_script(tmp)], stdin=subprocess.PIPE, stdout=subprocess.PIPE, text=True)
+    server = subprocess.Popen(command(kind, os.path.join(tmp, f"server-{kind}.ocl")) + [_script(tmp)],
+                              stdin=subprocess.PIPE, stdout=subprocess.PIPE, text=True)
     try:
         port = int(server.stdout.readline())
         out = subprocess.run([sys.executable, "-c", CLIENT_CHILD, str(port), str(requests)], check=True,
