@@ -179,7 +179,7 @@ pub fn write_begin(ticks: u64, key: u64, record: &SpanBegin, push: impl FnMut(Ra
 }
 
 /// [`write_begin`] from a borrowed record. A span's beginning is written on the program's thread, as it
-/// runs: a record that fits [`ENCODED_ON_STACK`] bytes is encoded there, without an allocation.
+/// runs: a record that fits 512 bytes is encoded there, without an allocation.
 pub fn write_begin_ref(ticks: u64, key: u64, record: &SpanBeginRef<'_>, push: impl FnMut(RawEvent)) {
     let mut buf = [0u8; ENCODED_ON_STACK];
     match postcard::to_slice(record, &mut buf) {
