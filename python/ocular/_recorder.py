@@ -897,7 +897,7 @@ class Recording:
                 children += f", {len(self.unrecorded_children)} not recorded: " + "; ".join(self.unrecorded_children)
         return (
             f"{self.path}: {self.events:,} events ({self.mode} mode), {self.lost:,} lost, "
-            f"{self.threads} thread{'' if self.threads == 1 else 's'}, {self.code_objects} code objects, "
+            f"{self.threads} thread{'' if self.threads == 1 else 's'}, {self.code_objects} code object{'' if self.code_objects == 1 else 's'}, "
             f"{self.bytes:,} bytes{per}{ring}{children}"
         )
 
