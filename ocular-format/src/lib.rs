@@ -32,6 +32,7 @@ pub mod codec;
 pub mod complete;
 mod error;
 pub mod event;
+pub mod exited;
 pub mod linetable;
 pub mod live;
 mod meta;

@@ -890,6 +890,7 @@ impl Drop for RingWriter {
         let free = move || {
             drop(map);
             drop(file);
+            crate::exited::note_exit();
         };
         // A thread that cannot be made drops the closure, and with it the mapping, here.
         if let Ok(h) = std::thread::Builder::new().name("ocular-unmap".into()).spawn(free) {
@@ -903,14 +904,16 @@ impl Drop for RingWriter {
 /// The threads giving rings back (see `RingWriter`'s `Drop`) that may still run.
 static UNMAPPING: Mutex<Vec<std::thread::JoinHandle<()>>> = Mutex::new(Vec::new());
 
-/// Waits until every ring dropped so far has been given back. Before a fork: a thread still unmapping one
-/// would make the process multi-threaded at the fork (Python warns of that from 3.12) when it was not
-/// before the ring was given back there.
+/// Waits until every ring dropped so far has been given back, and until Ocular's threads that ended are
+/// gone from the kernel's list too ([`crate::exited`]). Before a fork: a thread still unmapping one, or
+/// one ended but still counted, would make the process multi-threaded at the fork (Python warns of that
+/// from 3.12) when it was not before the recording.
 pub fn finish_unmapping() {
     let pending = std::mem::take(&mut *UNMAPPING.lock().unwrap_or_else(|e| e.into_inner()));
     for h in pending {
         let _ = h.join();
     }
+    crate::exited::wait_gone(std::time::Duration::from_millis(20));
 }
 
 /// The slots of a mapping at `base` that are filling or full (see [`RingWriter::pending`]): per thread, in

@@ -12,12 +12,18 @@ use std::io;
 use std::thread::{Builder, JoinHandle};
 
 /// `std::thread::Builder::spawn` of a thread named `name` that blocks every signal (it inherits the mask
-/// set around its creation, so no signal can reach it before it runs).
+/// set around its creation, so no signal can reach it before it runs), and notes its end for a fork
+/// ([`ocular_format::exited`]).
 pub fn spawn<F, T>(name: &str, f: F) -> io::Result<JoinHandle<T>>
 where
     F: FnOnce() -> T + Send + 'static,
     T: Send + 'static,
 {
+    let f = move || {
+        let out = f();
+        ocular_format::exited::note_exit();
+        out
+    };
     #[cfg(unix)]
     {
         // SAFETY: sigset_t is plain data, filled by sigfillset; pthread_sigmask only changes this thread's
