@@ -482,6 +482,9 @@ struct ThreadState {
     window_e1: f64,
     /// When the current later window opened (its marker's tick).
     window_opened: u64,
+    /// When the recorder closed the current (or last) later window: its opening plus its length, whatever
+    /// its calls count from.
+    recorded_until: u64,
     /// While a window's DUE_STACK events arrive (FORMAT.md 5.7): how many frames of the stack at the due
     /// moment they have confirmed.
     due_sampling: Option<usize>,
@@ -492,9 +495,11 @@ struct ThreadState {
     /// The window's stack ended in a frame at its first instruction (code id, and whether the opening
     /// counted it as a call), until the thread's next event: that frame's PY_START may come next.
     started_at_open: Option<(u32, bool)>,
-    /// The code whose start (PY_START or COUNT) was the thread's last event, window markers aside, and
-    /// its tick.
-    started_last: Option<(u32, u64)>,
+    /// The code whose start (PY_START or COUNT) was the thread's last event, window markers aside, its
+    /// tick, and whether it was a PY_START recorded between windows: only code whose every start is
+    /// recorded (threads' bootstraps, coroutines) has one there, so a stack that finds that code at its
+    /// first instruction next finds that very call.
+    started_last: Option<(u32, u64, bool)>,
     /// Missed windows (5.7) in which this thread was running Python code, since its last opened window:
     /// their calls were not recorded, and the next opened window's stand for them too.
     missed_running: u32,
@@ -1544,9 +1549,14 @@ fn step(
     // CPython's INSTRUMENTED_RESUME runs signal handlers, a window's opening among them, before it fires
     // PY_START: the frame the opening's stack found at its first instruction then starts here, recorded in
     // the window. It is the same call (counting both read 25 calls of a function called 24 times).
-    let started_at_open = ts.started_at_open.take();
+    // Markers leave it: the stack can go on with frames of code that is not recorded (Ocular's own, when
+    // the window opened inside a callback that ran Python), which are on no stack.
+    let started_at_open = if marker.is_some() { None } else { ts.started_at_open.take() };
     ts.started_last = match kind {
-        EventKind::PY_START | EventKind::COUNT => Some((id, t)),
+        EventKind::PY_START | EventKind::COUNT => {
+            let between = kind == EventKind::PY_START && ts.phase != Phase::Complete && t >= ts.recorded_until;
+            Some((id, t, between))
+        }
         _ if marker.is_some() => ts.started_last,
         _ => None,
     };
@@ -1604,6 +1614,7 @@ fn step(
                 ts.phase = Phase::Sampled;
                 ts.window_from = from;
                 ts.window_opened = t;
+                ts.recorded_until = t.saturating_add(len);
                 ts.window_end = from.saturating_add(len);
                 ts.calls_until = t.saturating_add(len);
                 ts.window_len = len;
@@ -1671,7 +1682,9 @@ fn step(
                 // its return and the next start unrecorded.
                 let every_start = tables.counts_starts && !tables.count_ended.contains(&id);
                 let started =
-                    ts.started_last.is_some_and(|(code, at)| code == id && (at >= ts.window_from || every_start));
+                    ts.started_last.is_some_and(|(code, at, between)| {
+                        code == id && (at >= ts.window_from || every_start || between)
+                    });
                 let counted = at_start && ts.calls_from_due && t < ts.calls_until && !started;
                 if at_start {
                     ts.started_at_open = Some((id, counted));
