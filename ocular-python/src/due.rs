@@ -1,6 +1,6 @@
 //! Stacks read when a window is due (FORMAT.md 5.7), by the windows' own thread, without the GIL.
 //!
-//! A window opens at the main thread's next safe point, which a long C call, an explicit collection or a
+//! A window opens at the next safe point of a thread running Python code, which a long C call, an explicit collection or a
 //! sleep can put off by as long as they last. What the program was doing at the due moment is read here,
 //! the way out-of-process samplers read it: the thread state's current frame, then each interpreter frame's
 //! code object and the frame before it. The threads run on meanwhile, so every read goes through
@@ -27,13 +27,13 @@ static USABLE: AtomicBool = AtomicBool::new(false);
 /// records (with the GIL), read at each due moment (without it).
 static THREADS: Mutex<Vec<usize>> = Mutex::new(Vec::new());
 
-/// A window that fell due: when, whether the main thread was asked to open it, and the stacks read then
+/// A window that fell due: when, whether the interpreter was asked to open it, and the stacks read then
 /// (per thread state: the code objects' addresses, outermost first, and whether the thread was running
 /// Python code; `None`: not read).
 pub(super) struct Due {
     pub generation: u64,
     pub ticks: u64,
-    pub asked_main: bool,
+    pub asked: bool,
     pub stacks: Vec<(usize, Option<Read>)>,
 }
 
@@ -74,9 +74,9 @@ pub(super) fn reset() {
 }
 
 /// Queues a window due now: reads every registered thread's stack, then the clock. The window is due when
-/// the reading ended, not when it began: the main thread is asked to open it right after, so no call it
+/// the reading ended, not when it began: the interpreter is asked to open it right after, so no call a thread
 /// makes while the stacks are read can fall inside the window unrecorded (FORMAT.md 5.7, calls from due).
-pub(super) fn queue(generation: u64, asked_main: bool) {
+pub(super) fn queue(generation: u64, asked: bool) {
     let threads = lock(&THREADS).clone();
     let stacks =
         threads.into_iter().map(|p| (p, if USABLE.load(Ordering::Relaxed) { read(p) } else { None })).collect();
@@ -86,7 +86,7 @@ pub(super) fn queue(generation: u64, asked_main: bool) {
     if q.len() >= MAX_QUEUED {
         q.remove(0);
     }
-    q.push(Due { generation, ticks, asked_main, stacks });
+    q.push(Due { generation, ticks, asked, stacks });
 }
 
 /// The queued windows of `generation` whose due moment read thread `pyts`: (position in the queue, oldest

@@ -1100,7 +1100,6 @@ fn _ocular(m: &Bound<'_, PyModule>) -> PyResult<()> {
     m.add_function(wrap_pyfunction!(finish_unmapping, m)?)?;
     m.add_function(wrap_pyfunction!(is_recording, m)?)?;
     m.add_function(wrap_pyfunction!(windows::start_windows, m)?)?;
-    m.add_function(wrap_pyfunction!(windows::window_signal, m)?)?;
     m.add_function(wrap_pyfunction!(spans::span_begin, m)?)?;
     m.add_function(wrap_pyfunction!(spans::span_end, m)?)?;
     m.add_function(wrap_pyfunction!(spans::span_setup, m)?)?;

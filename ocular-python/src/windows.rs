@@ -11,19 +11,15 @@
 //! Where a window opens decides what it sees, so it must not depend on what the program does. The thread
 //! does not take the GIL to open it: a thread waiting for the GIL gets it when the program releases it
 //! (mostly for I/O), and windows would then always start just after a file read (measured: importlib's
-//! `_compile_bytecode` rose to the top 3 of programs where it is not). Instead it asks the main thread to
-//! open it at its next safe point (a call or a backward jump, microseconds later, wherever the program
-//! is). From CPython 3.13 the opener queues a pending call (`Py_AddPendingCall`), which wakes the main
-//! thread from any thread (measured: 3-6 us, 63 us at most pinned to one core). CPython 3.12 wakes it only
-//! for a call queued on the main thread itself, so there the request travels as a real-time signal to the
-//! main thread, handled by Python's `signal` module with [`window_signal`] as its handler: CPython's own C
-//! handler only sets a flag (it is async-signal-safe), and the interpreter calls the handler at its next
-//! safe point on the main thread. (A C handler of Ocular's own that queued the pending call deadlocked the
-//! program: `Py_AddPendingCall` takes a lock the interrupted main thread may hold while it runs pending
-//! calls. And a handler through `signal` writes a byte to a wakeup fd the program set, waking an asyncio
-//! loop in each window: hence the pending call where it can be used.) Only when the main thread does not
-//! get there within `FALLBACK` (blocked, or in a long C call), or on 3.12 when the recording started off the
-//! main thread (no handler can be installed there), does a second thread take the GIL itself.
+//! `_compile_bytecode` rose to the top 3 of programs where it is not). Instead it queues a pending call
+//! for the interpreter, not for its main thread (`_PyEval_AddPendingCall` without
+//! `_Py_PENDING_MAINTHREADONLY`, exported by CPython 3.12 to 3.15): whichever thread runs Python code next
+//! opens the window at its next safe point (a call or a backward jump, microseconds later, wherever the
+//! program is). A main-thread-only call (`Py_AddPendingCall`, or a signal on 3.12) waits while the main
+//! thread is blocked, in `join()` or a server's `accept()`: windows then opened only when the GIL next
+//! changed hands, at a worker thread's end, and in a thread per request a function called once per
+//! request read 6x its calls and its loop's callee a quarter of them. Only when no thread gets there within
+//! `FALLBACK` (all blocked, or one in a long C call) does a second thread take the GIL itself.
 //!
 //! A safe point can be far off: a long C call, an explicit collection or a sleep holds it back for as long
 //! as it lasts. So the window stands for the span from when it was due (FORMAT.md 5.7): at that moment the
@@ -63,25 +59,10 @@ fn claim(generation: u64) -> bool {
     SCHEDULED_FOR.compare_exchange(generation, 0, Ordering::AcqRel, Ordering::Relaxed).is_ok()
 }
 
-/// The handler of the opener's signal, installed with Python's `signal` module on the main thread (by the
-/// `ocular` package, before `start_windows`): run by the interpreter at its next safe point, with the GIL.
-/// Never fails: an error here would be raised into the program.
-#[pyfunction]
-pub(super) fn window_signal(py: Python<'_>, signum: i32, frame: Bound<'_, PyAny>) {
-    let _ = (signum, frame);
-    // SAFETY: GIL held (a Python signal handler runs with it, on the main thread).
-    unsafe {
-        let generation = state().generation;
-        if claim(generation) {
-            open(py, generation);
-        }
-    }
-}
-
-/// Run by the main thread at a safe point (a pending call, CPython 3.13 and later), with the GIL held.
+/// Run at a safe point by whichever thread runs Python code first (a pending call), with the GIL held.
 /// Never fails: an error here would be raised into the program.
 extern "C" fn pending_open(_arg: *mut std::os::raw::c_void) -> std::os::raw::c_int {
-    // SAFETY: pending calls run with the GIL held, on the main thread, attached to the interpreter.
+    // SAFETY: pending calls run with the GIL held, by a thread attached to the interpreter.
     unsafe {
         let generation = state().generation;
         if claim(generation) {
@@ -89,6 +70,18 @@ extern "C" fn pending_open(_arg: *mut std::os::raw::c_void) -> std::os::raw::c_i
         }
     }
     0
+}
+
+// `Include/internal/pycore_ceval.h` (CPython 3.12 to 3.15, exported for `_testinternalcapi`): queues `func`
+// for the interpreter `interp`. `flags` 0: any of its threads runs it (3.12 names the parameter
+// `mainthreadonly`, whose 0 means the same). Returns 0, or -1 with the queue full.
+extern "C" {
+    fn _PyEval_AddPendingCall(
+        interp: *mut ffi::PyInterpreterState,
+        func: extern "C" fn(*mut std::os::raw::c_void) -> std::os::raw::c_int,
+        arg: *mut std::os::raw::c_void,
+        flags: std::os::raw::c_int,
+    ) -> std::os::raw::c_int;
 }
 
 /// The opener thread: dropping `stop` wakes it and ends it.
@@ -111,24 +104,20 @@ impl Opener {
     }
 }
 
-/// Whether the main thread was asked (pending call or signal) to open the window now scheduled.
-static ASKED_MAIN: AtomicBool = AtomicBool::new(false);
+/// Whether the interpreter was asked (a pending call) to open the window now scheduled.
+static ASKED: AtomicBool = AtomicBool::new(false);
 
 /// Starts opening a window of `length` seconds every `period` seconds (on average) in the current
-/// recording. From CPython 3.13 the main thread opens them in a pending call; before, `main_ident` is the
-/// main thread's `threading.get_ident()` (its pthread_t), which opens them when `signo` (a real-time
-/// signal whose Python handler is [`window_signal`]) is sent to it; 0: no signal, the fallback thread opens
-/// every window.
+/// recording, each in a pending call that the first thread to run Python code makes.
 /// A recording without windows (calls mode, a threshold of 0) ignores it.
 ///
 /// Windows fall due on a schedule of their own (FORMAT.md 5.7): each due moment is drawn from the one
 /// before, not from when the last window opened, so where they fall never depends on the program. At each,
-/// the thread reads every recording thread's stack (`due`), queues it, and asks the main thread to open
-/// the window; a second thread (`ocular-windows-gil`) takes the GIL itself when the main thread has not
-/// answered within `FALLBACK`, so that the schedule never waits for the GIL.
+/// the thread reads every recording thread's stack (`due`), queues it, and asks the interpreter to open
+/// the window; a second thread (`ocular-windows-gil`) takes the GIL itself when no thread has answered
+/// within `FALLBACK`, so that the schedule never waits for the GIL.
 #[pyfunction]
-#[pyo3(signature = (period, length, main_ident, signo = 0))]
-pub(super) fn start_windows(py: Python<'_>, period: f64, length: f64, main_ident: u64, signo: i32) -> PyResult<()> {
+pub(super) fn start_windows(py: Python<'_>, period: f64, length: f64) -> PyResult<()> {
     if !(period > 0.0 && length > 0.0 && length * 2.0 <= period && length < 1000.0) {
         return Err(PyRuntimeError::new_err(format!(
             "window length {length} s and period {period} s: both must be above 0, and the length at most half the period"
@@ -151,11 +140,14 @@ pub(super) fn start_windows(py: Python<'_>, period: f64, length: f64, main_ident
         return Ok(());
     }
     rec.window_len = ((length * 1e6).round() as u32, (length * rec.ticks_per_second).round() as u64);
-    let pending_call = py.version_info() >= (3, 13);
     let (tx, rx) = mpsc::channel::<()>();
     let handle = ocular_record::threads::spawn("ocular-windows", move || {
-        // Without either, every window is opened by the fallback.
-        let signal = (signo > 0 && !pending_call).then_some(signo);
+        // A due moment is when this thread woke, which the kernel's timer slack (50 us by default) and a
+        // virtual machine's idle CPU delay: measured on this project's 2-CPU VMs, wake-ups 117 us late at the
+        // median, and the late ones landed where the program woke the CPUs itself (a thread starting),
+        // which then got windows 1.5x as often as their share of the run. The least slack halves the delay.
+        // SAFETY: prctl with PR_SET_TIMERSLACK changes only the calling thread's slack.
+        unsafe { libc::prctl(libc::PR_SET_TIMERSLACK, 1 as libc::c_ulong) };
         let (ftx, frx) = mpsc::channel::<Instant>();
         let fallback = ocular_record::threads::spawn("ocular-windows-gil", move || {
             while let Ok(mut deadline) = frx.recv() {
@@ -206,19 +198,16 @@ pub(super) fn start_windows(py: Python<'_>, period: f64, length: f64, main_ident
                 super::due::queue(generation, false);
                 continue;
             }
-            let asked = pending_call || signal.is_some();
-            ASKED_MAIN.store(asked, Ordering::Release);
-            super::due::queue(generation, asked);
+            ASKED.store(true, Ordering::Release);
+            super::due::queue(generation, true);
             SCHEDULED_FOR.store(generation, Ordering::Release);
-            if pending_call {
-                // SAFETY: Py_AddPendingCall needs no thread state (CPython's documentation); it fails
-                // only with its queue full, and the fallback then opens the window.
-                if unsafe { ffi::Py_AddPendingCall(Some(pending_open), std::ptr::null_mut()) } != 0 {
-                    ASKED_MAIN.store(false, Ordering::Release);
-                }
-            } else if let Some(signo) = signal {
-                // SAFETY: the main thread outlives the recording (its stop joins this thread).
-                unsafe { libc::pthread_kill(main_ident as libc::pthread_t, signo) };
+            // SAFETY: like Py_AddPendingCall, it needs no thread state (it takes the queue's own lock); the
+            // main interpreter lives as long as the process. It fails only with its queue full, and the
+            // fallback then opens the window.
+            let queued =
+                unsafe { _PyEval_AddPendingCall(ffi::PyInterpreterState_Main(), pending_open, std::ptr::null_mut(), 0) };
+            if queued != 0 {
+                ASKED.store(false, Ordering::Release);
             }
             if ftx.send(Instant::now() + FALLBACK).is_err() {
                 break;
@@ -257,9 +246,10 @@ unsafe fn open(py: Python<'_>, generation: u64) -> bool {
         if dues.is_empty() {
             return true;
         }
-        // The main thread was asked when the first of these fell due and has not reached a safe point
-        // since, if the request was queued: it started no function since any of them was due.
-        let asked_main = dues.iter().any(|d| d.asked_main) && ASKED_MAIN.load(Ordering::Acquire);
+        // The interpreter was asked when the first of these fell due, and no thread has reached a safe
+        // point since, if the request was queued: none started a function since any of them was due
+        // (each function start is a safe point; a thread that takes the GIL is told of the pending call).
+        let asked = dues.iter().any(|d| d.asked) && ASKED.load(Ordering::Acquire);
         // Every thread's stack, outermost frame first: (thread state id, [(code, offset in bytes)]).
         let mut stacks: Vec<(i64, Stack)> = Vec::new();
         let mut tstate = ffi::PyInterpreterState_ThreadHead(ffi::PyInterpreterState_Get());
@@ -323,7 +313,7 @@ unsafe fn open(py: Python<'_>, generation: u64) -> bool {
                 if read.is_some_and(|(_, running)| *running) {
                     flags |= RUNNING;
                 }
-                if !missed && asked_main && ts.buf.thread_id == rec.main_native_id {
+                if !missed && asked {
                     flags |= CALLS_FROM_DUE;
                 }
                 // Only the thread that opened it spent that time (the others waited for the GIL).

@@ -201,23 +201,6 @@ _KIND = {"PY_START": 0, "PY_RESUME": 1, "PY_RETURN": 2, "PY_YIELD": 3, "CALL": 4
          "BRANCH_RIGHT": 18}
 
 
-def _install_window_signal(nat: Any) -> int:
-    """On CPython 3.12, a real-time signal nobody handles (from SIGRTMAX - 1 down), handled from now on by
-    the extension's `window_signal` through Python's `signal` module: the window opener sends it to the
-    main thread, and the interpreter runs the handler at its next safe point. 0 off the main thread (only it
-    may install handlers) or if every such signal is taken: the opener's fallback thread then opens every
-    window. 0 from 3.13, where the opener asks the main thread with a pending call instead."""
-    if sys.version_info >= (3, 13) or threading.current_thread() is not threading.main_thread():
-        return 0
-    for signo in range(_signal.SIGRTMAX - 1, _signal.SIGRTMIN + 3, -1):
-        handler = _signal.getsignal(signo)
-        if handler is nat.window_signal or handler == _signal.SIG_DFL:
-            _signal.signal(signo, nat.window_signal)
-            _signal.siginterrupt(signo, False)  # system calls it interrupts restart, as without Ocular
-            return signo
-    return 0
-
-
 def calibration(mode: str, tool: int, threshold: int, buffer_events: int,
                 c_calls: bool = False, sampled: bool = True) -> tuple[float, list[tuple[int, float]]]:
     """The recorder's cost per event kind, in ticks: (cost of the mode's jump/branch/instruction events, or
@@ -545,7 +528,6 @@ class Recording:
         self.dumped = 0
         self.dropped = 0
         self._old_dump_handler: Any = None
-        self._window_signal = 0
         self.tool_id: int = -1
         self.events = 0
         self.lost = 0
@@ -680,14 +662,11 @@ class Recording:
                 raise ValueError("dump_on installs a signal handler: start the recording in the main thread")
             self._old_dump_handler = _signal.signal(self.dump_on, self._dump_on_signal)
         atexit.register(self._stop_at_exit)
-        main_ident = threading.main_thread().ident or 0
-        if self.sampled:
-            self._window_signal = _install_window_signal(nat)
         # Last: everything above runs Python (threading, atexit, signal) that is not the user's program.
         mon.set_events(tool, _mask(self._events))
         if self.sampled:
             # Function boundaries are recorded in windows (the first one is open now): their opener.
-            nat.start_windows(self.window_period, self.window_length, main_ident, self._window_signal)
+            nat.start_windows(self.window_period, self.window_length)
         return self
 
     def _calibration(self, nat: Any, tool: int) -> tuple[float, list[tuple[int, float]], float]:
@@ -744,12 +723,6 @@ class Recording:
             self._run.end()
             self.children, self.children_events, self.unrecorded_children, self.completed_children = (
                 _follow.summary(self.path, self._run.run_id))
-        if self._window_signal and threading.current_thread() is threading.main_thread():
-            # Ignored first: that discards a request sent just before the stop, still pending.
-            if _signal.getsignal(self._window_signal) is _native().window_signal:
-                _signal.signal(self._window_signal, _signal.SIG_IGN)
-                _signal.signal(self._window_signal, _signal.SIG_DFL)
-            self._window_signal = 0
         if self._old_dump_handler is not None and threading.current_thread() is threading.main_thread():
             if _signal.getsignal(self.dump_on) == self._dump_on_signal:
                 _signal.signal(self.dump_on, self._old_dump_handler)
