@@ -982,7 +982,7 @@ unsafe fn name_thread(ts: *mut ThreadState) {
     // SAFETY: the interpreter holds the GIL while calling a monitoring callback.
     let py = unsafe { Python::assume_attached() };
     let f = rec.thread_name.clone_ref(py);
-    let name = f.call0(py).and_then(|n| n.extract::<String>(py));
+    let name = windows::in_own_python(|| f.call0(py).and_then(|n| n.extract::<String>(py)));
     // SAFETY: GIL held; no Python call while `st` is alive.
     let st = unsafe { state() };
     if st.generation != generation {

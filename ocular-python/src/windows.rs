@@ -59,9 +59,39 @@ fn claim(generation: u64) -> bool {
     SCHEDULED_FOR.compare_exchange(generation, 0, Ordering::AcqRel, Ordering::Relaxed).is_ok()
 }
 
+thread_local! {
+    /// 1 while this thread runs Python code of Ocular's own inside a monitoring callback (naming a new
+    /// thread); 2 when a window was due to open meanwhile.
+    static OWN_PYTHON: std::cell::Cell<u8> = const { std::cell::Cell::new(0) };
+}
+
+/// Runs `f`, Python code of Ocular's own called from a callback. A window is not opened inside it: its
+/// stack would hold Ocular's frames above the program's, and the program's frame at its first
+/// instruction (the start being recorded) would read as a call of its own. Its opening is asked for
+/// again after `f`, at the program's next safe point.
+pub(super) fn in_own_python<T>(f: impl FnOnce() -> T) -> T {
+    let outer = OWN_PYTHON.with(|c| c.replace(1));
+    let out = f();
+    if OWN_PYTHON.with(|c| c.replace(outer)) == 2 {
+        ask();
+    }
+    out
+}
+
+/// Queues the pending call that opens the scheduled window; false if the queue is full.
+fn ask() -> bool {
+    // SAFETY: like Py_AddPendingCall, it needs no thread state (it takes the queue's own lock); the main
+    // interpreter lives as long as the process.
+    unsafe { _PyEval_AddPendingCall(ffi::PyInterpreterState_Main(), pending_open, std::ptr::null_mut(), 0) == 0 }
+}
+
 /// Run at a safe point by whichever thread runs Python code first (a pending call), with the GIL held.
 /// Never fails: an error here would be raised into the program.
 extern "C" fn pending_open(_arg: *mut std::os::raw::c_void) -> std::os::raw::c_int {
+    if OWN_PYTHON.with(|c| c.get()) != 0 {
+        OWN_PYTHON.with(|c| c.set(2));
+        return 0;
+    }
     // SAFETY: pending calls run with the GIL held, by a thread attached to the interpreter.
     unsafe {
         let generation = state().generation;
@@ -201,12 +231,8 @@ pub(super) fn start_windows(py: Python<'_>, period: f64, length: f64) -> PyResul
             ASKED.store(true, Ordering::Release);
             super::due::queue(generation, true);
             SCHEDULED_FOR.store(generation, Ordering::Release);
-            // SAFETY: like Py_AddPendingCall, it needs no thread state (it takes the queue's own lock); the
-            // main interpreter lives as long as the process. It fails only with its queue full, and the
-            // fallback then opens the window.
-            let queued =
-                unsafe { _PyEval_AddPendingCall(ffi::PyInterpreterState_Main(), pending_open, std::ptr::null_mut(), 0) };
-            if queued != 0 {
+            // It fails only with its queue full, and the fallback then opens the window.
+            if !ask() {
                 ASKED.store(false, Ordering::Release);
             }
             if ftx.send(Instant::now() + FALLBACK).is_err() {
