@@ -9,7 +9,7 @@ program's own measurements.
 Per variant: `py_heavy` (120,000 calls of a one-line `leaf` per round) and the variant's second function,
 whose time is spent where no safe point comes (a long C call, a sleep, a collection, ...): each one's
 estimated inclusive time and interval, the truth untraced and traced, and whether the truth (either) lies
-inside the interval; then `leaf`'s estimated count and interval against its true count.
+inside the interval; then each one's count (`leaf`'s on `py_heavy`'s row) against the true one.
 """
 
 from __future__ import annotations
@@ -25,7 +25,7 @@ ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 ANALYZE = os.environ.get("OCULAR_ANALYZE", os.path.join(ROOT, "target", "release", "ocular-analyze"))
 WORKLOAD = os.path.join(ROOT, "testdata", "workloads", "known_truth.py")
 SECOND = {"json": "c_json", "sleep": "waiter", "gc": "churn", "hashlib": "c_hash", "regex": "c_regex",
-          "recurse": "recurse", "generator": "consume", "threads": "c_json"}
+          "recurse": "recurse", "generator": "consume", "threads": "c_json", "requests": "request"}
 
 
 def run(tmp: str, variant: str, rounds: int, traced: bool, sampled: bool = False) -> dict:
@@ -39,6 +39,15 @@ def run(tmp: str, variant: str, rounds: int, traced: bool, sampled: bool = False
         return json.load(f)
 
 
+def calls_text(r: dict | None, truth: int) -> str:
+    """A function's count beside the program's own: `~N ±ci, truth` for an estimate."""
+    if not r:
+        return "-"
+    if r["calls_estimated"]:
+        return f"~{r['calls']:,} ±{r['calls_ci95']:,.0f}, {truth:,}"
+    return f"{r['calls']:,} (exact), {truth:,}"
+
+
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     ap.add_argument("--rounds", type=int, default=8)
@@ -47,7 +56,7 @@ def main() -> None:
     args = ap.parse_args()
     print(f"# Ocular against programs that measure themselves: Python {sys.version.split()[0]}, {args.rounds} rounds")
     print("| mode | variant | function | figure ms | truth ms (untraced, traced) | inside (or within 2%) | off by | "
-          "`leaf` calls: Ocular, truth |")
+          "calls: Ocular, truth (`leaf`'s on `py_heavy`'s row) |")
     print("|---|---|---|---:|---:|---|---:|---|")
     inside = close = total = 0
     with tempfile.TemporaryDirectory() as tmp:
@@ -57,12 +66,10 @@ def main() -> None:
             out = subprocess.run([ANALYZE, "stats", "--json", "--top", "100000", os.path.join(tmp, f"{variant}.ocl")],
                                  capture_output=True, text=True, check=True)
             rows = {r["function"]: r for r in json.loads(out.stdout)}
-            leaf = rows.get("leaf")
-            leaf_text = (f"~{leaf['calls']:,} ±{leaf['calls_ci95']:,.0f}, {traced['leaf_calls']:,}"
-                         if leaf and leaf["calls_estimated"] else
-                         f"{leaf['calls']:,} (exact), {traced['leaf_calls']:,}" if leaf else "-")
             for name in ("py_heavy", SECOND[variant]):
                 r = rows[name]
+                counted = ("leaf", traced["leaf_calls"]) if name == "py_heavy" else (name, traced["counts"][name])
+                calls = calls_text(rows.get(counted[0]), counted[1])
                 want = (truth["times_s"][name] * 1e3, traced["times_s"][name] * 1e3)
                 est, ci = r["inclusive_ms"], r["inclusive_ci95_ms"]
                 if r["times_lower_bound"]:
@@ -71,7 +78,7 @@ def main() -> None:
                     inside += ok
                     total += 1
                     print(f"| {mode} | {variant} | `{name}` | >={est:,.0f} (no window saw it) | {want[0]:,.0f}, "
-                          f"{want[1]:,.0f} | {'yes' if ok else 'no'} | | {leaf_text if name == 'py_heavy' else ''} |")
+                          f"{want[1]:,.0f} | {'yes' if ok else 'no'} | | {calls} |")
                     continue
                 # The nearer of the two truths: the untraced run, or the traced run's own measurement.
                 lo, hi = min(want), max(want)
@@ -83,7 +90,7 @@ def main() -> None:
                 close += abs(off) <= 0.25
                 total += 1
                 print(f"| {mode} | {variant} | `{name}` | {est:,.0f} ±{ci:,.0f} | {want[0]:,.0f}, {want[1]:,.0f} | "
-                      f"{'yes' if ok else 'no'} | {off:+.0%} | {leaf_text if name == 'py_heavy' else ''} |")
+                      f"{'yes' if ok else 'no'} | {off:+.0%} | {calls} |")
     print(f"\n{inside} of {total} times hold the program's own measurement inside their 95% interval, within 2%, or "
           f"above their lower bound; {close} of {total} are within 25% of it")
 

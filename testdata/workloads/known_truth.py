@@ -15,6 +15,9 @@ second function, which spends its time where a window-based profiler cannot see 
     recurse   a recursive Python function (many frames of one function)
     generator a generator resumed many times
     threads   py_heavy and json on 3 threads at once, the main thread joining them
+    requests  a thread per request, as a threading server runs: each round 125 requests one after
+              another, each `request()` a short py_heavy (15,000 leaf calls, ~2 ms) in a new thread that
+              the main thread joins (blocked meanwhile, as in `accept()`)
 """
 
 import gc
@@ -125,7 +128,18 @@ SECOND = {"json": c_json, "hashlib": c_hash, "sleep": waiter, "gc": churn, "rege
           "recurse": recurse, "generator": consume}
 
 
+@measured
+def request():
+    return py_heavy(15_000)
+
+
 def run(variant: str, rounds: int) -> None:
+    if variant == "requests":
+        for _ in range(rounds * 125):
+            t = threading.Thread(target=request)
+            t.start()
+            t.join()
+        return
     if variant == "threads":
         def worker():
             for _ in range(rounds):
