@@ -64,7 +64,8 @@ pub struct Row {
     pub inclusive_ci95_ms: f64,
     pub exclusive_ci95_ms: f64,
     /// `calls` is only a lower bound: more calls were made outside windows than were counted, and no
-    /// window saw one (text: `>=N`, no interval).
+    /// window saw one (text: `>=N`, no interval); or the recorder dropped events of the thread (or of any
+    /// thread, merged), which may have held more calls (text: `>=N`, "at least").
     pub calls_lower_bound: bool,
     /// The times are only lower bounds: the function was called after the part of the run recorded
     /// completely, and no window saw it run (text: `>=`, no interval).
@@ -91,6 +92,7 @@ pub fn rows(a: &Analysis, per_thread: bool, sort: SortBy) -> Vec<Row> {
                 continue;
             }
             let inclusive_ms = a.ns(s.inclusive.max(0.0)) / 1e6;
+            let lost_share = a.lost_share(tid);
             out.push(Row {
                 pid,
                 processes: None,
@@ -108,9 +110,11 @@ pub fn rows(a: &Analysis, per_thread: bool, sort: SortBy) -> Vec<Row> {
                 calls_ci95: s.calls_ci,
                 inclusive_ci95_ms: a.ns(s.inclusive_ci) / 1e6,
                 exclusive_ci95_ms: a.ns(s.exclusive_ci) / 1e6,
-                calls_lower_bound: s.calls_lower_bound,
+                // Events the recorder dropped may hold calls of any function: a count that would be exact
+                // is the least there were (a thread per request read 1,999 "exact" calls of 2,000).
+                calls_lower_bound: s.calls_lower_bound || (lost_share > 0.0 && !s.calls_estimated),
                 times_lower_bound: s.times_lower_bound,
-                lost_share: a.lost_share(tid),
+                lost_share,
                 counters: a
                     .counters
                     .iter()
@@ -418,8 +422,26 @@ fn group_notes(notes: Vec<(u32, String)>) -> Option<String> {
 /// windows (format 2.1 and earlier), that a function's calls after its first `n` were not recorded.
 fn threshold_note(a: &Analysis, rows: &[Row]) -> Option<String> {
     let notes: Vec<String> =
-        [flight_note(a), windows_note(a, rows), cost_note(a, rows), counters_note(a)].into_iter().flatten().collect();
+        [lost_note(a), flight_note(a), windows_note(a, rows), cost_note(a, rows), counters_note(a)]
+            .into_iter()
+            .flatten()
+            .collect();
     (!notes.is_empty()).then(|| notes.join("\nnote: "))
+}
+
+/// Events the recorder dropped: the counts are lower bounds (marked `>=`), and the threads' figures miss
+/// those stretches.
+fn lost_note(a: &Analysis) -> Option<String> {
+    let lost: u64 = a.losses.iter().map(|l| l.lost).sum();
+    let threads = a.losses.iter().filter(|l| l.lost > 0).count();
+    (lost > 0).then(|| {
+        format!(
+            "the recorder dropped {lost} events in {threads} thread{} (its writer fell behind): counts marked >= \
+             are the least there were, and times miss the stretches lost (ocular-analyze info says when and \
+             where; record with --on-full wait to keep every event)",
+            if threads == 1 { "" } else { "s" }
+        )
+    })
 }
 
 /// A flight recorder's trace covers its newest events only: say from when, and how many came before.
@@ -595,7 +617,8 @@ impl fmt::Display for Report {
                 };
                 let interval = match (ci, r.calls_estimated, r.calls_lower_bound) {
                     (false, ..) => String::new(),
-                    (true, false, _) => format!(" {:>9}", "exact"),
+                    (true, false, false) => format!(" {:>9}", "exact"),
+                    (true, false, true) => format!(" {:>9}", "at least"),
                     (true, true, true) => format!(" {:>9}", "unknown"),
                     (true, true, false) => format!(" {:>9}", format!("±{}", round2(r.calls_ci95))),
                 };
