@@ -1681,10 +1681,9 @@ fn step(
                 // before the due moment. Otherwise, one in an earlier window may have been another call,
                 // its return and the next start unrecorded.
                 let every_start = tables.counts_starts && !tables.count_ended.contains(&id);
-                let started =
-                    ts.started_last.is_some_and(|(code, at, between)| {
-                        code == id && (at >= ts.window_from || every_start || between)
-                    });
+                let started = ts
+                    .started_last
+                    .is_some_and(|(code, at, between)| code == id && (at >= ts.window_from || every_start || between));
                 let counted = at_start && ts.calls_from_due && t < ts.calls_until && !started;
                 if at_start {
                     ts.started_at_open = Some((id, counted));
