@@ -186,14 +186,15 @@ def test_sampled_a_thread_per_request_counts_its_requests_and_their_calls(tmp_pa
     assert req["calls_estimated"] and req["calls_ci95"] > 0, req
     # Each request's calls of leaf, as the estimates have it: both counts come from the same windows, so
     # the factor that scales a window by what recording cost in it (known to a factor of two or three in
-    # call-dense code, BENCHMARKS.md) cancels out. 8,500-17,500 for a true 15,000 over twelve runs; the
-    # main thread alone: 860-1,240 (request 4.6-5.6x its calls, leaf 0.29-0.38x).
+    # call-dense code, BENCHMARKS.md) cancels out. 8,500-17,500 for a true 15,000 over twelve runs on a
+    # quiet machine, 5,700-15,000 beside two CPU hogs; the main thread alone: 520-1,240 (request 4.6-5.6x
+    # its calls, leaf 0.29-0.38x).
     per_request = leaf["calls"] / req["calls"]
-    assert 15_000 / 2.5 <= per_request <= 15_000 * 2.5, (leaf, req)
-    # And each of the right size: requests 0.8-2.3x (1.15-1.45x on average: the opener's late wake-ups
-    # still favour the threads' starts, ARCHITECTURE.md, Windows), leaf 0.9-3.3x where the cost factor
-    # overshoots.
-    assert n / 3 <= req["calls"] <= n * 4, (req, n)
+    assert 15_000 / 5 <= per_request <= 15_000 * 2.5, (leaf, req)
+    # And each of the right size: requests 0.8-2.3x on a quiet machine (1.15-1.45x on average: the
+    # opener's late wake-ups still favour the threads' starts, ARCHITECTURE.md, Windows), up to 4.5x beside
+    # two CPU hogs; leaf 0.9-3.3x where the cost factor overshoots.
+    assert n / 3 <= req["calls"] <= n * 6, (req, n)
     assert truth["leaf_calls"] * 0.45 <= leaf["calls"] <= truth["leaf_calls"] * 5, (leaf, truth["leaf_calls"])
     # Nothing placed beyond the run: a request's time within the threads' time.
     assert req["inclusive_ms"] <= fs["<module>"]["wall_ms"] * 1.02, req
