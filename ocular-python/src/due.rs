@@ -27,13 +27,11 @@ static USABLE: AtomicBool = AtomicBool::new(false);
 /// records (with the GIL), read at each due moment (without it).
 static THREADS: Mutex<Vec<usize>> = Mutex::new(Vec::new());
 
-/// A window that fell due: when, whether the interpreter was asked to open it, and the stacks read then
-/// (per thread state: the code objects' addresses, outermost first, and whether the thread was running
-/// Python code; `None`: not read).
+/// A window that fell due: when, and the stacks read then (per thread state: the code objects' addresses,
+/// outermost first, and whether the thread was running Python code; `None`: not read).
 pub(super) struct Due {
     pub generation: u64,
     pub ticks: u64,
-    pub asked: bool,
     pub stacks: Vec<(usize, Option<Read>)>,
 }
 
@@ -76,7 +74,7 @@ pub(super) fn reset() {
 /// Queues a window due now: reads every registered thread's stack, then the clock. The window is due when
 /// the reading ended, not when it began: the interpreter is asked to open it right after, so no call a thread
 /// makes while the stacks are read can fall inside the window unrecorded (FORMAT.md 5.7, calls from due).
-pub(super) fn queue(generation: u64, asked: bool) {
+pub(super) fn queue(generation: u64) {
     let threads = lock(&THREADS).clone();
     let stacks =
         threads.into_iter().map(|p| (p, if USABLE.load(Ordering::Relaxed) { read(p) } else { None })).collect();
@@ -86,7 +84,7 @@ pub(super) fn queue(generation: u64, asked: bool) {
     if q.len() >= MAX_QUEUED {
         q.remove(0);
     }
-    q.push(Due { generation, ticks, asked, stacks });
+    q.push(Due { generation, ticks, stacks });
 }
 
 /// The queued windows of `generation` whose due moment read thread `pyts`: (position in the queue, oldest

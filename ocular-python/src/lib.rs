@@ -1015,10 +1015,14 @@ unsafe fn thread_ending(ts: *mut ThreadState) {
     // SAFETY: GIL held, no Python call below.
     let Some(rec) = (unsafe { state() }).recorder.as_deref() else { return };
     // SAFETY: the calling thread's state, never freed.
-    let t = unsafe { &mut *ts };
+    give_back(unsafe { &mut *ts }, rec);
+}
+
+/// What a thread that runs no more Python code holds for nothing: its buffer is submitted, its stack no
+/// longer read at due moments, and its second-level cache goes (the state stays).
+fn give_back(t: &mut ThreadState, rec: &Recorder) {
     t.buf.flush(rec.out.sink());
     due::unregister(t.pyts);
-    // Nothing of the thread runs after its bootstrap returns: its second-level cache goes (the state stays).
     t.cache2 = Box::new([]);
     t.misses = 0;
 }
@@ -1059,8 +1063,8 @@ pub(crate) unsafe fn retire_ended(st: &mut State) {
         let next = std::mem::replace(&mut t.ended_next, std::ptr::null_mut());
         if t.generation == st.generation {
             if let Some(rec) = st.recorder.as_deref() {
-                t.buf.flush(rec.out.sink());
-                due::unregister(t.pyts);
+                // A second time for a thread whose bootstrap's return was seen (`thread_ending`): a no-op.
+                give_back(t, rec);
                 if let Some(c) = &rec.counters {
                     c.c.close_thread(t.buf.thread_id);
                 }

@@ -225,11 +225,11 @@ pub(super) fn start_windows(py: Python<'_>, period: f64, length: f64) -> PyResul
             }
             if SCHEDULED_FOR.load(Ordering::Acquire) == generation {
                 // The last one has not opened yet: this one waits with it (FORMAT.md 5.7, missed).
-                super::due::queue(generation, false);
+                super::due::queue(generation);
                 continue;
             }
             ASKED.store(true, Ordering::Release);
-            super::due::queue(generation, true);
+            super::due::queue(generation);
             SCHEDULED_FOR.store(generation, Ordering::Release);
             // It fails only with its queue full, and the fallback then opens the window.
             if !ask() {
@@ -275,7 +275,7 @@ unsafe fn open(py: Python<'_>, generation: u64) -> bool {
         // The interpreter was asked when the first of these fell due, and no thread has reached a safe
         // point since, if the request was queued: none started a function since any of them was due
         // (each function start is a safe point; a thread that takes the GIL is told of the pending call).
-        let asked = dues.iter().any(|d| d.asked) && ASKED.load(Ordering::Acquire);
+        let asked = ASKED.load(Ordering::Acquire);
         // Every thread's stack, outermost frame first: (thread state id, [(code, offset in bytes)]).
         let mut stacks: Vec<(i64, Stack)> = Vec::new();
         let mut tstate = ffi::PyInterpreterState_ThreadHead(ffi::PyInterpreterState_Get());
