@@ -13,6 +13,7 @@
 //!   instructions that ran between them; it is spread evenly over that block's instructions. In precise
 //!   mode the time from one INSTRUCTION event to the next is the cost of the first instruction.
 
+use crate::codemap::CodeMap;
 use crate::walk::{Frames, Marker, Step, Walk};
 use ocular_format::{Body, CodeObject, EventKind, Header, Mode, RawEvent, ReadOptions, Reader};
 use rustc_hash::FxHashMap as HashMap;
@@ -400,6 +401,8 @@ type LoopRun = (u32, u32, u64, f64, u64);
 
 struct Frame {
     code: u32,
+    /// Position of the code's entry in the thread's figures (and in [`ThreadState::active`]).
+    stats: u32,
     /// A C call's frame (code id from [`c_code_id`]): its caller's code id and call offset, which its
     /// `C_RETURN` or `C_RAISE` carries too (FORMAT.md 5.4). `None` for a Python frame.
     c_site: Option<(u32, u32)>,
@@ -460,7 +463,8 @@ struct ThreadState {
     last_ticks: u64,
     /// Events of this thread so far.
     count: u64,
-    active: HashMap<u32, u32>,
+    /// Activations on the stack per code id, by its entry's position in the thread's figures.
+    active: Vec<u32>,
     phase: Phase,
     /// The tick at which the current `Sampled` window ends.
     window_end: u64,
@@ -510,11 +514,11 @@ struct ThreadState {
     /// The loops of generator and coroutine frames that yielded, by code id, until they resume, with the
     /// tick and the recorder's cost sum at the yield: a yield suspends a loop, it does not end it, and the
     /// time until the resumption is the consumer's, not the loop's.
-    suspended: HashMap<u32, (Vec<LoopRun>, u64, f64)>,
+    suspended: CodeMap<Option<(Vec<LoopRun>, u64, f64)>>,
     /// The current later window's figures before its factor: exclusive ticks per call tree node, and
     /// (exclusive, inclusive, calls) per code id. See [`ThreadState::flush_window`].
     window_nodes: Vec<(u32, f64)>,
-    window_funcs: HashMap<u32, [f64; 3]>,
+    window_funcs: CodeMap<[f64; 3]>,
     /// The call tree nodes of the calls made in the current later window, one entry per call.
     window_call_nodes: Vec<u32>,
     /// The recorder's cost of this thread's events in the current later window's time (from when it was
@@ -524,7 +528,7 @@ struct ThreadState {
     window_calls_cost: f64,
     window_len: u64,
     /// Code objects already called (so instrumented again) in the current later window.
-    instrumented: std::collections::HashSet<u32>,
+    instrumented: CodeMap<()>,
 }
 
 impl ThreadState {
@@ -536,7 +540,7 @@ impl ThreadState {
             let inclusive = self.e[1] - f.entered_e[1];
             let exclusive = inclusive - f.child_e[1] - inner;
             self.window_nodes.push((f.node, exclusive));
-            let w = self.window_funcs.entry(f.code).or_default();
+            let w = self.window_funcs.entry(f.code);
             w[0] += exclusive;
             if f.outermost {
                 w[1] += inclusive;
@@ -553,7 +557,7 @@ impl ThreadState {
     /// it, holds half as much of the program as one in a loop that records nothing, and weighs as much.
     /// (One factor for all windows over-weighed the cheap ones: a page-touching loop next to call-dense
     /// code read 1.3x its time.)
-    fn flush_window(&mut self, tree: &mut CallTree, per: &mut HashMap<u32, FunctionStats>) {
+    fn flush_window(&mut self, tree: &mut CallTree, per: &mut CodeMap<FunctionStats>) {
         if self.window_len == 0 {
             return;
         }
@@ -577,7 +581,7 @@ impl ThreadState {
             tree.calls[node as usize][1] += calls_factor;
         }
         for (code, [exclusive, inclusive, calls]) in self.window_funcs.drain() {
-            let p = &mut per.entry(code).or_default().parts;
+            let p = &mut per.entry(code).parts;
             p.exclusive[1] += exclusive * factor;
             p.inclusive[1] += inclusive * factor;
             p.window_calls += calls * calls_factor;
@@ -616,9 +620,10 @@ impl ThreadState {
 pub struct CallTree {
     nodes: Vec<(u32, u32)>,
     index: HashMap<(u32, u32), u32>,
-    /// Per node: the code and node of the child last looked up (node 0, the root: none). A loop calls the same
-    /// function again and again: most lookups are answered here, without hashing.
-    last_child: Vec<(u32, u32)>,
+    /// Per node: the code and node of the two children last looked up, the latest first (node 0, the root:
+    /// none). A loop calls the same function or two again and again: most lookups are answered here, without
+    /// hashing.
+    last_child: Vec<[(u32, u32); 2]>,
     /// The threads whose root nodes are children of node 0: the k-th one's node has code `u32::MAX - k`.
     threads: Vec<u64>,
     /// Per node: [complete part, window part] of exclusive ticks.
@@ -640,7 +645,7 @@ impl Default for CallTree {
         CallTree {
             nodes: vec![(0, 0)],
             index: HashMap::default(),
-            last_child: vec![(0, 0)],
+            last_child: vec![[(0, 0); 2]],
             threads: Vec::new(),
             parts: vec![[0.0; 2]],
             exclusive: vec![0.0],
@@ -661,12 +666,22 @@ pub enum Node {
 }
 
 impl CallTree {
+    #[inline]
     fn child(&mut self, parent: u32, code: u32) -> u32 {
-        if let Some(&(c, node)) = self.last_child.get(parent as usize) {
-            if c == code && node != 0 {
-                return node;
+        if let Some(last) = self.last_child.get_mut(parent as usize) {
+            if last[0].0 == code && last[0].1 != 0 {
+                return last[0].1;
+            }
+            if last[1].0 == code && last[1].1 != 0 {
+                last.swap(0, 1);
+                return last[0].1;
             }
         }
+        self.child_slow(parent, code)
+    }
+
+    #[inline(never)]
+    fn child_slow(&mut self, parent: u32, code: u32) -> u32 {
         let next = self.nodes.len() as u32;
         let id = *self.index.entry((parent, code)).or_insert(next);
         if id == next {
@@ -674,10 +689,10 @@ impl CallTree {
             self.parts.push([0.0; 2]);
             self.exclusive.push(0.0);
             self.calls.push([0.0; 2]);
-            self.last_child.push((0, 0));
+            self.last_child.push([(0, 0); 2]);
         }
         if let Some(last) = self.last_child.get_mut(parent as usize) {
-            *last = (code, id);
+            *last = [(code, id), last[0]];
         }
         id
     }
@@ -888,7 +903,7 @@ impl Analysis {
 #[derive(Default)]
 struct Tables {
     branches: HashMap<(u32, u32), Vec<BranchWay>>,
-    index_of: HashMap<u32, u32>,
+    index_of: CodeMap<u32>,
     indexes: Vec<CodeIndex>,
     loop_of: HashMap<LoopKey, u32>,
     loop_keys: Vec<LoopKey>,
@@ -902,13 +917,13 @@ struct Tables {
     counts_starts: bool,
     /// Bytes of bytecode per code id, and the interpreter's cost of instrumenting a code object (ticks:
     /// per object, per byte; FORMAT.md 6.6), paid at its first call in each later window.
-    code_len: HashMap<u32, u32>,
+    code_len: CodeMap<u32>,
     instrument: (f64, f64),
 }
 
 impl Tables {
     fn code_index(&self, code: u32) -> u32 {
-        self.index_of.get(&code).copied().unwrap_or(u32::MAX)
+        self.index_of.get(code).copied().unwrap_or(u32::MAX)
     }
 
     fn loop_id(&mut self, key: LoopKey) -> u32 {
@@ -1141,6 +1156,8 @@ pub fn analyze(path: &Path, opts: ReadOptions) -> ocular_format::Result<Analysis
     let mut cost = ocular_format::cost_table(header.event_cost_ticks, None);
     let precise = header.options.mode == Mode::Precise;
     let mut threads: HashMap<u64, Thread> = HashMap::default();
+    // Each thread's figures per code id during the pass (`a.per_thread` at its end).
+    let mut pers: HashMap<u64, CodeMap<FunctionStats>> = HashMap::default();
     let mut tables = Tables { counts_starts: version >= (2, 10), ..Tables::default() };
     // Since 2.2 a thresholded recording records function boundaries in windows only (FORMAT.md 5.3).
     let mut log = WindowLog { ticks_per_us: header.ticks_per_second / 1e6, ..WindowLog::default() };
@@ -1167,7 +1184,7 @@ pub fn analyze(path: &Path, opts: ReadOptions) -> ocular_format::Result<Analysis
                     walk: Walk::new(header.ticks_per_second),
                     ts: ThreadState { root: a.tree.thread_root(tid), ..ThreadState::default() },
                 });
-                let per = a.per_thread.entry(tid).or_default();
+                let per = pers.entry(tid).or_default();
                 let mut pending = samples.get_mut(&tid);
                 for e in evs {
                     if let Some(q) = pending.as_deref_mut() {
@@ -1231,7 +1248,7 @@ pub fn analyze(path: &Path, opts: ReadOptions) -> ocular_format::Result<Analysis
     // Frames still open at the end (the recording stopped inside them) end at their thread's last event,
     // or, in a window, when the window or the recording ended.
     for (tid, th) in threads.iter_mut() {
-        let per = a.per_thread.entry(*tid).or_default();
+        let per = pers.entry(*tid).or_default();
         let ts = &mut th.ts;
         if let Some(depth) = th.walk.syncing() {
             // A window's stack the thread's last event: frames above what it confirmed had returned.
@@ -1253,6 +1270,7 @@ pub fn analyze(path: &Path, opts: ReadOptions) -> ocular_format::Result<Analysis
         }
         ts.flush_window(&mut a.tree, per);
     }
+    a.per_thread = pers.into_iter().map(|(tid, per)| (tid, per.into_map())).collect();
     let windows = log.summary(header.start_ticks);
     let scale = windows.as_ref().map_or(0.0, |w| w.scale);
     let sampled = windows.as_ref().is_some_and(|w| w.sampled_ticks > 0);
@@ -1300,7 +1318,7 @@ pub fn analyze(path: &Path, opts: ReadOptions) -> ocular_format::Result<Analysis
     }
     for (key, mut stats) in tables.loop_keys.into_iter().zip(tables.loops) {
         if !stats.blocks.is_empty() {
-            if let Some(&i) = tables.index_of.get(&key.0) {
+            if let Some(&i) = tables.index_of.get(key.0) {
                 stats.spread_blocks(&tables.indexes[i as usize]);
             }
         }
@@ -1323,13 +1341,13 @@ pub fn analyze(path: &Path, opts: ReadOptions) -> ocular_format::Result<Analysis
 }
 
 /// A call of `id` recorded at `t`: in the complete part, or in a window while its calls count.
-fn recorded_call(ts: &mut ThreadState, per: &mut HashMap<u32, FunctionStats>, id: u32, t: u64) {
-    let s = per.entry(id).or_default();
+fn recorded_call(ts: &mut ThreadState, per: &mut CodeMap<FunctionStats>, pos: usize, id: u32, t: u64) {
+    let s = per.at(pos);
     if ts.phase == Phase::Complete {
         s.parts.calls[0] += 1;
     } else if t < ts.calls_until {
         s.parts.calls[1] += 1;
-        ts.window_funcs.entry(id).or_default()[2] += 1.0;
+        ts.window_funcs.entry(id)[2] += 1.0;
     }
 }
 
@@ -1380,7 +1398,7 @@ fn due_frame(
     e: &RawEvent,
     tables: &mut Tables,
     tree: &mut CallTree,
-    per: &mut HashMap<u32, FunctionStats>,
+    per: &mut CodeMap<FunctionStats>,
 ) {
     let Some(depth) = ts.due_sampling else { return };
     let id = e.code.get();
@@ -1390,7 +1408,7 @@ fn due_frame(
     if !ts.stack.get(depth).is_some_and(|f| f.code == id) {
         let from = ts.window_from;
         truncate(ts, depth, from, tree, per, tables);
-        push(ts, id, from, 0, tables, tree);
+        push(ts, per, id, from, 0, tables, tree);
         ts.stack.last_mut().expect("pushed").prev = None;
     }
     ts.due_sampling = Some(depth + 1);
@@ -1443,7 +1461,7 @@ fn step(
     precise: bool,
     tables: &mut Tables,
     tree: &mut CallTree,
-    per: &mut HashMap<u32, FunctionStats>,
+    per: &mut CodeMap<FunctionStats>,
     log: &mut WindowLog,
 ) {
     let t = e.ticks.get();
@@ -1505,16 +1523,16 @@ fn step(
         }
     }
     // A recorder pause (FORMAT.md 5.6) is the recorder's time, taken out as the events' own cost is.
-    let mut c = cost[e.kind as usize] + walk.paused() as f64;
+    let mut c = cost[e.kind as usize] + ticks_f64(walk.paused());
     if ts.phase == Phase::Sampled
         && matches!(e.event_kind(), Some(EventKind::PY_START | EventKind::PY_RESUME | EventKind::PY_THROW))
-        && ts.instrumented.insert(id)
+        && ts.instrumented.insert(id, ())
     {
         // A window re-arms every code object (sys.monitoring.restart_events), and each is instrumented
         // again at its first call in the window, before its first event: the caller's time, and the
         // window's, hold that cost (0.1-9 us a code object; on real packages' work, windows that call
         // hundreds of functions lost a third of their length to it, and counts read 0.5-0.7x).
-        let len = tables.code_len.get(&id).copied().unwrap_or(0);
+        let len = tables.code_len.get(id).copied().unwrap_or(0);
         c += tables.instrument.0 + tables.instrument.1 * f64::from(len);
     }
     if marker.is_none() {
@@ -1564,19 +1582,25 @@ fn step(
         match started_at_open {
             Some((code, true)) if code == id => return,
             Some((code, false)) if code == id => {
-                per.entry(id).or_default().parts.starts += 1;
-                recorded_call(ts, per, id, t);
+                let pos = per.position_or_insert(id);
+                per.at(pos).parts.starts += 1;
+                recorded_call(ts, per, pos, id, t);
                 count_call(ts, t, tree);
                 return;
             }
             _ => {}
         }
     }
+    // The position of the started code's figures (its frame's, once pushed).
+    let mut started = usize::MAX;
     match kind {
-        EventKind::PY_START => per.entry(id).or_default().parts.starts += 1,
+        EventKind::PY_START => {
+            started = per.position_or_insert(id);
+            per.at(started).parts.starts += 1;
+        }
         EventKind::COUNT => {
             // A call started outside windows (FORMAT.md 5.8): counted, no stack changes.
-            per.entry(id).or_default().parts.counted += 1;
+            per.entry(id).parts.counted += 1;
             tables.counted_any = true;
             if e.arg.get() & 1 != 0 {
                 tables.count_ended.insert(id);
@@ -1647,7 +1671,7 @@ fn step(
         }
         Step::Found { depth, same } => {
             // Code running at the opening was instrumented by the opening itself (its cost is the opening's).
-            ts.instrumented.insert(id);
+            ts.instrumented.insert(id, ());
             let index = tables.indexes.get(tables.code_index(id) as usize);
             let at_start = index.is_some_and(|i| i.resume.contains(&off));
             if at_start {
@@ -1672,7 +1696,7 @@ fn step(
                 while ts.stack.len() > depth {
                     pop(ts, t, tree, per, tables);
                 }
-                push(ts, id, t, off, tables, tree);
+                push(ts, per, id, t, off, tables, tree);
                 // CPython 3.12's INSTRUMENTED_RESUME fires PY_START before it runs signal handlers: a frame
                 // whose start was the thread's last event was counted then (a call read twice otherwise).
                 // That start is this call if it came after the window fell due, or if every start of the
@@ -1692,25 +1716,26 @@ fn step(
                     // The window opened at this call's first instruction, inside its span (5.7): the call
                     // started in the window, though no PY_START of it is recorded.
                     // Known to have happened, as a recorded one: no COUNT of it either.
-                    let p = &mut per.entry(id).or_default().parts;
+                    let p = &mut per.entry(id).parts;
                     p.calls[1] += 1;
                     p.starts += 1;
-                    ts.window_funcs.entry(id).or_default()[2] += 1.0;
+                    ts.window_funcs.entry(id)[2] += 1.0;
                     count_call(ts, t, tree);
                 }
             }
         }
         Step::Enter(kind) => {
             if kind == EventKind::PY_START {
-                recorded_call(ts, per, id, t);
+                recorded_call(ts, per, started, id, t);
             }
             call_from_loop(ts, t, tables);
-            push(ts, id, t, off, tables, tree);
+            let stats = if kind == EventKind::PY_START { started } else { per.position_or_insert(id) };
+            push_at(ts, per, stats, id, t, off, tables, tree);
             if kind == EventKind::PY_START {
                 count_call(ts, t, tree);
             }
             if kind == EventKind::PY_RESUME {
-                if let Some((mut loops, at, cost)) = ts.suspended.remove(&id) {
+                if let Some((mut loops, at, cost)) = ts.suspended.get_mut(id).and_then(Option::take) {
                     // The loops' clocks stood still while the frame was suspended.
                     let (away, away_cost) = (t.saturating_sub(at), ts.cost - cost);
                     for l in &mut loops {
@@ -1724,9 +1749,10 @@ fn step(
         Step::Other(EventKind::CALL) => {
             // A call of a C function (FORMAT.md 5.4): a frame under its Python caller, counted as a call.
             let Some(code) = c_code_id(e.arg.get()) else { return };
-            recorded_call(ts, per, code, t);
+            let pos = per.position_or_insert(code);
+            recorded_call(ts, per, pos, code, t);
             call_from_loop(ts, t, tables);
-            push(ts, code, t, off, tables, tree);
+            push(ts, per, code, t, off, tables, tree);
             ts.stack.last_mut().expect("pushed").c_site = Some((id, off));
             count_call(ts, t, tree);
         }
@@ -1758,7 +1784,7 @@ fn step(
                 let top = ts.stack.last_mut().expect("the walk found it on top");
                 top.pending_tail = None;
                 let loops = std::mem::take(&mut top.loops);
-                ts.suspended.insert(id, (loops, t, ts.cost));
+                ts.suspended.insert(id, Some((loops, t, ts.cost)));
             }
             pop(ts, t, tree, per, tables);
         }
@@ -1772,7 +1798,7 @@ fn step(
             if ts.phase != Phase::Gap && !ts.stack.last().is_some_and(|f| f.c_site.is_some()) => {}
         Step::Location { kind, enter } => {
             if enter {
-                push(ts, id, t, off, tables, tree);
+                push(ts, per, id, t, off, tables, tree);
             }
             block(ts, t, off, precise, tables, true);
             let now = ts.cost;
@@ -1842,13 +1868,41 @@ fn step(
 }
 
 /// Pushes a frame of code `id` entered at tick `t` (a call, or a frame found on a window's stack).
-fn push(ts: &mut ThreadState, id: u32, t: u64, off: u32, tables: &Tables, tree: &mut CallTree) {
-    let depth = ts.active.entry(id).or_insert(0);
-    *depth += 1;
-    let outermost = *depth == 1;
+fn push(
+    ts: &mut ThreadState,
+    per: &mut CodeMap<FunctionStats>,
+    id: u32,
+    t: u64,
+    off: u32,
+    tables: &Tables,
+    tree: &mut CallTree,
+) {
+    let stats = per.position_or_insert(id);
+    push_at(ts, per, stats, id, t, off, tables, tree);
+}
+
+/// [`push`], with the position of `id`'s figures in `per` known.
+#[allow(clippy::too_many_arguments)]
+#[inline(always)]
+fn push_at(
+    ts: &mut ThreadState,
+    per: &CodeMap<FunctionStats>,
+    stats: usize,
+    id: u32,
+    t: u64,
+    off: u32,
+    tables: &Tables,
+    tree: &mut CallTree,
+) {
+    if ts.active.len() <= stats {
+        ts.active.resize(per.len(), 0);
+    }
+    ts.active[stats] += 1;
+    let outermost = ts.active[stats] == 1;
     let parent = ts.stack.last().map_or(ts.root, |f| f.node);
     ts.stack.push(Frame {
         code: id,
+        stats: stats as u32,
         c_site: None,
         index: tables.code_index(id),
         node: tree.child(parent, id),
@@ -1902,7 +1956,7 @@ fn call_from_loop(ts: &mut ThreadState, t: u64, tables: &Tables) {
 struct Moves<'a> {
     ts: &'a mut ThreadState,
     tree: &'a mut CallTree,
-    per: &'a mut HashMap<u32, FunctionStats>,
+    per: &'a mut CodeMap<FunctionStats>,
     tables: &'a mut Tables,
 }
 
@@ -1927,7 +1981,7 @@ fn truncate(
     depth: usize,
     t: u64,
     tree: &mut CallTree,
-    per: &mut HashMap<u32, FunctionStats>,
+    per: &mut CodeMap<FunctionStats>,
     tables: &mut Tables,
 ) {
     while ts.stack.len() > depth {
@@ -1993,7 +2047,7 @@ fn block(ts: &mut ThreadState, t: u64, off: u32, precise: bool, tables: &mut Tab
     }
 }
 
-fn pop(ts: &mut ThreadState, t: u64, tree: &mut CallTree, per: &mut HashMap<u32, FunctionStats>, tables: &mut Tables) {
+fn pop(ts: &mut ThreadState, t: u64, tree: &mut CallTree, per: &mut CodeMap<FunctionStats>, tables: &mut Tables) {
     let now = ts.cost;
     let Some(f) = ts.stack.pop() else { return };
     // Loops still running when their frame ends: their time up to here (or up to a call made from them).
@@ -2001,9 +2055,8 @@ fn pop(ts: &mut ThreadState, t: u64, tree: &mut CallTree, per: &mut HashMap<u32,
         let (et, ec) = f.pending_tail.filter(|p| p.0 == li).map_or((t, now), |p| (p.1, p.2));
         tables.loops[li as usize].tail_ticks += (ticks_f64(et.saturating_sub(lt)) - (ec - lc)).max(0.0);
     }
-    if let Some(d) = ts.active.get_mut(&f.code) {
-        *d = d.saturating_sub(1);
-    }
+    let d = &mut ts.active[f.stats as usize];
+    *d = d.saturating_sub(1);
 
     // Not clamped per frame: a short frame's corrected time can come out slightly negative (the calibrated
     // cost is an average), and clamping each would bias the sums up; the totals are clamped when reported.
@@ -2011,7 +2064,7 @@ fn pop(ts: &mut ThreadState, t: u64, tree: &mut CallTree, per: &mut HashMap<u32,
     let exclusive: [f64; 2] = std::array::from_fn(|i| inclusive[i] - f.child_e[i]);
     let inclusive_cost = ts.ce - f.entered_ce;
     tree.parts[f.node as usize][0] += exclusive[0];
-    let stats = per.entry(f.code).or_default();
+    let stats = per.at(f.stats as usize);
     if f.outermost {
         stats.parts.inclusive[0] += inclusive[0];
         stats.parts.cost[0] += inclusive_cost;
@@ -2022,7 +2075,7 @@ fn pop(ts: &mut ThreadState, t: u64, tree: &mut CallTree, per: &mut HashMap<u32,
     // current window's: `checkpoint_window` restarts it).
     if exclusive[1] != 0.0 || inclusive[1] != 0.0 {
         ts.window_nodes.push((f.node, exclusive[1]));
-        let w = ts.window_funcs.entry(f.code).or_default();
+        let w = ts.window_funcs.entry(f.code);
         w[0] += exclusive[1];
         if f.outermost {
             w[1] += inclusive[1];

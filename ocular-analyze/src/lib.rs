@@ -9,6 +9,7 @@
 pub mod analysis;
 pub mod awaits;
 pub mod cli;
+pub mod codemap;
 pub mod diff;
 pub mod dump;
 pub mod export;

@@ -180,6 +180,7 @@ impl EventKind {
     /// The recorder's notes, which change no stack of the passes that do not read them (FORMAT.md 5.7, 5.8,
     /// 5.9): when a window was due, the stack then, calls counted outside windows (the function view reads
     /// these), and spans.
+    #[inline]
     pub fn is_recorder_note(self) -> bool {
         matches!(
             self,
