@@ -804,12 +804,12 @@ fn print_report<T: serde::Serialize>(
 fn write_output<T>(
     input: &std::path::Path,
     path: &std::path::Path,
-    write: impl FnOnce(&mut std::io::BufWriter<std::fs::File>) -> anyhow::Result<T>,
+    write: impl FnOnce(&mut crate::output::Background) -> anyhow::Result<T>,
 ) -> anyhow::Result<T> {
     let (pending, f) = crate::output::Pending::create(input, path)?;
-    let mut w = std::io::BufWriter::with_capacity(1 << 20, f);
+    let mut w = crate::output::Background::new(f).with_context(|| format!("cannot write {}", path.display()))?;
     let v = write(&mut w)?;
-    w.into_inner().map_err(|e| e.into_error()).with_context(|| format!("cannot write {}", path.display()))?;
+    w.finish().with_context(|| format!("cannot write {}", path.display()))?;
     pending.commit()?;
     Ok(v)
 }
