@@ -1523,7 +1523,11 @@ fn step(
         }
     }
     // A recorder pause (FORMAT.md 5.6) is the recorder's time, taken out as the events' own cost is.
-    let mut c = cost[e.kind as usize] + ticks_f64(walk.paused());
+    let mut c = cost[e.kind as usize];
+    let paused = walk.paused();
+    if paused != 0 {
+        c += ticks_f64(paused);
+    }
     if ts.phase == Phase::Sampled
         && matches!(e.event_kind(), Some(EventKind::PY_START | EventKind::PY_RESUME | EventKind::PY_THROW))
         && ts.instrumented.insert(id, ())
@@ -1535,7 +1539,7 @@ fn step(
         let len = tables.code_len.get(id).copied().unwrap_or(0);
         c += tables.instrument.0 + tables.instrument.1 * f64::from(len);
     }
-    if marker.is_none() {
+    if marker.is_none() && ts.open_cost != 0.0 {
         // A window's opening (FORMAT.md 5.7) ran just before this event, on this thread's time (at most the
         // whole interval: a file that says more is not believed past it).
         let since = ts.last_ticks.max(ts.window_from);
@@ -1934,10 +1938,10 @@ fn count_call(ts: &mut ThreadState, t: u64, tree: &mut CallTree) {
 fn call_from_loop(ts: &mut ThreadState, t: u64, tables: &Tables) {
     let now = ts.cost;
     let Some(top) = ts.stack.last_mut() else { return };
-    let Some((pt, pc, at)) = top.prev else { return };
-    if top.pending_tail.is_some() {
+    if top.loops.is_empty() || top.pending_tail.is_some() {
         return;
     }
+    let Some((pt, pc, at)) = top.prev else { return };
     // The innermost loop that holds the last event's offset.
     let inner = top
         .loops
