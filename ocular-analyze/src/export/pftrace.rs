@@ -224,13 +224,27 @@ impl Out<'_> {
         self.w.write_all(&self.buf)
     }
 
-    /// Writes the packet of a slice's begin or end on a thread's sequence, as [`Out::packet`] writes
-    /// `TracePacket { timestamp: delta, track_event: TrackEvent { type: kind, name_iid }, .. }` with the
-    /// sequence's flags (the same bytes: fields in the order of their numbers, as prost writes them), built
-    /// directly: nearly every packet of a trace is one of these.
+    /// Writes the packet of a slice's begin or end, or of an instant, on a thread's sequence, as
+    /// [`Out::packet`] writes `TracePacket { timestamp: delta, track_event: TrackEvent { type: kind,
+    /// name_iid, debug_annotations }, .. }` with the sequence's flags (the same bytes: fields in the order of
+    /// their numbers, as prost writes them), built directly: nearly every packet of a trace is one of these.
+    /// `annotations`: debug annotations of interned names and unsigned values.
     #[inline]
-    fn slice_packet(&mut self, seq: u32, delta: u64, kind: i32, name_iid: Option<u64>) -> std::io::Result<()> {
+    fn slice_packet(
+        &mut self,
+        seq: u32,
+        delta: u64,
+        kind: i32,
+        name_iid: Option<u64>,
+        annotations: &[(u64, u64)],
+    ) -> std::io::Result<()> {
         let mut te = Bytes::default();
+        for &(name_iid, value) in annotations.iter().take(2) {
+            let mut a = Bytes::default();
+            a.varint_field(1, name_iid);
+            a.varint_field(3, value);
+            te.bytes_field(4, a.as_slice());
+        }
         te.varint_field(9, kind as i64 as u64);
         if let Some(iid) = name_iid {
             te.varint_field(10, iid);
@@ -247,15 +261,16 @@ impl Out<'_> {
     }
 }
 
-/// A short protobuf message being encoded on the stack (a slice packet takes at most 47 bytes).
+/// A short protobuf message being encoded on the stack (a packet of [`Out::slice_packet`] takes at most
+/// 99 bytes: two annotations of 24).
 struct Bytes {
-    b: [u8; 64],
+    b: [u8; 128],
     n: usize,
 }
 
 impl Default for Bytes {
     fn default() -> Self {
-        Bytes { b: [0; 64], n: 0 }
+        Bytes { b: [0; 128], n: 0 }
     }
 }
 
@@ -322,10 +337,31 @@ impl Sequences {
             if name.map_or(true, |(id, _)| seq.interned.contains(id)) {
                 let delta = ns.saturating_sub(seq.last_ns);
                 seq.last_ns = seq.last_ns.max(ns);
-                return o.slice_packet(seq.id, delta, kind, iid);
+                return o.slice_packet(seq.id, delta, kind, iid, &[]);
             }
         }
         self.event(o, tid, ns, track_event(kind, iid), name)
+    }
+
+    /// An instant named `name_iid` (interned when the sequence opened) with unsigned annotations (at most
+    /// two) on thread `tid` at `ns`: written directly once the thread's sequence is open.
+    #[inline]
+    fn instant(
+        &mut self,
+        o: &mut Out<'_>,
+        tid: u64,
+        ns: u64,
+        name_iid: u64,
+        annotations: &[(u64, u64)],
+    ) -> std::io::Result<()> {
+        if let Some(seq) = self.by_tid.get_mut(&tid) {
+            let delta = ns.saturating_sub(seq.last_ns);
+            seq.last_ns = seq.last_ns.max(ns);
+            return o.slice_packet(seq.id, delta, INSTANT, Some(name_iid), annotations);
+        }
+        let mut te = track_event(INSTANT, Some(name_iid));
+        te.debug_annotations.extend(annotations.iter().map(|&(k, v)| annotation(k, v)));
+        self.event(o, tid, ns, te, None)
     }
 
     /// Writes a track event for thread `tid` at `ns`, opening the thread's sequence first if needed, and
@@ -521,12 +557,11 @@ fn export_into(
         }
         Item::End { tid, ticks, .. } => seqs.slice(o, track(tid), ns(ticks), SLICE_END, None),
         Item::Loop { tid, ticks, uops, cycles, .. } => {
-            let mut te = track_event(INSTANT, Some(LOOP_IID));
-            te.debug_annotations.push(annotation(UOPS_IID, uops as u64));
-            if let Some(c) = cycles {
-                te.debug_annotations.push(annotation(CYCLES_IID, c));
+            let uops = (UOPS_IID, uops as u64);
+            match cycles {
+                Some(c) => seqs.instant(o, track(tid), ns(ticks), LOOP_IID, &[uops, (CYCLES_IID, c)]),
+                None => seqs.instant(o, track(tid), ns(ticks), LOOP_IID, &[uops]),
             }
-            seqs.event(o, track(tid), ns(ticks), te, None)
         }
         // Names can arrive after a thread's first events: describe the track again with its final name.
         Item::ThreadDone { tid, name: Some(name) } => {
@@ -645,21 +680,27 @@ mod tests {
     fn a_slice_packet_is_the_bytes_prost_writes_for_it() {
         let mut direct = Vec::new();
         let mut built = Vec::new();
-        for &(seq, delta, kind, iid) in &[
-            (2u32, 0u64, SLICE_BEGIN, Some(1u64)),
-            (2, 1, SLICE_END, None),
-            (130, 127, SLICE_BEGIN, Some(128)),
-            (70_000, 128, SLICE_END, None),
-            (u32::MAX, u64::MAX, SLICE_BEGIN, Some(u64::from(u32::MAX) + 1)),
-            (9, 1 << 35, SLICE_END, None),
+        let none: &[(u64, u64)] = &[];
+        for &(seq, delta, kind, iid, annotations) in &[
+            (2u32, 0u64, SLICE_BEGIN, Some(1u64), none),
+            (2, 1, SLICE_END, None, none),
+            (130, 127, SLICE_BEGIN, Some(128), none),
+            (70_000, 128, SLICE_END, None, none),
+            (u32::MAX, u64::MAX, SLICE_BEGIN, Some(u64::from(u32::MAX) + 1), none),
+            (9, 1 << 35, SLICE_END, None, none),
+            (3, 5, INSTANT, Some(LOOP_IID), &[(UOPS_IID, 12)]),
+            (3, 300, INSTANT, Some(LOOP_IID), &[(UOPS_IID, 1 << 40), (CYCLES_IID, u64::MAX)]),
         ] {
-            Out { w: &mut direct, buf: Vec::new(), packets: 0 }.slice_packet(seq, delta, kind, iid).unwrap();
-            let p =
-                TracePacket { timestamp: Some(delta), track_event: Some(track_event(kind, iid)), ..Default::default() };
+            Out { w: &mut direct, buf: Vec::new(), packets: 0 }
+                .slice_packet(seq, delta, kind, iid, annotations)
+                .unwrap();
+            let mut te = track_event(kind, iid);
+            te.debug_annotations.extend(annotations.iter().map(|&(k, v)| annotation(k, v)));
+            let p = TracePacket { timestamp: Some(delta), track_event: Some(te), ..Default::default() };
             Out { w: &mut built, buf: Vec::new(), packets: 0 }
                 .packet(seq, Some(SEQ_NEEDS_INCREMENTAL_STATE), p)
                 .unwrap();
-            assert_eq!(direct, built, "seq {seq} delta {delta} kind {kind} iid {iid:?}");
+            assert_eq!(direct, built, "seq {seq} delta {delta} kind {kind} iid {iid:?} {annotations:?}");
         }
     }
 }
