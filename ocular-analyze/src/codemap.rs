@@ -1,12 +1,16 @@
 //! A map keyed by code id for the per-event work of a pass: code ids are small integers (the recorder
 //! counts them from 1, FORMAT.md 6.1; C callables' ids sit in a range of their own, 6.11), so a table
-//! indexed by the id finds an entry without hashing. An id beyond the tables (a crafted file) goes through
-//! a hash map, so memory stays bounded by the entries, whatever the ids.
+//! indexed by the id finds an entry without hashing. The table grows with the entries, not with the ids:
+//! an id far beyond what the map holds (a thread of a large program that calls a few functions, a crafted
+//! file) goes through a hash map, so a pass with a map per thread of a hundred thousand threads holds
+//! tables no larger than their entries.
 
 use rustc_hash::FxHashMap as HashMap;
 
-/// Ids below this are looked up by index (4 bytes of table per id up to the largest seen).
+/// Ids below this can be looked up by index (4 bytes of table per id up to the largest indexed).
 const DIRECT: u32 = 1 << 16;
+/// Table entries a map may hold per entry of its own (plus this many): an id beyond goes to the hash map.
+const SPARSENESS: usize = 64;
 /// Where C callables' code ids begin (`ocular_format::CFunction::CODE_ID_BASE`).
 const C_BASE: u32 = ocular_format::CFunction::CODE_ID_BASE;
 
@@ -17,7 +21,7 @@ pub struct CodeMap<V> {
     low: Vec<u32>,
     /// The same for C callables' ids, `C_BASE + i`.
     c: Vec<u32>,
-    /// Position of any other id's entry.
+    /// Position of any other id's entry (one that was beyond the tables when it was made).
     other: HashMap<u32, u32>,
     keys: Vec<u32>,
     values: Vec<V>,
@@ -33,12 +37,17 @@ impl<V> CodeMap<V> {
     /// The table slot of `id`, if it has one.
     #[inline(always)]
     fn slot(&self, id: u32) -> Option<u32> {
-        if id < DIRECT {
-            self.low.get(id as usize).copied().filter(|&p| p != 0)
+        let direct = if id < DIRECT {
+            self.low.get(id as usize)
         } else if id.wrapping_sub(C_BASE) < DIRECT {
-            self.c.get((id - C_BASE) as usize).copied().filter(|&p| p != 0)
+            self.c.get((id - C_BASE) as usize)
         } else {
-            self.other.get(&id).map(|&p| p + 1)
+            None
+        };
+        match direct {
+            Some(&p) if p != 0 => Some(p),
+            _ if self.other.is_empty() => None,
+            _ => self.other.get(&id).map(|&p| p + 1),
         }
     }
 
@@ -75,9 +84,10 @@ impl<V> CodeMap<V> {
     #[cold]
     fn insert_new(&mut self, id: u32, v: V) -> &mut V {
         let pos = self.values.len() as u32;
-        let table = if id < DIRECT {
+        let limit = SPARSENESS * (self.keys.len() + 1);
+        let table = if id < DIRECT && (id as usize) < limit {
             Some((&mut self.low, id))
-        } else if id.wrapping_sub(C_BASE) < DIRECT {
+        } else if id.wrapping_sub(C_BASE) < DIRECT && ((id - C_BASE) as usize) < limit {
             Some((&mut self.c, id - C_BASE))
         } else {
             self.other.insert(id, pos);
@@ -146,10 +156,15 @@ impl<V> CodeMap<V> {
     /// Removes every entry, handing them out in the order they were made (the tables keep their size).
     pub fn drain(&mut self) -> impl Iterator<Item = (u32, V)> + '_ {
         for &id in &self.keys {
-            if id < DIRECT {
-                self.low[id as usize] = 0;
+            let slot = if id < DIRECT {
+                self.low.get_mut(id as usize)
             } else if id.wrapping_sub(C_BASE) < DIRECT {
-                self.c[(id - C_BASE) as usize] = 0;
+                self.c.get_mut((id - C_BASE) as usize)
+            } else {
+                None
+            };
+            if let Some(slot) = slot {
+                *slot = 0;
             }
         }
         self.other.clear();
@@ -203,6 +218,31 @@ mod tests {
         assert!(m.insert(7, 3));
         assert!(!m.insert(7, 4));
         assert_eq!(m.into_map().get(&7), Some(&4));
+    }
+
+    #[test]
+    fn tables_grow_with_the_entries_and_ids_hashed_before_are_found_after() {
+        let mut m = CodeMap::<u32>::default();
+        // A few entries of high ids: hashed, no table.
+        for id in [5_000, 6_000, C_BASE + 9_000] {
+            *m.entry(id) = id;
+        }
+        assert!(m.low.is_empty() && m.c.is_empty());
+        // Many small ids: the table grows; with them, a higher id is indexed, the table now spanning the
+        // ids hashed before.
+        for id in 1..=200 {
+            *m.entry(id) = id;
+        }
+        assert_eq!(m.low.len(), 256);
+        *m.entry(7_000) = 7_000;
+        assert!(m.low.len() > 7_000, "table of {}", m.low.len());
+        for id in [5_000, 6_000, 7_000, C_BASE + 9_000, 1, 200] {
+            assert_eq!(m.get(id), Some(&id), "id {id}");
+        }
+        assert_eq!(m.len(), 204);
+        assert_eq!(m.drain().count(), 204);
+        assert_eq!(m.get(5_000), None);
+        assert_eq!(m.get(7_000), None);
     }
 
     #[test]
