@@ -420,8 +420,9 @@ fn run(cli: Cli) -> anyhow::Result<()> {
             let opts = ReadOptions::with_salvage(salvage);
             let run = open_run(&file, opts)?;
             let analyses = analyze_run(&run, opts)?;
-            let s = write_output(&file, &out_path, |w| crate::export::pprof::export_run(&run, &analyses, opts, w))
-                .with_context(|| format!("cannot export {}", file.display()))?;
+            let s =
+                crate::output::write(&file, &out_path, |w| crate::export::pprof::export_run(&run, &analyses, opts, w))
+                    .with_context(|| format!("cannot export {}", file.display()))?;
             eprintln!(
                 "wrote {}: {} samples (distinct stacks), {} functions; sample types {}",
                 out_path.display(),
@@ -440,7 +441,7 @@ fn run(cli: Cli) -> anyhow::Result<()> {
             crate::output::refuse_input(&file, &out_path)?;
             let opts = ReadOptions::with_salvage(salvage);
             let run = open_run(&file, opts)?;
-            let (written, read, warnings) = write_output(&file, &out_path, |w| {
+            let (written, read, warnings) = crate::output::write(&file, &out_path, |w| {
                 Ok(match (fmt == "pftrace", run.single()) {
                     (true, true) => {
                         let ((p, r), w) = crate::export::pftrace::export(&file, opts, w)?;
@@ -484,7 +485,8 @@ fn run(cli: Cli) -> anyhow::Result<()> {
             let out_path = output.unwrap_or_else(|| file.with_extension("svg"));
             crate::output::refuse_input(&file, &out_path)?;
             let title = format!("{} (exclusive time)", file.display());
-            let warnings = write_output(&file, &out_path, |w| crate::export::flame::svg(&file, opts, &title, w))?;
+            let warnings =
+                crate::output::write(&file, &out_path, |w| crate::export::flame::svg(&file, opts, &title, w))?;
             warn(&warnings);
             eprintln!("wrote {}", out_path.display());
         }
@@ -545,7 +547,7 @@ fn run(cli: Cli) -> anyhow::Result<()> {
                     .filter_map(Result::transpose)
                     .collect::<anyhow::Result<_>>()?,
             };
-            write_output(&file, &out_path, |w| crate::report::write(&inputs, w))?;
+            crate::output::write(&file, &out_path, |w| crate::report::write(&inputs, w))?;
             let bytes = std::fs::metadata(&out_path).map_or(0, |m| m.len());
             eprintln!("wrote {} ({bytes} bytes)", out_path.display());
         }
@@ -801,19 +803,6 @@ fn print_report<T: serde::Serialize>(
 
 /// Writes the output file `path` (never the trace `input`) with `write`, through a temporary file renamed
 /// into place at the end: a failed export leaves nothing that looks whole, and whatever `path` was before.
-fn write_output<T>(
-    input: &std::path::Path,
-    path: &std::path::Path,
-    write: impl FnOnce(&mut crate::output::Background) -> anyhow::Result<T>,
-) -> anyhow::Result<T> {
-    let (pending, f) = crate::output::Pending::create(input, path)?;
-    let mut w = crate::output::Background::new(f).with_context(|| format!("cannot write {}", path.display()))?;
-    let v = write(&mut w)?;
-    w.finish().with_context(|| format!("cannot write {}", path.display()))?;
-    pending.commit()?;
-    Ok(v)
-}
-
 #[cfg(feature = "parquet")]
 fn export_parquet(file: &std::path::Path, opts: ReadOptions, dir: &std::path::Path) -> anyhow::Result<()> {
     let summary =

@@ -93,6 +93,22 @@ impl Drop for Pending {
     }
 }
 
+/// Writes the output `path` of input `input` with `write`: refused if it is the input, written beside it
+/// through a [`Background`] writer, and renamed into place once whole (an error leaves the file that was
+/// there before).
+pub fn write<T>(
+    input: &Path,
+    path: &Path,
+    write: impl FnOnce(&mut Background) -> anyhow::Result<T>,
+) -> anyhow::Result<T> {
+    let (pending, f) = Pending::create(input, path)?;
+    let mut w = Background::new(f).with_context(|| format!("cannot write {}", path.display()))?;
+    let v = write(&mut w)?;
+    w.finish().with_context(|| format!("cannot write {}", path.display()))?;
+    pending.commit()?;
+    Ok(v)
+}
+
 /// Bytes handed to the writing thread at a time.
 const BLOCK: usize = 1 << 20;
 

@@ -210,13 +210,10 @@ pub(super) fn stats(
 pub(super) fn export_chrome(py: Python<'_>, path: PathBuf, out: PathBuf) -> PyResult<u64> {
     py.detach(|| {
         // Never over the trace, and renamed into place once whole (see ocular_analyze::output).
-        let (pending, f) =
-            ocular_analyze::output::Pending::create(&path, &out).map_err(|e| os_err(format!("{e:#}")))?;
-        let mut w = std::io::BufWriter::with_capacity(1 << 20, f);
-        let (counts, _) = ocular_analyze::export::chrome::export(&path, ReadOptions::default(), &mut w)
-            .map_err(|e| os_err(format!("{e:#}")))?;
-        w.into_inner().map_err(|e| os_err(e.into_error()))?;
-        pending.commit().map_err(|e| os_err(format!("{e:#}")))?;
+        let (counts, _) = ocular_analyze::output::write(&path, &out, |w| {
+            ocular_analyze::export::chrome::export(&path, ReadOptions::default(), w)
+        })
+        .map_err(|e| os_err(format!("{e:#}")))?;
         Ok(counts.events)
     })
 }

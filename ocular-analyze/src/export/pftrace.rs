@@ -230,7 +230,7 @@ impl Out<'_> {
     /// their numbers, as prost writes them), built directly: nearly every packet of a trace is one of these.
     /// `annotations`: debug annotations of interned names and unsigned values.
     #[inline]
-    fn slice_packet(
+    fn track_packet(
         &mut self,
         seq: u32,
         delta: u64,
@@ -261,7 +261,7 @@ impl Out<'_> {
     }
 }
 
-/// A short protobuf message being encoded on the stack (a packet of [`Out::slice_packet`] takes at most
+/// A short protobuf message being encoded on the stack (a packet of [`Out::track_packet`] takes at most
 /// 99 bytes: two annotations of 24).
 struct Bytes {
     b: [u8; 128],
@@ -314,6 +314,17 @@ struct Sequence {
     interned: CodeMap<()>,
 }
 
+impl Sequence {
+    /// The time from the sequence's last packet to `ns`, for the packet at `ns`. A thread's times only grow;
+    /// damaged input could go back, and the delta clock cannot: clamped.
+    #[inline]
+    fn delta_to(&mut self, ns: u64) -> u64 {
+        let delta = ns.saturating_sub(self.last_ns);
+        self.last_ns = self.last_ns.max(ns);
+        delta
+    }
+}
+
 /// The threads' sequences, opened on a thread's first event.
 struct Sequences {
     by_tid: rustc_hash::FxHashMap<u64, Sequence>,
@@ -335,9 +346,8 @@ impl Sequences {
         let iid = name.map(|(id, _)| u64::from(id) + 1);
         if let Some(seq) = self.by_tid.get_mut(&tid) {
             if name.map_or(true, |(id, _)| seq.interned.contains(id)) {
-                let delta = ns.saturating_sub(seq.last_ns);
-                seq.last_ns = seq.last_ns.max(ns);
-                return o.slice_packet(seq.id, delta, kind, iid, &[]);
+                let delta = seq.delta_to(ns);
+                return o.track_packet(seq.id, delta, kind, iid, &[]);
             }
         }
         self.event(o, tid, ns, track_event(kind, iid), name)
@@ -355,9 +365,8 @@ impl Sequences {
         annotations: &[(u64, u64)],
     ) -> std::io::Result<()> {
         if let Some(seq) = self.by_tid.get_mut(&tid) {
-            let delta = ns.saturating_sub(seq.last_ns);
-            seq.last_ns = seq.last_ns.max(ns);
-            return o.slice_packet(seq.id, delta, INSTANT, Some(name_iid), annotations);
+            let delta = seq.delta_to(ns);
+            return o.track_packet(seq.id, delta, INSTANT, Some(name_iid), annotations);
         }
         let mut te = track_event(INSTANT, Some(name_iid));
         te.debug_annotations.extend(annotations.iter().map(|&(k, v)| annotation(k, v)));
@@ -410,9 +419,7 @@ impl Sequences {
                 v.insert(Sequence { id: next, last_ns: ns, interned: CodeMap::default() })
             }
         };
-        // A thread's times only grow; damaged input could go back, and the delta clock cannot: clamp.
-        let delta = ns.saturating_sub(seq.last_ns);
-        seq.last_ns = seq.last_ns.max(ns);
+        let delta = seq.delta_to(ns);
         let interned_data = match name {
             Some((id, qualname)) if seq.interned.insert(id, ()) => Some(InternedData {
                 event_names: vec![EventName { iid: Some(id as u64 + 1), name: Some(qualname()) }],
@@ -677,7 +684,7 @@ mod tests {
     use super::*;
 
     #[test]
-    fn a_slice_packet_is_the_bytes_prost_writes_for_it() {
+    fn a_track_packet_is_the_bytes_prost_writes_for_it() {
         let mut direct = Vec::new();
         let mut built = Vec::new();
         let none: &[(u64, u64)] = &[];
@@ -692,7 +699,7 @@ mod tests {
             (3, 300, INSTANT, Some(LOOP_IID), &[(UOPS_IID, 1 << 40), (CYCLES_IID, u64::MAX)]),
         ] {
             Out { w: &mut direct, buf: Vec::new(), packets: 0 }
-                .slice_packet(seq, delta, kind, iid, annotations)
+                .track_packet(seq, delta, kind, iid, annotations)
                 .unwrap();
             let mut te = track_event(kind, iid);
             te.debug_annotations.extend(annotations.iter().map(|&(k, v)| annotation(k, v)));
