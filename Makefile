@@ -89,9 +89,10 @@ lint: check-python ## rustfmt, clippy with warnings as errors, docs without warn
 
 bench: bench-format bench-record bench-truth bench-analyze bench-startup bench-after-stop bench-spans bench-flight bench-live bench-counters bench-follow ## every benchmark (prints tables; see BENCHMARKS.md)
 
-bench-analyze: check-python ## analyzer throughput: info, stats, hot, export on a large recorded trace
+bench-analyze: check-python ## analyzer throughput: info, stats, hot, exports on a large loop-dense trace, then on a default-mode (every call) one
 	$(CARGO) build --release --locked -p ocular-analyze $(ANALYZE_FEATURES)
-	@venv=$$(scripts/venv.sh $(firstword $(PYTHONS)) | tail -n 1); $$venv/bin/python bench/analyze_bench.py
+	@venv=$$(scripts/venv.sh $(firstword $(PYTHONS)) | tail -n 1); set -e; \
+	    $$venv/bin/python bench/analyze_bench.py; $$venv/bin/python bench/analyze_bench.py --default
 
 bench-truth: check-python ## is the default mode true? programs that measure themselves; hot's loops next to their untraced time; top functions next to calls mode's; five packages against calls mode and py-spy
 	$(CARGO) build --release --locked -p ocular-analyze $(ANALYZE_FEATURES)
