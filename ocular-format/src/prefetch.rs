@@ -9,6 +9,11 @@ use std::thread::JoinHandle;
 
 /// Chunks decoded ahead of the caller: each is at most one buffer of events (1.5 MiB at 65,536 events).
 const AHEAD: usize = 4;
+/// Files smaller than this are read on the caller's thread: starting a thread and its channels (~0.05-0.1
+/// ms) is most of what reading a test's trace for pytest's summary costs (a few hundred events, 10-30 KB,
+/// most of it code objects). A file this size of events alone holds ~100,000 at most, whose decoding
+/// ahead would save ~1 ms.
+const INLINE_BELOW: u64 = 32 << 10;
 
 /// A chunk that owns its events, made on the reading thread.
 struct Owned {
@@ -28,8 +33,10 @@ pub struct Prefetch {
     /// The reading thread; it returns the reader.
     thread: Option<JoinHandle<Reader<Source>>>,
     /// Vectors of events the caller is done with, sent back to be filled again.
-    spare: SyncSender<Vec<RawEvent>>,
+    spare: Option<SyncSender<Vec<RawEvent>>>,
     current: Option<Owned>,
+    /// A small file's reader, read on the caller's thread.
+    inline: Option<Reader<Source>>,
 }
 
 impl std::fmt::Debug for Owned {
@@ -39,8 +46,18 @@ impl std::fmt::Debug for Owned {
 }
 
 impl Prefetch {
-    /// Starts reading `reader`'s chunks on a thread of its own.
-    pub fn new(mut reader: Reader<Source>) -> Result<Self> {
+    /// Starts reading `reader`'s chunks on a thread of its own (a small file's on the caller's, as
+    /// [`Reader::next_chunk`] reads them).
+    pub fn new(reader: Reader<Source>) -> Result<Self> {
+        if std::fs::metadata(reader.path()).is_ok_and(|m| m.len() < INLINE_BELOW) {
+            let header = reader.header().clone();
+            return Ok(Prefetch { header, rx: None, thread: None, spare: None, current: None, inline: Some(reader) });
+        }
+        Self::threaded(reader)
+    }
+
+    /// Starts reading `reader`'s chunks on a thread of its own, whatever the file's size.
+    pub fn threaded(mut reader: Reader<Source>) -> Result<Self> {
         let header = reader.header().clone();
         let path = reader.path().to_string();
         let (tx, rx) = sync_channel::<Result<Owned>>(AHEAD);
@@ -70,7 +87,7 @@ impl Prefetch {
                 reader
             })
             .map_err(|error| crate::Error::Io { path, error })?;
-        Ok(Prefetch { header, rx: Some(rx), thread: Some(thread), spare, current: None })
+        Ok(Prefetch { header, rx: Some(rx), thread: Some(thread), spare: Some(spare), current: None, inline: None })
     }
 
     /// The file header.
@@ -80,8 +97,11 @@ impl Prefetch {
 
     /// The next chunk, as [`Reader::next_chunk`] gives it, or `None` at the end of the data.
     pub fn next_chunk(&mut self) -> Result<Option<Chunk<'_>>> {
-        if let Some(done) = self.current.take() {
-            let _ = self.spare.try_send(done.events);
+        if let Some(r) = &mut self.inline {
+            return r.next_chunk();
+        }
+        if let (Some(done), Some(spare)) = (self.current.take(), &self.spare) {
+            let _ = spare.try_send(done.events);
         }
         let Some(rx) = &self.rx else { return Ok(None) };
         match rx.recv() {
@@ -107,6 +127,9 @@ impl Prefetch {
     /// Stops reading (if chunks are left) and gives the reader back: its report says what was read,
     /// skipped and found missing.
     pub fn finish(mut self) -> Reader<Source> {
+        if let Some(r) = self.inline.take() {
+            return r;
+        }
         self.rx = None; // a reading thread blocked on a full queue sees it gone and ends
         self.thread.take().expect("joined once").join().unwrap_or_else(|p| std::panic::resume_unwind(p))
     }

@@ -483,7 +483,11 @@ impl Reader<Source> {
             return Self::open_ring(path.as_ref(), opts);
         }
         file.seek(SeekFrom::Start(0)).map_err(|source| Error::Io { path: name.clone(), error: source })?;
-        let mut r = Reader::new(Source::File(BufReader::with_capacity(256 << 10, file)), &name, opts)?;
+        // A small file (a test's trace) needs no buffer larger than itself: a 256 KiB one is a fresh
+        // mapping, its pages faulted in, for every file read.
+        let len = file.metadata().map_or(u64::MAX, |m| m.len());
+        let capacity = (256 << 10).min(len.saturating_add(1).max(8 << 10) as usize);
+        let mut r = Reader::new(Source::File(BufReader::with_capacity(capacity, file)), &name, opts)?;
         r.file = Some(path.as_ref().to_owned());
         Ok(r)
     }

@@ -14,8 +14,10 @@ fn plain(path: &Path, opts: ReadOptions) -> (Vec<String>, Vec<String>) {
     (chunks, r.report().warnings("f"))
 }
 
-fn prefetched(path: &Path, opts: ReadOptions) -> (Vec<String>, Vec<String>) {
-    let mut r = Prefetch::new(Reader::open_with(path, opts).unwrap()).unwrap();
+/// `threaded`: on a thread of its own (the fixtures are small enough that `Prefetch::new` reads them inline).
+fn prefetched(path: &Path, opts: ReadOptions, threaded: bool) -> (Vec<String>, Vec<String>) {
+    let reader = Reader::open_with(path, opts).unwrap();
+    let mut r = if threaded { Prefetch::threaded(reader) } else { Prefetch::new(reader) }.unwrap();
     let mut chunks = Vec::new();
     while let Some(c) = r.next_chunk().unwrap() {
         chunks.push(format!("{:?} {:?}", c.info, c.body));
@@ -41,7 +43,8 @@ fn prefetched_chunks_are_the_reader_s() {
         for (p, opts) in [(f.as_path(), ReadOptions::default()), (cut.as_path(), ReadOptions::default())] {
             let a = plain(p, opts);
             assert!(!a.0.is_empty());
-            assert_eq!(prefetched(p, opts), a, "{}", f.display());
+            assert_eq!(prefetched(p, opts, true), a, "{}", f.display());
+            assert_eq!(prefetched(p, opts, false), a, "{}", f.display());
         }
         n += 1;
     }
@@ -51,8 +54,11 @@ fn prefetched_chunks_are_the_reader_s() {
 #[test]
 fn stopping_early_gives_the_reader_back() {
     let f = concat!(env!("CARGO_MANIFEST_DIR"), "/../testdata/v2.12/synthetic.ocl");
-    let mut r = Prefetch::new(Reader::open(f).unwrap()).unwrap();
-    assert!(r.next_chunk().unwrap().is_some());
-    let r = r.finish();
-    assert_eq!(r.header().pid, 4242);
+    for threaded in [true, false] {
+        let reader = Reader::open(f).unwrap();
+        let mut r = if threaded { Prefetch::threaded(reader) } else { Prefetch::new(reader) }.unwrap();
+        assert!(r.next_chunk().unwrap().is_some());
+        let r = r.finish();
+        assert_eq!(r.header().pid, 4242);
+    }
 }
