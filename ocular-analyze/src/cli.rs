@@ -801,8 +801,6 @@ fn print_report<T: serde::Serialize>(
     Ok(())
 }
 
-/// Writes the output file `path` (never the trace `input`) with `write`, through a temporary file renamed
-/// into place at the end: a failed export leaves nothing that looks whole, and whatever `path` was before.
 #[cfg(feature = "parquet")]
 fn export_parquet(file: &std::path::Path, opts: ReadOptions, dir: &std::path::Path) -> anyhow::Result<()> {
     let summary =
