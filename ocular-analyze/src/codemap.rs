@@ -33,17 +33,34 @@ impl<V> Default for CodeMap<V> {
     }
 }
 
+/// Where a table would hold `id`'s slot: in the C callables' table (`true`) or the other, at the index;
+/// `None` for an id no table can hold.
+#[inline(always)]
+fn place(id: u32) -> Option<(bool, usize)> {
+    if id < DIRECT {
+        Some((false, id as usize))
+    } else if id.wrapping_sub(C_BASE) < DIRECT {
+        Some((true, (id - C_BASE) as usize))
+    } else {
+        None
+    }
+}
+
 impl<V> CodeMap<V> {
+    /// The table of C callables' ids (`c`) or the other one.
+    #[inline(always)]
+    fn table(&mut self, c: bool) -> &mut Vec<u32> {
+        if c {
+            &mut self.c
+        } else {
+            &mut self.low
+        }
+    }
+
     /// The table slot of `id`, if it has one.
     #[inline(always)]
     fn slot(&self, id: u32) -> Option<u32> {
-        let direct = if id < DIRECT {
-            self.low.get(id as usize)
-        } else if id.wrapping_sub(C_BASE) < DIRECT {
-            self.c.get((id - C_BASE) as usize)
-        } else {
-            None
-        };
+        let direct = place(id).and_then(|(c, i)| if c { self.c.get(i) } else { self.low.get(i) });
         match direct {
             Some(&p) if p != 0 => Some(p),
             _ if self.other.is_empty() => None,
@@ -85,19 +102,17 @@ impl<V> CodeMap<V> {
     fn insert_new(&mut self, id: u32, v: V) -> &mut V {
         let pos = self.values.len() as u32;
         let limit = SPARSENESS * (self.keys.len() + 1);
-        let table = if id < DIRECT && (id as usize) < limit {
-            Some((&mut self.low, id))
-        } else if id.wrapping_sub(C_BASE) < DIRECT && ((id - C_BASE) as usize) < limit {
-            Some((&mut self.c, id - C_BASE))
-        } else {
-            self.other.insert(id, pos);
-            None
-        };
-        if let Some((table, i)) = table {
-            if table.len() <= i as usize {
-                table.resize((i as usize + 1).next_power_of_two().max(64), 0);
+        match place(id).filter(|&(_, i)| i < limit) {
+            Some((c, i)) => {
+                let table = self.table(c);
+                if table.len() <= i {
+                    table.resize((i + 1).next_power_of_two().max(64), 0);
+                }
+                table[i] = pos + 1;
             }
-            table[i as usize] = pos + 1;
+            None => {
+                self.other.insert(id, pos);
+            }
         }
         self.keys.push(id);
         self.values.push(v);
@@ -155,16 +170,11 @@ impl<V> CodeMap<V> {
 
     /// Removes every entry, handing them out in the order they were made (the tables keep their size).
     pub fn drain(&mut self) -> impl Iterator<Item = (u32, V)> + '_ {
-        for &id in &self.keys {
-            let slot = if id < DIRECT {
-                self.low.get_mut(id as usize)
-            } else if id.wrapping_sub(C_BASE) < DIRECT {
-                self.c.get_mut((id - C_BASE) as usize)
-            } else {
-                None
-            };
-            if let Some(slot) = slot {
-                *slot = 0;
+        for k in 0..self.keys.len() {
+            if let Some((c, i)) = place(self.keys[k]) {
+                if let Some(slot) = self.table(c).get_mut(i) {
+                    *slot = 0;
+                }
             }
         }
         self.other.clear();
