@@ -107,7 +107,14 @@ def test_sampled_time_goes_where_the_program_spent_it(tmp_path, variant):
     # leaf: an estimate, with an interval; the truth inside twice its 95% half-width (a test that holds
     # on every run, not 19 in 20).
     leaf = fs["leaf"]
-    assert leaf["calls_estimated"] and leaf["calls_ci95"] > 0, leaf
+    assert leaf["calls_estimated"], leaf
+    if leaf["calls_lower_bound"]:
+        # No later window fell in py_heavy (5% of the run: with ~40 windows, about one run in eight; 3.14
+        # showed it in 3 of 30): nothing then says how many calls the counted ones stand for, and the
+        # figure says it is a lower bound (`>=`, no interval), which must hold.
+        assert 0 < leaf["calls"] <= truth["leaf_calls"] and leaf["calls_ci95"] == 0, (leaf, truth["leaf_calls"])
+        return
+    assert leaf["calls_ci95"] > 0, leaf
     # Of the right size: it read 10-25x the truth when windows opened at the next safe point (0.2-2.04x now
     # on a quiet machine; 4.3x once in CI, where the machine was busy while the recorder measured its own
     # cost at the start: 41 ns per event for the usual 25, taken out of every call-dense window).
