@@ -61,6 +61,20 @@ pub struct FunctionStats {
     parts: Parts,
 }
 
+/// What the figures of a recording are estimated with ([`FunctionStats::finish`]).
+#[derive(Clone, Copy, Debug)]
+struct Estimation {
+    /// [`Windows::scale`].
+    scale: f64,
+    /// Part of the run was seen through windows only.
+    sampled: bool,
+    /// The later windows, and their mean length in ticks.
+    windows: u64,
+    window_len: f64,
+    /// [`cost_far_end`].
+    cost_far: f64,
+}
+
 #[derive(Clone, Copy, Debug, Default)]
 struct Parts {
     /// Calls recorded: [complete part, later windows].
@@ -69,6 +83,9 @@ struct Parts {
     /// sum of their squares (for the estimate's interval).
     window_calls: f64,
     window_calls_sq: f64,
+    /// The most calls one later window held (times its factor): what a window spent where the function is
+    /// called most densely holds, the pseudo-count of the count's interval.
+    window_calls_max: f64,
     /// What `window_calls` would add had the recorder's cost in each window been `1 + COST_UNCERTAINTY`
     /// times the calibrated one: the far end of the count's systematic error.
     window_calls_for_cost: f64,
@@ -104,6 +121,7 @@ impl FunctionStats {
         }
         self.parts.window_calls += o.parts.window_calls;
         self.parts.window_calls_sq += o.parts.window_calls_sq;
+        self.parts.window_calls_max = self.parts.window_calls_max.max(o.parts.window_calls_max);
         self.parts.window_calls_for_cost += o.parts.window_calls_for_cost;
         self.parts.window_times_sq[0] += o.parts.window_times_sq[0];
         self.parts.window_times_sq[1] += o.parts.window_times_sq[1];
@@ -137,8 +155,9 @@ impl FunctionStats {
     /// `windows`: the number of later windows; `counted_all`: every call of the function outside windows
     /// was counted (FORMAT.md 5.8: it never reached the recorder's limit), so its calls are exact.
     ///
-    /// `window_len`: the later windows' mean length in ticks.
-    fn finish(&mut self, scale: f64, sampled: bool, windows: u64, counted_all: bool, window_len: f64) {
+    /// `window_len`: the later windows' mean length in ticks; `cost_far`: [`cost_far_end`].
+    fn finish(&mut self, e: &Estimation, counted_all: bool) {
+        let Estimation { scale, sampled, windows, window_len, cost_far } = *e;
         let p = &self.parts;
         self.observed_calls = p.calls[0] + p.calls[1];
         self.calls_at_least = p.starts + p.counted;
@@ -187,8 +206,8 @@ impl FunctionStats {
         // measurement is of a small loop, not of the program's code). The truth lies anywhere from nothing
         // taken out to three times what was.
         let p = &self.parts;
-        self.inclusive_ci = self.inclusive_ci.hypot(COST_UNCERTAINTY * p.cost[0].max(0.0));
-        self.exclusive_ci = self.exclusive_ci.hypot(COST_UNCERTAINTY * p.cost[1].max(0.0));
+        self.inclusive_ci = self.inclusive_ci.hypot((cost_far - 1.0) * p.cost[0].max(0.0));
+        self.exclusive_ci = self.exclusive_ci.hypot((cost_far - 1.0) * p.cost[1].max(0.0));
         if sampled && counted_all {
             // Every call was recorded or counted.
             self.calls = self.calls_at_least;
@@ -219,7 +238,12 @@ impl FunctionStats {
             let n = windows as f64;
             let mean = p.window_calls / n;
             let var = ((p.window_calls_sq - n * mean * mean) / (n - 1.0)).max(0.0);
-            let spread = 1.96 * scale * (n * var).sqrt();
+            // As for the times, two more windows are added to the variance, each as dense in the
+            // function's calls as the densest one seen: a function few windows saw has a spread that
+            // chance makes small as often as large (one window in py_heavy's 5% of a run, where 3.5 were
+            // due, read 145,171 +-211,252 calls for a true 960,000).
+            let pseudo = 2.0 * p.window_calls_max * p.window_calls_max;
+            let spread = 1.96 * scale * (n * var + pseudo).sqrt();
             let cost = scale * p.window_calls_for_cost;
             spread.hypot(cost)
         } else {
@@ -231,6 +255,17 @@ impl FunctionStats {
 /// How far above the calibration at the start what recording costs a window may be, as a fraction of it:
 /// the systematic part of an estimated count's interval (`FunctionStats::finish`).
 pub const COST_UNCERTAINTY: f64 = 2.0;
+
+/// The far end of the recorder's cost, as a multiple of the cost taken out: `1 + COST_UNCERTAINTY` times
+/// the larger of the two calibrations. Where the machine ran faster at the stop than at the start
+/// (`speed_ratio` below 1), the cost taken out is the start's scaled down, yet the two measurements
+/// disagree and nothing says which was right: on CPython 3.14 a busy machine's start read 21.8 ns per
+/// event, its stop 13.2, and a window of one-line calls cost 50 ns an event; three times the stop's
+/// cost left the count's interval short of the truth (145,171 +-338,681 calls for 960,000).
+pub fn cost_far_end(speed_ratio: f64) -> f64 {
+    let ratio = if speed_ratio > 0.0 && speed_ratio.is_finite() { speed_ratio.min(1.0) } else { 1.0 };
+    (1.0 + COST_UNCERTAINTY) / ratio
+}
 
 /// The windows of a recording that has them (FORMAT.md 5.3), and how its function figures were scaled.
 #[derive(Clone, Debug, Default)]
@@ -527,6 +562,8 @@ struct ThreadState {
     window_cost: f64,
     window_calls_cost: f64,
     window_len: u64,
+    /// How many times the cost taken out the recorder's cost may have been ([`cost_far_end`]).
+    cost_far: f64,
     /// Code objects already called (so instrumented again) in the current later window.
     instrumented: CodeMap<()>,
 }
@@ -572,7 +609,7 @@ impl ThreadState {
         // The same had recording cost the window three times what was calibrated: the far end of the count's
         // systematic error ([`COST_UNCERTAINTY`]). Not linear in the cost: a window the recording took half
         // of held half the program, one it took all of, none.
-        let cost_hi = (1.0 + COST_UNCERTAINTY) * self.window_calls_cost;
+        let cost_hi = self.cost_far.max(1.0) * self.window_calls_cost;
         let calls_factor_hi = weight * len / (len - cost_hi.clamp(0.0, 0.9 * len));
         for (node, x) in self.window_nodes.drain(..) {
             tree.parts[node as usize][1] += x * factor;
@@ -586,6 +623,7 @@ impl ThreadState {
             p.inclusive[1] += inclusive * factor;
             p.window_calls += calls * calls_factor;
             p.window_calls_sq += (calls * calls_factor).powi(2);
+            p.window_calls_max = p.window_calls_max.max(calls * calls_factor);
             p.window_calls_for_cost += calls * (calls_factor_hi - calls_factor);
             p.window_times_sq[0] += (inclusive * factor).powi(2);
             p.window_times_sq[1] += (exclusive * factor).powi(2);
@@ -1154,6 +1192,7 @@ pub fn analyze(path: &Path, opts: ReadOptions) -> ocular_format::Result<Analysis
     let mut r = ocular_format::Prefetch::new(r)?;
     let mut a = Analysis::default();
     let mut cost = ocular_format::cost_table(header.event_cost_ticks, None);
+    let mut cost_far = cost_far_end(1.0);
     let precise = header.options.mode == Mode::Precise;
     let mut threads: HashMap<u64, Thread> = HashMap::default();
     // Each thread's figures per code id during the pass (`a.per_thread` at its end).
@@ -1182,7 +1221,7 @@ pub fn analyze(path: &Path, opts: ReadOptions) -> ocular_format::Result<Analysis
                 }
                 let th = threads.entry(tid).or_insert_with(|| Thread {
                     walk: Walk::new(header.ticks_per_second),
-                    ts: ThreadState { root: a.tree.thread_root(tid), ..ThreadState::default() },
+                    ts: ThreadState { root: a.tree.thread_root(tid), cost_far, ..ThreadState::default() },
                 });
                 let per = pers.entry(tid).or_default();
                 let mut pending = samples.get_mut(&tid);
@@ -1227,6 +1266,10 @@ pub fn analyze(path: &Path, opts: ReadOptions) -> ocular_format::Result<Analysis
                 tables.instrument = (per_code * ratio, per_byte * ratio);
                 a.cost_speed_ratio = (ratio != 1.0).then_some(ratio);
                 a.calibration = Some(c);
+                cost_far = cost_far_end(ratio);
+                for th in threads.values_mut() {
+                    th.ts.cost_far = cost_far;
+                }
             }
             // The recording's end, where frames still open in a recording with windows end.
             Body::Trailer(t) if log.windowed => log.end = log.end.max(t.end_ticks),
@@ -1298,9 +1341,10 @@ pub fn analyze(path: &Path, opts: ReadOptions) -> ocular_format::Result<Analysis
         last_tick = log.end;
     }
     let span = ticks_f64(last_tick.saturating_sub(first_tick));
+    let estimation = Estimation { scale, sampled, windows: n_windows, window_len, cost_far };
     for per in a.per_thread.values_mut() {
         for (id, s) in per.iter_mut() {
-            s.finish(scale, sampled, n_windows, counting && !ended.contains(id), window_len);
+            s.finish(&estimation, counting && !ended.contains(id));
             s.cap(span);
         }
     }
@@ -1313,7 +1357,7 @@ pub fn analyze(path: &Path, opts: ReadOptions) -> ocular_format::Result<Analysis
     }
     let threads_run = a.per_thread.values().filter(|p| !p.is_empty()).count().max(1) as f64;
     for (id, s) in a.functions.iter_mut() {
-        s.finish(scale, sampled, n_windows, counting && !ended.contains(id), window_len);
+        s.finish(&estimation, counting && !ended.contains(id));
         s.cap(span * threads_run);
     }
     for (key, mut stats) in tables.loop_keys.into_iter().zip(tables.loops) {

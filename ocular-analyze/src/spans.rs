@@ -8,6 +8,7 @@
 //! a coroutine (its record's `frame`) only the time in which that coroutine is on the stack (its turns,
 //! and what it awaits), not the other tasks that run on the thread in between.
 
+use crate::analysis::{cost_far_end, COST_UNCERTAINTY};
 use crate::walk::{Frames, Marker, Step, Walk};
 use ocular_format::span::{Mark, Marks};
 use ocular_format::{Body, EventKind, ReadOptions, Reader};
@@ -71,7 +72,7 @@ struct Times {
 }
 
 /// A function's time in one span or a group of spans, in ms, with its 95% interval (the recorder's cost
-/// taken out is known to within [`crate::analysis::COST_UNCERTAINTY`] times itself).
+/// taken out is known to within [`COST_UNCERTAINTY`] times itself, or more: [`cost_far_end`]).
 #[derive(Clone, Debug, Serialize)]
 pub struct FunctionTime {
     /// `qualname`.
@@ -305,7 +306,7 @@ pub fn analyze(path: &Path, opts: ReadOptions, top: usize, functions: usize) -> 
 
     let mut per_span: HashMap<usize, HashMap<u32, Times>> = HashMap::default();
     let mut per_group: Vec<[HashMap<u32, Times>; 2]> = vec![Default::default(); groups.len()];
-    let code = if by_function && !spans.is_empty() {
+    let (code, spread) = if by_function && !spans.is_empty() {
         let mut sinks = Sinks {
             group: &group,
             selected: &selected,
@@ -316,7 +317,7 @@ pub fn analyze(path: &Path, opts: ReadOptions, top: usize, functions: usize) -> 
         };
         second_pass(path, opts, &spans, &mut sinks)?
     } else {
-        HashMap::default()
+        (HashMap::default(), COST_UNCERTAINTY)
     };
     let name_of = |id: u32| -> (String, String) {
         code.get(&id).cloned().unwrap_or_else(|| (format!("<code {id}>"), String::new()))
@@ -335,9 +336,9 @@ pub fn analyze(path: &Path, opts: ReadOptions, top: usize, functions: usize) -> 
                         function,
                         location,
                         exclusive_ms: ms(t.exclusive),
-                        exclusive_ci_ms: ms(crate::analysis::COST_UNCERTAINTY * t.cost[0]),
+                        exclusive_ci_ms: ms(spread * t.cost[0]),
                         inclusive_ms: ms(t.inclusive),
-                        inclusive_ci_ms: ms(crate::analysis::COST_UNCERTAINTY * t.cost[1]),
+                        inclusive_ci_ms: ms(spread * t.cost[1]),
                     }
                 })
                 .collect();
@@ -481,7 +482,7 @@ pub fn within(
         path.display()
     );
     let mut per_group: Vec<[HashMap<u32, Times>; 2]> = vec![Default::default()];
-    let code = if ended > 0 {
+    let (code, spread) = if ended > 0 {
         let mut sinks = Sinks {
             group: &group,
             selected: &HashSet::default(),
@@ -492,12 +493,12 @@ pub fn within(
         };
         second_pass(path, opts, &spans, &mut sinks)?
     } else {
-        HashMap::default()
+        (HashMap::default(), COST_UNCERTAINTY)
     };
     let [inside, _] = per_group.pop().expect("one group");
     let spans_ms = ms(total as f64);
     let program: f64 = inside.values().map(|t| t.exclusive.max(0.0)).sum();
-    let program_ci_ms = ms(crate::analysis::COST_UNCERTAINTY * inside.values().map(|t| t.cost[0]).sum::<f64>());
+    let program_ci_ms = ms(spread * inside.values().map(|t| t.cost[0]).sum::<f64>());
     let mut rows: Vec<WithinRow> = inside
         .into_iter()
         .map(|(id, t)| {
@@ -508,9 +509,9 @@ pub fn within(
                 location,
                 calls: t.calls,
                 exclusive_ms: ms(t.exclusive.max(0.0)),
-                exclusive_ci_ms: ms(crate::analysis::COST_UNCERTAINTY * t.cost[0]),
+                exclusive_ci_ms: ms(spread * t.cost[0]),
                 inclusive_ms: ms(t.inclusive.max(0.0)),
-                inclusive_ci_ms: ms(crate::analysis::COST_UNCERTAINTY * t.cost[1]),
+                inclusive_ci_ms: ms(spread * t.cost[1]),
                 share: if program > 0.0 { t.inclusive.max(0.0) / program } else { 0.0 },
             }
         })
@@ -780,18 +781,20 @@ struct Sinks<'a> {
 }
 
 /// Walks every thread and gives each interval to the measured spans open then. Returns the code objects'
-/// names and places.
+/// names and places, and how many times the recorder's cost taken out the truth may be off by
+/// (`cost_far_end` less 1: the times' intervals).
 #[allow(clippy::type_complexity)]
 fn second_pass(
     path: &Path,
     opts: ReadOptions,
     spans: &[Span],
     sinks: &mut Sinks<'_>,
-) -> ocular_format::Result<HashMap<u32, (String, String)>> {
+) -> ocular_format::Result<(HashMap<u32, (String, String)>, f64)> {
     let r = Reader::open_with(path, opts)?;
     let header = r.header().clone();
     let mut r = ocular_format::Prefetch::new(r)?;
     let mut cost = ocular_format::cost_table(header.event_cost_ticks, None);
+    let mut spread = COST_UNCERTAINTY;
     let stop = crate::analysis::read_samples(path, opts, &header)?.stop_calibration;
     let index: HashMap<u64, usize> = spans.iter().enumerate().map(|(i, s)| (s.key, i)).collect();
     let mut threads: HashMap<u64, Thread> = HashMap::default();
@@ -864,12 +867,14 @@ fn second_pass(
             }
             Body::Calibration(c) if c.is_stop() => {}
             Body::Calibration(c) => {
-                cost = ocular_format::cost_table_at_speed(header.event_cost_ticks, &c, stop.as_ref()).0;
+                let ratio;
+                (cost, ratio) = ocular_format::cost_table_at_speed(header.event_cost_ticks, &c, stop.as_ref());
+                spread = cost_far_end(ratio) - 1.0;
             }
             _ => {}
         }
     }
-    Ok(code)
+    Ok((code, spread))
 }
 
 /// Gives the interval `(last, t]` of a thread, less `cost` (the recorder's, at `t`), to each span open in
@@ -1087,8 +1092,9 @@ impl std::fmt::Display for Spans {
             writeln!(
                 f,
                 "Times by function are the clock's less the recorder's cost of each event (~: the cost is known to \
-                 within {}x itself, the 95% interval); a span begun in a coroutine holds only that coroutine's turns.",
-                1.0 + crate::analysis::COST_UNCERTAINTY
+                 within {}x the larger of its measurements at the start and the stop, the 95% interval); a span \
+                 begun in a coroutine holds only that coroutine's turns.",
+                1.0 + COST_UNCERTAINTY
             )?;
         }
         for n in &self.notes {

@@ -491,11 +491,14 @@ fn cost_note(a: &Analysis, rows: &[Row]) -> Option<String> {
             Some(r) => format!("as measured at the start and brought to the machine's speed at the stop (x{r:.2})"),
             None => "as measured at the start".into(),
         };
+        // The far end is three times the larger of the start's and the stop's measurements
+        // (`cost_far_end`): the start's where the machine ran faster at the stop.
+        let of = if ratio < 1.0 { "the start's measurement" } else { "it" };
         format!(
             "times marked ~ are the clock's less the recorder's cost of the events in them, {:.1} ns each {measured}; \
              that measurement moves with the machine's speed, so their 95% intervals take the cost as anything from \
-             none to three times it",
-            h.event_cost_ticks * ratio * 1e9 / h.ticks_per_second
+             none to three times {of}",
+            h.event_cost_ticks * ratio * 1e9 / h.ticks_per_second,
         )
     })
 }
