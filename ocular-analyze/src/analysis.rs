@@ -606,8 +606,8 @@ impl ThreadState {
         let weight = if self.calls_weight > 0.0 { self.calls_weight } else { 1.0 };
         self.calls_weight = 0.0;
         let calls_factor = weight * len / (len - self.window_calls_cost.clamp(0.0, 0.9 * len));
-        // The same had recording cost the window three times what was calibrated: the far end of the count's
-        // systematic error ([`COST_UNCERTAINTY`]). Not linear in the cost: a window the recording took half
+        // The same had recording cost the window three times the larger calibration: the far end of the
+        // count's systematic error ([`cost_far_end`]). Not linear in the cost: a window the recording took half
         // of held half the program, one it took all of, none.
         let cost_hi = self.cost_far.max(1.0) * self.window_calls_cost;
         let calls_factor_hi = weight * len / (len - cost_hi.clamp(0.0, 0.9 * len));
