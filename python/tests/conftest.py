@@ -171,7 +171,12 @@ def figures_are_possible(request):
     yield
     import invariants
 
-    bad = []
+    bad, context = [], []
     for path in sorted(root.rglob("*.ocl")):
-        bad += [f"{path.name}: {v}" for v in invariants.violations(str(path))]
-    assert not bad, "impossible figures:\n" + "\n".join(bad)
+        found = [f"{path.name}: {v}" for v in invariants.violations(str(path))]
+        bad += found
+        if found:
+            # What the trace holds (its threads, losses, pauses, calibration), so that a failure seen only
+            # in CI, on a trace that is gone with its machine, can still be read.
+            context.append(invariants.describe(str(path)))
+    assert not bad, "impossible figures:\n" + "\n".join(bad + context)

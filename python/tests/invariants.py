@@ -43,6 +43,16 @@ def _json(analyze: str, *args: str, size: int = 0):
     return json.loads(out.stdout)
 
 
+def describe(path: str, analyze: str | None = None) -> str:
+    """`info` of the trace at `path` (its duration, threads, losses, pauses, calibration): what a figure
+    found impossible can be traced back to."""
+    analyze = analyze or os.environ.get("OCULAR_ANALYZE")
+    if not analyze:
+        return ""
+    info = subprocess.run([analyze, "info", path], capture_output=True, text=True)
+    return f"{path}:\n{info.stdout}{info.stderr}"
+
+
 def violations(path: str, analyze: str | None = None) -> list[str]:
     """The invariants `path`'s figures break (empty: none). A file the analyzer cannot read is no trace to
     check (tests of damaged files make those on purpose)."""
