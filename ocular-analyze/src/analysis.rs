@@ -86,6 +86,11 @@ struct Parts {
     /// The most calls one later window held (times its factor): what a window spent where the function is
     /// called most densely holds, the pseudo-count of the count's interval.
     window_calls_max: f64,
+    /// The complete part's densest stretch of this function's calls, in calls per tick of the program's
+    /// time (the recorder's cost taken out): the most calls of [`DENSE_BIN_S`] of it, over its length.
+    /// With `dense_bin`, the current stretch: its index and its calls so far.
+    complete_density_max: f64,
+    dense_bin: (u64, u32),
     /// What `window_calls` would add had the recorder's cost in each window been `1 + COST_UNCERTAINTY`
     /// times the calibrated one: the far end of the count's systematic error.
     window_calls_for_cost: f64,
@@ -122,6 +127,7 @@ impl FunctionStats {
         self.parts.window_calls += o.parts.window_calls;
         self.parts.window_calls_sq += o.parts.window_calls_sq;
         self.parts.window_calls_max = self.parts.window_calls_max.max(o.parts.window_calls_max);
+        self.parts.complete_density_max = self.parts.complete_density_max.max(o.parts.complete_density_max);
         self.parts.window_calls_for_cost += o.parts.window_calls_for_cost;
         self.parts.window_times_sq[0] += o.parts.window_times_sq[0];
         self.parts.window_times_sq[1] += o.parts.window_times_sq[1];
@@ -234,15 +240,21 @@ impl FunctionStats {
         // takes much of a window, that leaves a wide interval, as it should.
         self.calls_ci = if let Some([calls, ..]) = p.merged_ci_sq {
             calls.sqrt()
+        } else if self.calls_lower_bound {
+            0.0 // no window saw a call: nothing says how many more there were
         } else if sampled && windows > 1 {
             let n = windows as f64;
             let mean = p.window_calls / n;
             let var = ((p.window_calls_sq - n * mean * mean) / (n - 1.0)).max(0.0);
             // As for the times, two more windows are added to the variance, each as dense in the
-            // function's calls as the densest one seen: a function few windows saw has a spread that
-            // chance makes small as often as large (one window in py_heavy's 5% of a run, where 3.5 were
-            // due, read 145,171 +-211,252 calls for a true 960,000).
-            let pseudo = 2.0 * p.window_calls_max * p.window_calls_max;
+            // function's calls as the densest stretch of it seen, in a later window or in the complete
+            // part: a function few windows saw has a spread that chance makes small as often as large
+            // (one window in py_heavy's 5% of a run, where 3.5 were due, read 145,171 +-211,252 calls for
+            // a true 960,000). The later windows alone are not enough: where the few that saw it caught
+            // a sliver of it at a window's edge, or the thread was preempted in them, the densest read
+            // low too (72,126 calls, its interval narrower than that, for 960,000).
+            let densest = p.window_calls_max.max(p.complete_density_max * window_len);
+            let pseudo = 2.0 * densest * densest;
             let spread = 1.96 * scale * (n * var + pseudo).sqrt();
             let cost = scale * p.window_calls_for_cost;
             spread.hypot(cost)
@@ -251,6 +263,10 @@ impl FunctionStats {
         };
     }
 }
+
+/// The stretch of the complete part over which a function's calls are counted for its densest (seconds of
+/// the program's time): a later window's default length.
+const DENSE_BIN_S: f64 = 500e-6;
 
 /// How far above the calibration at the start what recording costs a window may be, as a fraction of it:
 /// the systematic part of an estimated count's interval (`FunctionStats::finish`).
@@ -564,6 +580,8 @@ struct ThreadState {
     window_len: u64,
     /// How many times the cost taken out the recorder's cost may have been ([`cost_far_end`]).
     cost_far: f64,
+    /// [`DENSE_BIN_S`] in ticks.
+    dense_bin: f64,
     /// Code objects already called (so instrumented again) in the current later window.
     instrumented: CodeMap<()>,
 }
@@ -1221,7 +1239,12 @@ pub fn analyze(path: &Path, opts: ReadOptions) -> ocular_format::Result<Analysis
                 }
                 let th = threads.entry(tid).or_insert_with(|| Thread {
                     walk: Walk::new(header.ticks_per_second),
-                    ts: ThreadState { root: a.tree.thread_root(tid), cost_far, ..ThreadState::default() },
+                    ts: ThreadState {
+                        root: a.tree.thread_root(tid),
+                        cost_far,
+                        dense_bin: (DENSE_BIN_S * header.ticks_per_second).max(1.0),
+                        ..ThreadState::default()
+                    },
                 });
                 let per = pers.entry(tid).or_default();
                 let mut pending = samples.get_mut(&tid);
@@ -1389,6 +1412,11 @@ fn recorded_call(ts: &mut ThreadState, per: &mut CodeMap<FunctionStats>, pos: us
     let s = per.at(pos);
     if ts.phase == Phase::Complete {
         s.parts.calls[0] += 1;
+        // The stretch of the complete part this call falls in, by the program's own time.
+        let bin = (ts.e[0].max(0.0) / ts.dense_bin) as u64;
+        let d = &mut s.parts.dense_bin;
+        *d = if d.0 == bin && d.1 > 0 { (bin, d.1 + 1) } else { (bin, 1) };
+        s.parts.complete_density_max = s.parts.complete_density_max.max(f64::from(d.1) / ts.dense_bin);
     } else if t < ts.calls_until {
         s.parts.calls[1] += 1;
         ts.window_funcs.entry(id)[2] += 1.0;

@@ -216,6 +216,49 @@ fn a_function_that_ran_only_between_windows_has_the_interval_of_two_windows_spen
     assert!((h.exclusive_ci95_ms - two_windows).abs() < 1e-9, "{} {two_windows}", h.exclusive_ci95_ms);
 }
 
+/// A function few windows saw gets, in its count's interval, two more windows as dense in its calls as the
+/// densest stretch of it seen, the complete part included: the one later window that saw `h` caught 2 of its
+/// calls at its edge (a sliver, or a thread preempted in it), where the complete part recorded it calling
+/// 100 times in 500 ticks, 20 in a window's length. With the later windows alone the interval read +-68
+/// for an estimate of 120 (on a real run, 72,126 calls, its interval narrower than that, for 960,000).
+#[test]
+fn a_count_s_interval_allows_windows_as_dense_as_the_complete_part_was() {
+    use EventKind::*;
+    const H: u32 = 4;
+    let mut e = vec![ev(0, 0, 0, u32::MAX, WINDOW), ev(0, MAIN, 0, 0, PY_START)];
+    for k in 0..100u64 {
+        e.push(ev(5 * k, H, 0, 0, PY_START));
+        e.push(ev(5 * k + 4, H, 2, 0, PY_RETURN));
+    }
+    e.push(ev(1_000, 0, 0, 0, WINDOW_END));
+    for k in 1..=10u64 {
+        let at = 1000 * k;
+        e.push(ev(at, 0, k as u32, 100, WINDOW));
+        e.push(ev(at, MAIN, 2, 0, STACK));
+        if k == 1 {
+            for s in [1_090, 1_095] {
+                e.push(ev(s, H, 0, 0, PY_START));
+                e.push(ev(s + 4, H, 2, 0, PY_RETURN));
+            }
+        }
+        // Counted between windows (FORMAT.md 5.8), up to the recorder's limit, the last one saying so.
+        if k <= 3 {
+            e.push(ev(at + 500, H, 0, u32::from(k == 3), COUNT));
+        }
+    }
+    e.push(ev(11_000, MAIN, 2, 0, JUMP));
+    let (_dir, path) = write_trace(&e, &[], 11_000);
+    let a = analyze(&path, Default::default()).unwrap();
+    assert_eq!(a.windows.as_ref().map(|w| (w.windows, w.scale)), Some((10, 10.0)));
+    let rows = stats::rows(&a, false, stats::SortBy::Exclusive);
+    let h = rows.iter().find(|r| r.function == "h").expect("h");
+    // 100 complete + 2 x the scale.
+    assert_eq!((h.calls, h.observed_calls, h.calls_estimated), (120, 102, true), "{h:?}");
+    // The windows' spread (2 in one of 10: n x var = 4) and two windows of 20 calls, times the scale.
+    let want = 1.96 * 10.0 * (4.0f64 + 2.0 * 20.0 * 20.0).sqrt();
+    assert!((h.calls_ci95 - want).abs() < 1e-6, "{} {want}", h.calls_ci95);
+}
+
 #[test]
 fn the_flame_graph_holds_the_same_estimates() {
     let (_dir, path) = windowed();
