@@ -73,6 +73,8 @@ struct Estimation {
     window_len: f64,
     /// [`cost_far_end`].
     cost_far: f64,
+    /// [`DENSE_BIN_S`] in ticks.
+    dense_bin: f64,
 }
 
 #[derive(Clone, Copy, Debug, Default)]
@@ -86,10 +88,10 @@ struct Parts {
     /// The most calls one later window held (times its factor): what a window spent where the function is
     /// called most densely holds, the pseudo-count of the count's interval.
     window_calls_max: f64,
-    /// The complete part's densest stretch of this function's calls, in calls per tick of the program's
-    /// time (the recorder's cost taken out): the most calls of [`DENSE_BIN_S`] of it, over its length.
-    /// With `dense_bin`, the current stretch: its index and its calls so far.
-    complete_density_max: f64,
+    /// The complete part's densest stretch of this function's calls: the most calls in [`DENSE_BIN_S`] of
+    /// the program's time (the recorder's cost taken out); with `dense_bin`, the current stretch's index
+    /// and its calls so far.
+    dense_max: u32,
     dense_bin: (u64, u32),
     /// What `window_calls` would add had the recorder's cost in each window been `1 + COST_UNCERTAINTY`
     /// times the calibrated one: the far end of the count's systematic error.
@@ -127,7 +129,7 @@ impl FunctionStats {
         self.parts.window_calls += o.parts.window_calls;
         self.parts.window_calls_sq += o.parts.window_calls_sq;
         self.parts.window_calls_max = self.parts.window_calls_max.max(o.parts.window_calls_max);
-        self.parts.complete_density_max = self.parts.complete_density_max.max(o.parts.complete_density_max);
+        self.parts.dense_max = self.parts.dense_max.max(o.parts.dense_max);
         self.parts.window_calls_for_cost += o.parts.window_calls_for_cost;
         self.parts.window_times_sq[0] += o.parts.window_times_sq[0];
         self.parts.window_times_sq[1] += o.parts.window_times_sq[1];
@@ -163,7 +165,7 @@ impl FunctionStats {
     ///
     /// `window_len`: the later windows' mean length in ticks; `cost_far`: [`cost_far_end`].
     fn finish(&mut self, e: &Estimation, counted_all: bool) {
-        let Estimation { scale, sampled, windows, window_len, cost_far } = *e;
+        let Estimation { scale, sampled, windows, window_len, cost_far, dense_bin } = *e;
         let p = &self.parts;
         self.observed_calls = p.calls[0] + p.calls[1];
         self.calls_at_least = p.starts + p.counted;
@@ -253,7 +255,7 @@ impl FunctionStats {
             // a true 960,000). The later windows alone are not enough: where the few that saw it caught
             // a sliver of it at a window's edge, or the thread was preempted in them, the densest read
             // low too (72,126 calls, its interval narrower than that, for 960,000).
-            let densest = p.window_calls_max.max(p.complete_density_max * window_len);
+            let densest = p.window_calls_max.max(f64::from(p.dense_max) / dense_bin * window_len);
             let pseudo = 2.0 * densest * densest;
             let spread = 1.96 * scale * (n * var + pseudo).sqrt();
             let cost = scale * p.window_calls_for_cost;
@@ -580,8 +582,8 @@ struct ThreadState {
     window_len: u64,
     /// How many times the cost taken out the recorder's cost may have been ([`cost_far_end`]).
     cost_far: f64,
-    /// [`DENSE_BIN_S`] in ticks.
-    dense_bin: f64,
+    /// One over [`DENSE_BIN_S`] in ticks.
+    dense_per_tick: f64,
     /// Code objects already called (so instrumented again) in the current later window.
     instrumented: CodeMap<()>,
 }
@@ -1218,6 +1220,7 @@ pub fn analyze(path: &Path, opts: ReadOptions) -> ocular_format::Result<Analysis
     let mut tables = Tables { counts_starts: version >= (2, 10), ..Tables::default() };
     // Since 2.2 a thresholded recording records function boundaries in windows only (FORMAT.md 5.3).
     let mut log = WindowLog { ticks_per_us: header.ticks_per_second / 1e6, ..WindowLog::default() };
+    let dense_bin = (DENSE_BIN_S * header.ticks_per_second).max(1.0);
     // The run's span, first to last event of any thread: no function runs longer than it on one thread.
     let (mut first_tick, mut last_tick) = (u64::MAX, 0u64);
     // Counter samples (FORMAT.md 6.9) come in their own chunks, anywhere in the file: gathered first, in a
@@ -1242,7 +1245,7 @@ pub fn analyze(path: &Path, opts: ReadOptions) -> ocular_format::Result<Analysis
                     ts: ThreadState {
                         root: a.tree.thread_root(tid),
                         cost_far,
-                        dense_bin: (DENSE_BIN_S * header.ticks_per_second).max(1.0),
+                        dense_per_tick: 1.0 / dense_bin,
                         ..ThreadState::default()
                     },
                 });
@@ -1364,7 +1367,7 @@ pub fn analyze(path: &Path, opts: ReadOptions) -> ocular_format::Result<Analysis
         last_tick = log.end;
     }
     let span = ticks_f64(last_tick.saturating_sub(first_tick));
-    let estimation = Estimation { scale, sampled, windows: n_windows, window_len, cost_far };
+    let estimation = Estimation { scale, sampled, windows: n_windows, window_len, cost_far, dense_bin };
     for per in a.per_thread.values_mut() {
         for (id, s) in per.iter_mut() {
             s.finish(&estimation, counting && !ended.contains(id));
@@ -1413,10 +1416,10 @@ fn recorded_call(ts: &mut ThreadState, per: &mut CodeMap<FunctionStats>, pos: us
     if ts.phase == Phase::Complete {
         s.parts.calls[0] += 1;
         // The stretch of the complete part this call falls in, by the program's own time.
-        let bin = (ts.e[0].max(0.0) / ts.dense_bin) as u64;
+        let bin = (ts.e[0].max(0.0) * ts.dense_per_tick) as u64;
         let d = &mut s.parts.dense_bin;
         *d = if d.0 == bin && d.1 > 0 { (bin, d.1 + 1) } else { (bin, 1) };
-        s.parts.complete_density_max = s.parts.complete_density_max.max(f64::from(d.1) / ts.dense_bin);
+        s.parts.dense_max = s.parts.dense_max.max(d.1);
     } else if t < ts.calls_until {
         s.parts.calls[1] += 1;
         ts.window_funcs.entry(id)[2] += 1.0;
