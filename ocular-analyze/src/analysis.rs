@@ -580,8 +580,6 @@ struct ThreadState {
     window_cost: f64,
     window_calls_cost: f64,
     window_len: u64,
-    /// How many times the cost taken out the recorder's cost may have been ([`cost_far_end`]).
-    cost_far: f64,
     /// One over [`DENSE_BIN_S`] in ticks.
     dense_per_tick: f64,
     /// Code objects already called (so instrumented again) in the current later window.
@@ -614,7 +612,9 @@ impl ThreadState {
     /// it, holds half as much of the program as one in a loop that records nothing, and weighs as much.
     /// (One factor for all windows over-weighed the cheap ones: a page-touching loop next to call-dense
     /// code read 1.3x its time.)
-    fn flush_window(&mut self, tree: &mut CallTree, per: &mut CodeMap<FunctionStats>) {
+    ///
+    /// `cost_far`: how many times the cost taken out the recorder's cost may have been ([`cost_far_end`]).
+    fn flush_window(&mut self, tree: &mut CallTree, per: &mut CodeMap<FunctionStats>, cost_far: f64) {
         if self.window_len == 0 {
             return;
         }
@@ -629,7 +629,7 @@ impl ThreadState {
         // The same had recording cost the window three times the larger calibration: the far end of the
         // count's systematic error ([`cost_far_end`]). Not linear in the cost: a window the recording took half
         // of held half the program, one it took all of, none.
-        let cost_hi = self.cost_far.max(1.0) * self.window_calls_cost;
+        let cost_hi = cost_far.max(1.0) * self.window_calls_cost;
         let calls_factor_hi = weight * len / (len - cost_hi.clamp(0.0, 0.9 * len));
         for (node, x) in self.window_nodes.drain(..) {
             tree.parts[node as usize][1] += x * factor;
@@ -1244,7 +1244,6 @@ pub fn analyze(path: &Path, opts: ReadOptions) -> ocular_format::Result<Analysis
                     walk: Walk::new(header.ticks_per_second),
                     ts: ThreadState {
                         root: a.tree.thread_root(tid),
-                        cost_far,
                         dense_per_tick: 1.0 / dense_bin,
                         ..ThreadState::default()
                     },
@@ -1255,7 +1254,7 @@ pub fn analyze(path: &Path, opts: ReadOptions) -> ocular_format::Result<Analysis
                     if let Some(q) = pending.as_deref_mut() {
                         tally.attribute(q, e.ticks.get(), tid, &th.ts, th.walk.syncing(), &mut tables.loops);
                     }
-                    step(th, e, &cost, precise, &mut tables, &mut a.tree, per, &mut log);
+                    step(th, e, (&cost, cost_far), precise, &mut tables, &mut a.tree, per, &mut log);
                 }
                 a.events += evs.len() as u64;
             }
@@ -1293,9 +1292,6 @@ pub fn analyze(path: &Path, opts: ReadOptions) -> ocular_format::Result<Analysis
                 a.cost_speed_ratio = (ratio != 1.0).then_some(ratio);
                 a.calibration = Some(c);
                 cost_far = cost_far_end(ratio);
-                for th in threads.values_mut() {
-                    th.ts.cost_far = cost_far;
-                }
             }
             // The recording's end, where frames still open in a recording with windows end.
             Body::Trailer(t) if log.windowed => log.end = log.end.max(t.end_ticks),
@@ -1337,7 +1333,7 @@ pub fn analyze(path: &Path, opts: ReadOptions) -> ocular_format::Result<Analysis
         while !ts.stack.is_empty() {
             pop(ts, end, &mut a.tree, per, &mut tables);
         }
-        ts.flush_window(&mut a.tree, per);
+        ts.flush_window(&mut a.tree, per, cost_far);
     }
     a.per_thread = pers.into_iter().map(|(tid, per)| (tid, per.into_map())).collect();
     let windows = log.summary(header.start_ticks);
@@ -1527,12 +1523,14 @@ pub fn c_code_object(f: &ocular_format::CFunction) -> CodeObject {
     }
 }
 
+/// One event of a thread. `cost`: the recorder's cost per event kind, and how many times it may have been
+/// that ([`cost_far_end`]).
 #[allow(clippy::too_many_arguments)]
 #[inline]
 fn step(
     th: &mut Thread,
     e: &RawEvent,
-    cost: &[f64; 256],
+    (cost, cost_far): (&[f64; 256], f64),
     precise: bool,
     tables: &mut Tables,
     tree: &mut CallTree,
@@ -1578,7 +1576,7 @@ fn step(
     }
     if ts.phase == Phase::Gap && ts.window_len > 0 && t >= ts.calls_until {
         // Its calls too (they count until its length from its opening).
-        ts.flush_window(tree, per);
+        ts.flush_window(tree, per, cost_far);
     }
     match marker {
         // A window stands for its lead too (FORMAT.md 5.3): it starts `lead` before its marker, and the
@@ -1701,7 +1699,7 @@ fn step(
             if ts.phase == Phase::Sampled {
                 ts.checkpoint_window();
             }
-            ts.flush_window(tree, per);
+            ts.flush_window(tree, per, cost_far);
             if len_us == u32::MAX {
                 ts.phase = Phase::Complete;
             } else {
@@ -1741,7 +1739,7 @@ fn step(
             if ts.phase == Phase::Sampled {
                 ts.checkpoint_window();
             }
-            ts.flush_window(tree, per);
+            ts.flush_window(tree, per, cost_far);
             ts.calls_until = 0;
             if off == 0 {
                 log.first_close = Some(log.first_close.map_or(t, |c| c.min(t)));
