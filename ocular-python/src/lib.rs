@@ -468,7 +468,7 @@ fn start(
     let out = match path {
         Some(p) => {
             let h = header_from(header, options, event_cost_ticks)?;
-            let cfg = Config { buffer_events, max_buffers, on_full, ring, flight, live };
+            let cfg = Config { buffer_events, max_buffers, on_full, ring, flight, live, overflow: true };
             let process = match header.get_item("process")? {
                 Some(p) => {
                     let p = p.cast_into::<PyDict>()?;

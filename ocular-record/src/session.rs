@@ -10,7 +10,8 @@
 //!
 //! The channel is unbounded, but every event buffer in it comes from the pool. Each recording thread may
 //! always hold one buffer (the one it fills); besides those, at most `max_buffers` exist (full ones queued
-//! for the writer, and spares), so memory is bounded by `(max_buffers + threads) * buffer_events * 24`
+//! for the writer, and spares), and small overflow buffers holding at most a quarter as many events
+//! ([`Config::overflow`]), so memory is bounded by `(1.25 * max_buffers + threads) * buffer_events * 24`
 //! bytes and grows with the threads that record, never with the disk's delay. When the writer falls so far
 //! behind that the pool has nothing to give, a thread either drops its events (counted, and written as a
 //! LOST record once buffers come back: the program never waits for the disk) or, with [`OnFull::Wait`],
@@ -49,6 +50,8 @@ pub struct Buffer {
 
 /// [`Buffer::slot`] of a buffer on the heap.
 const HEAP: u32 = u32::MAX;
+/// [`Buffer::slot`] of a small heap buffer given out beyond the pool's limit ([`Config::overflow`]).
+const OVERFLOW: u32 = u32::MAX - 1;
 
 // SAFETY: a Buffer owns its memory (a heap allocation, or a ring slot no other Buffer points to); moving
 // it to another thread moves that ownership.
@@ -65,7 +68,12 @@ impl Buffer {
 
     /// The ring slot it is, if it is one.
     pub fn slot(&self) -> Option<u32> {
-        (self.slot != HEAP).then_some(self.slot)
+        (self.slot < OVERFLOW).then_some(self.slot)
+    }
+
+    /// Whether it is a small buffer given out beyond the pool's limit ([`Config::overflow`]).
+    pub fn is_overflow(&self) -> bool {
+        self.slot == OVERFLOW
     }
 }
 
@@ -86,7 +94,7 @@ impl std::ops::DerefMut for Buffer {
 
 impl Drop for Buffer {
     fn drop(&mut self) {
-        if self.slot == HEAP {
+        if self.slot >= OVERFLOW {
             // SAFETY: a heap buffer's ptr and len came from Box::into_raw of a boxed slice of len events.
             drop(unsafe { Box::from_raw(std::ptr::slice_from_raw_parts_mut(self.ptr.as_ptr(), self.len)) });
         }
@@ -121,6 +129,30 @@ pub struct Config {
     pub flight: u64,
     /// Followed live (RING.md 6): more spare buffers, so that a freed slot stays readable longer.
     pub live: bool,
+    /// When no buffer is free, a thread that needs one gets a small one from the heap, a sixteenth of
+    /// `buffer_events`, while such buffers hold less than a quarter of what `max_buffers` buffers do;
+    /// only then does [`Config::on_full`] decide. A thread per request submits its one buffer, mostly
+    /// empty, when it ends: counted in buffers, the limit let the writer fall only `max_buffers` short
+    /// threads behind (64 x ~3,000 events, 17 ms of such a program) where one long thread gets 64 x
+    /// 65,536 events; in events it gets 256 more. Nothing when a small buffer would hold fewer than
+    /// [`OVERFLOW_MIN_EVENTS`]. Heap buffers are not in the ring file: a crash while the writer is that
+    /// far behind loses what they hold, where without them the events were not recorded at all.
+    pub overflow: bool,
+}
+
+/// The fewest events an overflow buffer ([`Config::overflow`]) holds; with smaller buffers there is none.
+pub const OVERFLOW_MIN_EVENTS: usize = 256;
+
+impl Config {
+    /// Events of one overflow buffer ([`Config::overflow`]), and how many events such buffers may hold in
+    /// all; `(0, 0)` when there are none.
+    pub fn overflow_sizes(&self) -> (usize, usize) {
+        let small = self.buffer_events / 16;
+        if !self.overflow || small < OVERFLOW_MIN_EVENTS {
+            return (0, 0);
+        }
+        (small, self.max_buffers.saturating_mul(self.buffer_events) / 4)
+    }
 }
 
 /// Slots of a ring file beyond `max_buffers`, for the buffers threads hold; more threads than this record
@@ -140,8 +172,16 @@ impl Default for Config {
     fn default() -> Self {
         // 64 Ki events = 1.5 MiB per buffer, larger than a core's L2, so a buffer the writer reads does not
         // bounce between the two cores' caches (measured: BENCHMARKS.md); 64 buffers = 96 MiB besides the
-        // threads' own, reached only if the disk cannot keep up.
-        Config { buffer_events: 64 * 1024, max_buffers: 64, on_full: OnFull::Drop, ring: true, flight: 0, live: false }
+        // threads' own, and 24 MiB of overflow buffers, reached only if the writer cannot keep up.
+        Config {
+            buffer_events: 64 * 1024,
+            max_buffers: 64,
+            on_full: OnFull::Drop,
+            ring: true,
+            flight: 0,
+            live: false,
+            overflow: true,
+        }
     }
 }
 
@@ -160,6 +200,8 @@ pub struct Pool {
     allocated: AtomicUsize,
     /// Buffers a recording thread is filling: each thread may hold one beyond `max_buffers`.
     held: AtomicUsize,
+    /// Events the overflow buffers that exist can hold ([`Config::overflow`]).
+    overflow: AtomicUsize,
     /// The recording is stopping: buffers given back are not replaced by new spares.
     closing: std::sync::atomic::AtomicBool,
     cfg: Config,
@@ -176,6 +218,7 @@ impl Pool {
             returned: Condvar::new(),
             allocated: AtomicUsize::new(0),
             held: AtomicUsize::new(0),
+            overflow: AtomicUsize::new(0),
             closing: std::sync::atomic::AtomicBool::new(false),
             cfg,
         }
@@ -202,7 +245,7 @@ impl Pool {
     /// writer gives one back, instead of returning `None`.
     pub fn take_held(&self) -> Option<Buffer> {
         self.held.fetch_add(1, Ordering::Relaxed);
-        if let Some(b) = self.take() {
+        if let Some(b) = self.take().or_else(|| self.take_overflow()) {
             return Some(b);
         }
         if self.cfg.on_full == OnFull::Wait {
@@ -224,6 +267,26 @@ impl Pool {
         }
         self.held.fetch_sub(1, Ordering::Relaxed);
         None
+    }
+
+    /// A small heap buffer beyond the limit, if the overflow budget has room ([`Config::overflow`]).
+    fn take_overflow(&self) -> Option<Buffer> {
+        let (small, budget) = self.cfg.overflow_sizes();
+        if small == 0 {
+            return None;
+        }
+        if self.overflow.fetch_add(small, Ordering::Relaxed) + small > budget {
+            self.overflow.fetch_sub(small, Ordering::Relaxed);
+            return None;
+        }
+        let mut b = Buffer::heap(small);
+        b.slot = OVERFLOW;
+        Some(b)
+    }
+
+    /// Events the overflow buffers that exist now can hold ([`Config::overflow`]).
+    pub fn overflow_events(&self) -> usize {
+        self.overflow.load(Ordering::Relaxed)
     }
 
     /// A recording thread gave back (submitted) the buffer it held.
@@ -331,8 +394,12 @@ impl Pool {
         }
     }
 
-    /// Returns a buffer for reuse.
+    /// Returns a buffer for reuse; an overflow buffer is freed, its room back in the budget.
     pub fn give(&self, b: Buffer) {
+        if b.is_overflow() {
+            self.overflow.fetch_sub(b.len, Ordering::Relaxed);
+            return;
+        }
         self.free.lock().unwrap_or_else(|e| e.into_inner()).push_back(b);
         if self.cfg.on_full == OnFull::Wait {
             self.returned.notify_one();
@@ -1518,6 +1585,7 @@ impl Discard {
                 ring: false,
                 flight: 0,
                 live: false,
+                overflow: false,
             }),
         }
     }

@@ -1006,8 +1006,9 @@ def record(
     name or qualified name, decided once per code object.
 
     buffer_events, max_buffers, on_full: each recording thread fills a buffer of ``buffer_events`` events
-    (24 bytes each); up to ``max_buffers`` more wait for the writer thread, so memory stays under
-    ``(max_buffers + threads) * buffer_events * 24`` bytes (1.5 MiB per thread and 96 MiB by default).
+    (24 bytes each); up to ``max_buffers`` more wait for the writer thread, then small ones holding a
+    quarter as many events again, so memory stays under ``(1.25 * max_buffers + threads) * buffer_events *
+    24`` bytes (1.5 MiB per thread and 120 MiB by default).
     If the writer falls that far behind, ``on_full="drop"`` (the default) drops events, counted and
     located in the file, and ``on_full="wait"`` makes the program wait for the writer instead.
 

@@ -283,7 +283,7 @@ fn a_second_session_on_the_same_path_fails_and_the_first_file_stays_whole() {
 fn each_thread_holds_a_buffer_beyond_max_buffers() {
     // Two buffers may wait for the writer; a hundred threads each fill their own all the same (counting the
     // threads' own buffers against the limit left 37 of 100 threads with none).
-    let pool = Pool::new(Config { buffer_events: 4, max_buffers: 2, ..Config::default() });
+    let pool = Pool::new(Config { buffer_events: 4, max_buffers: 2, overflow: false, ..Config::default() });
     let held: Vec<Buffer> = (0..100).map(|i| pool.take_held().unwrap_or_else(|| panic!("thread {i}"))).collect();
     assert_eq!(pool.allocated(), 100);
     // Buffers submitted to the writer are what max_buffers bounds: while two wait, a thread that
@@ -301,6 +301,42 @@ fn each_thread_holds_a_buffer_beyond_max_buffers() {
     assert!(pool.take_held().is_none(), "3 waiting for the writer: beyond max_buffers");
     pool.give(queued.pop().unwrap());
     assert!(pool.take_held().is_some(), "a buffer the writer gave back");
+}
+
+#[test]
+fn a_thread_that_finds_no_buffer_gets_a_small_one_while_the_overflow_budget_lasts() {
+    // A thread per request submits its one buffer, mostly empty, as it ends: counted in buffers, the limit
+    // let the writer fall only max_buffers such threads behind before events were dropped.
+    let cfg = Config { buffer_events: 16 * 1024, max_buffers: 2, ..Config::default() };
+    let (small, budget) = cfg.overflow_sizes();
+    assert_eq!((small, budget), (1024, 8 * 1024), "a sixteenth of a buffer; a quarter of the pool's events");
+    let pool = Pool::new(cfg);
+    // Two buffers wait for the writer, beside the one the thread filling the next holds.
+    let mut queued = Vec::new();
+    for _ in 0..3 {
+        queued.push(pool.take_held().expect("within max_buffers"));
+        pool.release();
+    }
+    assert!(queued.iter().all(|b| b.len() == 16 * 1024 && !b.is_overflow()));
+    // Beyond the limit: small heap buffers, until they hold the budget's events.
+    for i in 0..budget / small {
+        let b = pool.take_held().unwrap_or_else(|| panic!("overflow buffer {i}"));
+        assert!(b.is_overflow() && b.len() == small && b.slot().is_none());
+        pool.release();
+        queued.push(b);
+    }
+    assert_eq!(pool.overflow_events(), budget);
+    assert!(pool.take_held().is_none(), "the budget spent: nothing (on_full decides)");
+    // The writer gives an overflow buffer back: freed, its room back in the budget, not kept as a spare.
+    pool.recycle(queued.pop().unwrap());
+    assert_eq!(pool.overflow_events(), budget - small);
+    let b = pool.take_held().expect("room for one more");
+    assert!(b.is_overflow());
+    // Without overflow, or with buffers too small for a useful one, the limit is the limit.
+    let off = Config { overflow: false, ..cfg };
+    assert_eq!(off.overflow_sizes(), (0, 0));
+    let tiny = Config { buffer_events: 64, ..cfg };
+    assert_eq!(tiny.overflow_sizes(), (0, 0));
 }
 
 #[test]
