@@ -61,6 +61,9 @@ def _run(opts: dict, prog: str) -> int:
         if missing:
             print(f"{prog} run: {missing}", file=sys.stderr)
             return 1
+        if os.path.isfile(script) and not _is_zip(script) and _binary(script):
+            print(f"{prog} run: {_program_not_script(script, script)}", file=sys.stderr)
+            return 2
         sys.path[0] = os.path.dirname(os.path.abspath(script))
     sys.argv = list(opts["argv"])
     # Everything but the program itself is done before recording starts, so the trace (and the cost of
@@ -156,9 +159,28 @@ def _console_script(name: str) -> tuple[str | None, str]:
     except OSError as e:
         return None, f"the command {found} cannot be read: {e.strerror}"
     if not (first.startswith(b"#!") and b"python" in first):
-        return None, (f"the command {found} is not a Python script: ocular records Python programs (run the "
-                      f"Python program it starts instead)")
+        return None, _program_not_script(found, f"the command {found}")
     return found, ""
+
+
+def _program_not_script(path: str, what: str) -> str:
+    """Why `path`, a program and not a Python script, cannot be run: most often the interpreter itself
+    (`ocular run python app.py`), which ocular replaces."""
+    if _same_file(path, sys.executable) or os.path.basename(path).startswith("python"):
+        return (f"{what} is a Python interpreter, not a script: ocular run takes the script itself "
+                f"(ocular run app.py ARGS, or ocular run -m module ARGS)")
+    return (f"{what} is not a Python script: ocular records Python programs (run the Python program it starts "
+            f"instead)")
+
+
+def _binary(path: str) -> bool:
+    """Whether `path` is a file of machine code or other binary data rather than source (a NUL in its
+    first bytes; zip files, which python runs, are told apart before)."""
+    try:
+        with open(path, "rb") as f:
+            return b"\0" in f.read(512)
+    except OSError:
+        return False
 
 
 

@@ -171,6 +171,29 @@ def test_a_console_script_on_path_is_run_by_its_name(tmp_path):
     assert (r.returncode, r.stderr) == (2, "python -m ocular run: nowhere: no such file, nor a command on PATH\n")
 
 
+def test_the_interpreter_or_a_binary_given_as_the_script_is_refused_by_name(tmp_path):
+    # `ocular run python app.py` (or the interpreter's path) ran the interpreter's machine code as Python
+    # source, and python's compiler said "source code string cannot contain null bytes".
+    run = [sys.executable, "-m", "ocular", "run", "-o", "t.ocl"]
+    r = subprocess.run([*run, sys.executable, "app.py"], capture_output=True, text=True, cwd=tmp_path)
+    assert (r.returncode, r.stderr) == (2, f"python -m ocular run: {sys.executable} is a Python interpreter, "
+                                           f"not a script: ocular run takes the script itself (ocular run app.py "
+                                           f"ARGS, or ocular run -m module ARGS)\n")
+    assert not (tmp_path / "t.ocl").exists()
+    blob = tmp_path / "data.bin"
+    blob.write_bytes(b"\x7fELF\x02\x01\x01\0" + bytes(64))
+    r = subprocess.run([*run, str(blob)], capture_output=True, text=True, cwd=tmp_path)
+    assert (r.returncode, r.stderr) == (2, f"python -m ocular run: {blob} is not a Python script: ocular records "
+                                           f"Python programs (run the Python program it starts instead)\n")
+    # A zip file holding __main__.py is a program python runs: still run.
+    import zipfile
+
+    with zipfile.ZipFile(tmp_path / "app.pyz", "w") as z:
+        z.writestr("__main__.py", "print('zipped')\n")
+    r = subprocess.run([*run, "-q", "app.pyz"], capture_output=True, text=True, cwd=tmp_path)
+    assert (r.returncode, r.stdout) == (0, "zipped\n"), r.stderr
+
+
 @pytest.mark.parametrize("how", ["script", "module"])
 def test_an_uncaught_exception_is_reported_as_python_reports_it(tmp_path, how):
     (tmp_path / "boom.py").write_text("def f():\n    raise ValueError('boom')\n\n\nf()\n")
