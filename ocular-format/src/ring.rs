@@ -419,7 +419,8 @@ pub struct RingWriter {
     meta_offset: u64,
     chunks_offset: u64,
     /// Serializes metadata appends (each is a reserve, a copy, then a store of `meta_len`).
-    meta: Mutex<()>,
+    /// Held while appending a metadata record; the end of the disk space reserved for them so far.
+    meta: Mutex<u64>,
     /// The chunk region's records, as the writer knows them (RING.md 3.5).
     chunks: Mutex<ChunkRing>,
 }
@@ -543,7 +544,7 @@ impl RingWriter {
             slots_offset,
             meta_offset,
             chunks_offset,
-            meta: Mutex::new(()),
+            meta: Mutex::new(0),
             chunks: Mutex::new(ChunkRing::default()),
         };
         let mut h = RingHeader::new_zeroed();
@@ -721,7 +722,7 @@ impl RingWriter {
 
     /// Appends a metadata record (RING.md 3.4); false if it did not fit (then counted as dropped).
     pub fn append_meta(&self, kind: u16, payload: &[u8]) -> bool {
-        let _guard = self.meta.lock().unwrap_or_else(|e| e.into_inner());
+        let mut reserved = self.meta.lock().unwrap_or_else(|e| e.into_inner());
         let len = self.u64_at(at!(RingHeader, meta_len)).load(Ordering::Acquire);
         let need = 6 + payload.len() as u64;
         if payload.len() > u32::MAX as usize - 2 || len + need > self.layout.meta_capacity {
@@ -729,9 +730,19 @@ impl RingWriter {
             return false;
         }
         let off = self.meta_offset + len;
-        if self.file.as_ref().is_some_and(|f| reserve(f, off, need).is_err()) {
-            self.u64_at(at!(RingHeader, meta_dropped)).fetch_add(1, Ordering::AcqRel);
-            return false;
+        if let Some(f) = self.file.as_ref().filter(|_| off + need > *reserved) {
+            // Reserved ahead, a step at a time: every thread's name is a record, and a thread per request
+            // made a system call each for it. Near the region's end (or the disk's), the record alone.
+            let from = off.max(*reserved);
+            let step = (off + need).max(from + META_RESERVE_STEP).min(self.meta_offset + self.layout.meta_capacity);
+            if reserve(f, from, step - from).is_ok() {
+                *reserved = step;
+            } else if reserve(f, from, off + need - from).is_ok() {
+                *reserved = off + need;
+            } else {
+                self.u64_at(at!(RingHeader, meta_dropped)).fetch_add(1, Ordering::AcqRel);
+                return false;
+            }
         }
         // SAFETY: [off, off + need) lies in the metadata region (checked against its capacity), which only
         // this function writes, under the lock; readers read only below `meta_len`.
@@ -964,6 +975,9 @@ unsafe fn scan_slots(base: *const u8, layout: Layout, slots_offset: u64, until: 
         out
     }
 }
+
+/// Bytes of the metadata region reserved on disk at a time ([`RingWriter::append_meta`]).
+const META_RESERVE_STEP: u64 = 64 << 10;
 
 /// Reserves disk space for `[off, off + len)` of `file`.
 fn reserve(file: &File, off: u64, len: u64) -> std::io::Result<()> {
