@@ -201,33 +201,49 @@ def main() -> None:
         if have_otel:
             print(f"{'ocular.otel.SpanProcessor on an SDK span':<48} {statistics.median(costs['otel']):>8.0f}")
 
-        rps = by_kind(args.repeats, lambda k: throughput(k, tmp, args.requests))
+        rps, lost = by_kind(args.repeats, lambda k: throughput(k, tmp, args.requests),
+                            lambda k: os.path.join(tmp, f"server-{k}.ocl"))
         print(f"\nTable 2: a threading HTTP server, a span per request; {args.requests} requests one after another")
-        print_by_kind("server", "req/s", rps)
-        us = by_kind(args.repeats, lambda k: thread_cost(k, tmp, args.threads))
+        print_by_kind("server", "req/s", rps, lost)
+        us, lost = by_kind(args.repeats, lambda k: thread_cost(k, tmp, args.threads),
+                           lambda k: os.path.join(tmp, f"threads-{k}.ocl"))
         print(f"\nTable 3: a thread per request: {args.threads:,} short threads started and joined one after another")
-        print_by_kind("program", "us/thread", us)
+        print_by_kind("program", "us/thread", us, lost)
 
 
 KINDS = [("untraced", "not recorded"), ("default", "recorded, default mode"), ("sampled", "recorded, --sampled")]
 
 
-def by_kind(repeats: int, measure: Callable[[str], float]) -> dict[str, list[float]]:
-    """`measure` of each kind of run, the kinds alternating, `repeats` times."""
+def by_kind(repeats: int, measure: Callable[[str], float],
+            trace: Callable[[str], str]) -> tuple[dict[str, list[float]], dict[str, list[int]]]:
+    """`measure` of each kind of run, the kinds alternating, `repeats` times; and the events each recorded
+    run lost (read from its trace, `trace(kind)`): a recorder that drops events is cheaper than one that
+    keeps them, so a ratio means nothing without it."""
     out: dict[str, list[float]] = {k: [] for k, _ in KINDS}
+    lost: dict[str, list[int]] = {k: [] for k, _ in KINDS}
     for _ in range(repeats):
         for k, _ in KINDS:
             out[k].append(measure(k))
-    return out
+            if k != "untraced":
+                lost[k].append(lost_events(trace(k)))
+    return out, lost
 
 
-def print_by_kind(what: str, unit: str, values: dict[str, list[float]]) -> None:
-    """Each kind's median and its ratio to the unrecorded run's."""
+def lost_events(trace: str) -> int:
+    import ocular
+
+    return int(ocular.load(trace).info()["lost_events"])
+
+
+def print_by_kind(what: str, unit: str, values: dict[str, list[float]], lost: dict[str, list[int]]) -> None:
+    """Each kind's median and its ratio to the unrecorded run's, and how many runs lost events."""
     base = statistics.median(values["untraced"])
-    print(f"{what:<40} {unit:>9} {'ratio':>7}")
+    print(f"{what:<40} {unit:>9} {'ratio':>7}  {'runs that lost events'}")
     for k, label in KINDS:
         m = statistics.median(values[k])
-        print(f"{label:<40} {m:>9.0f} {m / base:>6.2f}x")
+        n = [x for x in lost[k] if x]
+        said = "" if k == "untraced" else f"{len(n)} of {len(lost[k])}" + (f" ({sum(n):,} events)" if n else "")
+        print(f"{label:<40} {m:>9.0f} {m / base:>6.2f}x  {said}")
 
 if __name__ == "__main__":
     t = time.perf_counter()
