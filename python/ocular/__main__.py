@@ -90,7 +90,8 @@ def _run(opts: dict, prog: str) -> int:
         print(f"{prog} run: {e}", file=sys.stderr)
         return 2
     try:
-        rec.start()
+        with _said_as(prog):
+            rec.start()
     except ValueError as e:
         print(f"{prog} run: {e}", file=sys.stderr)
         return 2
@@ -111,7 +112,8 @@ def _run(opts: dict, prog: str) -> int:
             failed = e
     finally:
         if os.getpid() == parent:
-            rec.stop()
+            with _said_as(prog):
+                rec.stop()
             if not opts["quiet"]:
                 print(f"ocular: wrote {rec.summary()}", file=sys.stderr)
     if failed is not None:
@@ -141,6 +143,30 @@ def _program_frames(tb):  # type: ignore[no-untyped-def]
             return first
         first = first.tb_next
     return tb
+
+
+class _said_as:
+    """Warnings of the recorder's start and stop shown as `ocular: warning: ...`: they are about the run, and
+    Python's own form placed them at a line of runpy (`<frozen runpy>:88: RuntimeWarning: ...`), the first
+    frame outside Ocular. The warning filters still apply (``-W ignore`` silences them)."""
+
+    def __init__(self, prog: str) -> None:
+        self.prog = prog
+
+    def __enter__(self) -> None:
+        import warnings
+
+        self.saved = warnings.showwarning
+
+        def show(message, category, filename, lineno, file=None, line=None):  # type: ignore[no-untyped-def]
+            print(f"{self.prog}: warning: {message}", file=sys.stderr if file is None else file)
+
+        warnings.showwarning = show
+
+    def __exit__(self, *exc: object) -> None:
+        import warnings
+
+        warnings.showwarning = self.saved
 
 
 def _console_script(name: str) -> tuple[str | None, str]:

@@ -202,7 +202,8 @@ print(json.dumps({"growth_mb": (after - before) / 1024, "threads": rec.threads})
 def test_a_thread_per_request_program_keeps_its_memory_bounded(tmp_path, mode, n):
     # A service that starts a thread per request: each exited thread's state, and with --sampled its buffer
     # and window markers, stayed until the stop: 6.5 KB a thread in the default mode (+130 MB here), ~750 KB
-    # with --sampled (2.2 GB for 3,000 threads). Now bounded by the buffers in flight (64 of 1.5 MB at most).
+    # with --sampled (2.2 GB for 3,000 threads). Now bounded by the buffers in flight (64 of 1.5 MB at most,
+    # and 24 MB of small overflow buffers).
     out = subprocess.run([sys.executable, "-c", SHORT_THREADS, str(tmp_path / "t.ocl"), str(n), mode],
                          capture_output=True, text=True, timeout=600)
     assert out.returncode == 0, out.stderr
@@ -299,6 +300,30 @@ def test_stats_hot_and_tables_warn_of_losses_and_carry_them(lossy):
     per_thread = lost.group_by("thread_id").agg(pl.col("thread_lost").first())
     assert per_thread["thread_lost"].sum() == rec.lost
     assert (lost["end_ns"] >= lost["start_ns"]).all()
+
+
+def test_ocular_run_says_its_losses_as_a_warning_of_ocular_not_of_a_line_of_runpy(tmp_path):
+    # Python's form placed the stop's warning at the first frame outside Ocular: "<frozen runpy>:88:
+    # RuntimeWarning: Ocular dropped ...".
+    script = tmp_path / "threads.py"
+    script.write_text("import threading\n"
+                      "def f():\n    return 1\n"
+                      "def work():\n    for _ in range(2000):\n        f()\n"
+                      "ts = [threading.Thread(target=work) for _ in range(20)]\n"
+                      "[t.start() for t in ts]; [t.join() for t in ts]\n")
+    env = dict(os.environ, OCULAR_TEST_WRITER_DELAY_US="200")
+    r = subprocess.run([sys.executable, "-m", "ocular", "run", "-q", "--mode", "calls", "--buffer-events", "64",
+                        "--max-buffers", "1", "-o", str(tmp_path / "t.ocl"), str(script)],
+                       capture_output=True, text=True, env=env)
+    assert r.returncode == 0, r.stderr
+    said = [line for line in r.stderr.splitlines() if "dropped" in line]
+    assert len(said) == 1 and said[0].startswith("python -m ocular: warning: Ocular dropped "), r.stderr
+    assert "runpy" not in r.stderr and "RuntimeWarning" not in r.stderr, r.stderr
+    # The warning filters still decide: -W ignore silences it.
+    r = subprocess.run([sys.executable, "-W", "ignore", "-m", "ocular", "run", "-q", "--mode", "calls",
+                        "--buffer-events", "64", "--max-buffers", "1", "-o", str(tmp_path / "u.ocl"), str(script)],
+                       capture_output=True, text=True, env=env)
+    assert r.returncode == 0 and "dropped" not in r.stderr, r.stderr
 
 
 def test_the_cli_reports_losses_on_stderr_and_in_every_export(lossy, tmp_path):
