@@ -1123,6 +1123,10 @@ pub struct Session {
     code: Mutex<Vec<CodeObject>>,
     /// C callables named since the last message, sent as code objects are (FORMAT.md 6.11).
     cfuncs: Mutex<Vec<ocular_format::CFunction>>,
+    /// Threads named since the last message, sent with the next one: a thread per request named each in a
+    /// message of its own, a wake of the writer on the new thread's time (~13 us of `Thread._bootstrap`'s
+    /// own time a thread). The ring's metadata has them at once.
+    threads: Mutex<Vec<ThreadInfo>>,
     pool: Arc<Pool>,
     /// The ring file beside the trace (RING.md), if one could be made.
     ring: Option<Arc<RingWriter>>,
@@ -1304,6 +1308,7 @@ impl Session {
             tx,
             code: Mutex::new(Vec::new()),
             cfuncs: Mutex::new(Vec::new()),
+            threads: Mutex::new(Vec::new()),
             pool,
             ring,
             ring_error,
@@ -1411,6 +1416,10 @@ impl Session {
         if !cfuncs.is_empty() {
             let _ = self.tx.send(Msg::CFunctions(cfuncs));
         }
+        let threads = std::mem::take(&mut *self.threads.lock().unwrap_or_else(|e| e.into_inner()));
+        for t in threads {
+            let _ = self.tx.send(Msg::Thread(t));
+        }
         self.tx.send(msg)
     }
 
@@ -1419,7 +1428,7 @@ impl Session {
         if let (Some(ring), Ok(bytes)) = (&self.ring, postcard::to_allocvec(&info)) {
             ring.append_meta(ocular_format::chunk::kind::THREAD, &bytes);
         }
-        let _ = self.send(Msg::Thread(info));
+        self.threads.lock().unwrap_or_else(|e| e.into_inner()).push(info);
     }
 
     /// A flight recorder's content, written into `path` by the writer thread while recording goes on:
