@@ -131,10 +131,10 @@ pub struct Config {
     pub live: bool,
     /// When no buffer is free, a thread that needs one gets a small one from the heap, a sixteenth of
     /// `buffer_events`, while such buffers hold less than a quarter of what `max_buffers` buffers do;
-    /// only then does [`Config::on_full`] decide. A thread per request submits its one buffer, mostly
-    /// empty, when it ends: counted in buffers, the limit let the writer fall only `max_buffers` short
+    /// only then does [`Config::on_full`] decide. Why: a thread per request submits its one buffer, mostly
+    /// empty, when it ends, so a limit counted in buffers lets the writer fall only `max_buffers` short
     /// threads behind (64 x ~3,000 events, 17 ms of such a program) where one long thread gets 64 x
-    /// 65,536 events; in events it gets 256 more. Nothing when a small buffer would hold fewer than
+    /// 65,536 events; the small ones add 256 such threads. None when a small buffer would hold fewer than
     /// [`OVERFLOW_MIN_EVENTS`]. Heap buffers are not in the ring file: a crash while the writer is that
     /// far behind loses what they hold, where without them the events were not recorded at all.
     pub overflow: bool,
@@ -1123,9 +1123,9 @@ pub struct Session {
     code: Mutex<Vec<CodeObject>>,
     /// C callables named since the last message, sent as code objects are (FORMAT.md 6.11).
     cfuncs: Mutex<Vec<ocular_format::CFunction>>,
-    /// Threads named since the last message, sent with the next one: a thread per request named each in a
-    /// message of its own, a wake of the writer on the new thread's time (~13 us of `Thread._bootstrap`'s
-    /// own time a thread). The ring's metadata has them at once.
+    /// Threads named since the last message, sent with the next one: a message of its own would wake the
+    /// writer (~10 us) at every thread's start, on the program's time (`Thread._bootstrap`'s, in a thread
+    /// per request). The ring's metadata has them at once.
     threads: Mutex<Vec<ThreadInfo>>,
     pool: Arc<Pool>,
     /// The ring file beside the trace (RING.md), if one could be made.
