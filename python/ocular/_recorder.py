@@ -811,9 +811,14 @@ class Recording:
                           skip_file_prefixes=(_OWN_CODE,))
         # After a write error, the error says how many events were lost and from when: one warning.
         if self.lost and not self.error:
+            # Buffers of 4,096 events and more have small overflow buffers beyond max_buffers (the
+            # recorder's Config::overflow): a quarter as many events again.
+            behind = f"{self.max_buffers} buffer{'' if self.max_buffers == 1 else 's'}"
+            if self.buffer_events // 16 >= 256:
+                behind += " and its small overflow buffers"
             warnings.warn(
                 f"Ocular dropped {self.lost:,} events: "
-                f"the writer thread fell {self.max_buffers} buffers behind the program (compressing and "
+                f"the writer thread fell {behind} behind the program (compressing and "
                 f"writing); the file records how many and when. Pass on_full='wait' (the program waits "
                 f"for the writer instead), raise max_buffers, or record less (a higher "
                 f"deinstrument_threshold, include_only).",
