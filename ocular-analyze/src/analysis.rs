@@ -450,7 +450,7 @@ pub type LoopKey = (u32, u32);
 
 /// A loop running in a frame: head offset, the loop's position in the pass's loop table, and ticks,
 /// running cost sum and thread event count at the last backward jump to it.
-type LoopRun = (u32, u32, u64, f64, u64);
+type LoopRun = (u32, u32, u64, f64, u64, f64);
 
 struct Frame {
     code: u32,
@@ -476,7 +476,8 @@ struct Frame {
     /// after it.
     prev: Option<(u64, f64, u32)>,
     /// Per loop head in this frame: head offset, the loop's position in the pass's loop table, and ticks,
-    /// running cost sum and thread event count at the last backward jump to it.
+    /// running cost sum, thread event count and the loop's ticks counted on the thread
+    /// ([`ThreadState::loop_ticks`]) at the last backward jump to it.
     loops: Vec<LoopRun>,
     /// A call made while the frame's last event was inside a loop: (loop position, ticks and running cost
     /// sum at the call). If the frame's next event is inside the loop, the call was inside it and the
@@ -568,6 +569,11 @@ struct ThreadState {
     /// tick and the recorder's cost sum at the yield: a yield suspends a loop, it does not end it, and the
     /// time until the resumption is the consumer's, not the loop's.
     suspended: CodeMap<Option<(Vec<LoopRun>, u64, f64)>>,
+    /// Per loop (its position in the pass's loop table), the ticks counted for it on this thread so far,
+    /// iterations and tails: a run of the loop in one frame holds the runs counted meanwhile in another
+    /// frame of the same loop (recursion, or a frame whose return was lost and whose next event belongs to
+    /// a later call), and those are counted once ([`loop_span`]).
+    loop_ticks: Vec<f64>,
     /// The current later window's figures before its factor: exclusive ticks per call tree node, and
     /// (exclusive, inclusive, calls) per code id. See [`ThreadState::flush_window`].
     window_nodes: Vec<(u32, f64)>,
@@ -1818,6 +1824,7 @@ fn step(
                     for l in &mut loops {
                         l.2 = l.2.saturating_add(away);
                         l.3 += away_cost;
+                        l.5 += loop_ticks_of(&mut ts.loop_ticks, l.1);
                     }
                     ts.stack.last_mut().expect("pushed").loops = loops;
                 }
@@ -1860,7 +1867,11 @@ fn step(
             if kind == EventKind::PY_YIELD {
                 let top = ts.stack.last_mut().expect("the walk found it on top");
                 top.pending_tail = None;
-                let loops = std::mem::take(&mut top.loops);
+                let mut loops = std::mem::take(&mut top.loops);
+                // While suspended, what other frames count for the loop is not this run's: kept relative.
+                for l in &mut loops {
+                    l.5 -= loop_ticks_of(&mut ts.loop_ticks, l.1);
+                }
                 ts.suspended.insert(id, Some((loops, t, ts.cost)));
             }
             pop(ts, t, tree, per, tables);
@@ -1897,11 +1908,11 @@ fn step(
                 // A recorded exit (a branch or jump out of the loop) ends the loop here.
                 let mut i = 0;
                 while i < top.loops.len() {
-                    let (head, li, lt, lc, _) = top.loops[i];
+                    let (head, li, lt, lc, _, since) = top.loops[i];
                     let stats = &mut tables.loops[li as usize];
                     let inside = |o: u32| head <= o && o <= stats.end;
                     if inside(off) && !inside(next) {
-                        stats.tail_ticks += (ticks_f64(t.saturating_sub(lt)) - (now - lc)).max(0.0);
+                        stats.tail_ticks += loop_span(&mut ts.loop_ticks, li, since, (lt, lc), (t, now)).0;
                         top.loops.swap_remove(i);
                     } else {
                         i += 1;
@@ -1925,7 +1936,7 @@ fn step(
                 stats.end = stats.end.max(off);
                 match top.loops.iter_mut().find(|l| l.0 == dest) {
                     Some(l) => {
-                        let ticks = (ticks_f64(t - l.2) - (now - l.3)).max(0.0);
+                        let (ticks, counted) = loop_span(&mut ts.loop_ticks, li, l.5, (l.2, l.3), (t, now));
                         stats.timed += 1;
                         stats.ticks += ticks;
                         if l.4 + 1 == count {
@@ -1935,8 +1946,12 @@ fn step(
                         l.2 = t;
                         l.3 = now;
                         l.4 = count;
+                        l.5 = counted;
                     }
-                    None => top.loops.push((dest, li, t, now, count)),
+                    None => {
+                        let since = loop_ticks_of(&mut ts.loop_ticks, li);
+                        top.loops.push((dest, li, t, now, count, since));
+                    }
                 }
             }
         }
@@ -2061,9 +2076,37 @@ fn truncate(
     per: &mut CodeMap<FunctionStats>,
     tables: &mut Tables,
 ) {
+    // Where every event is recorded (the complete part), a frame the walk ends had its return lost: its
+    // loops end at its last event. Ended at `t` instead, a loop of a frame whose return was lost ran on
+    // through the later calls of its function, whose own iterations were timed too (a loop read 110% of
+    // the run in a trace that lost a third of its events).
+    let lost = ts.phase == Phase::Complete;
     while ts.stack.len() > depth {
-        pop(ts, t, tree, per, tables);
+        pop_frame(ts, t, tree, per, tables, lost);
     }
+}
+
+/// The ticks counted so far for loop `li` on a thread ([`ThreadState::loop_ticks`]).
+#[inline(always)]
+fn loop_ticks_of(counted: &mut Vec<f64>, li: u32) -> f64 {
+    let i = li as usize;
+    if counted.len() <= i {
+        counted.resize(i + 1, 0.0);
+    }
+    counted[i]
+}
+
+/// The ticks of a run of loop `li` from `(lt, lc)` (ticks, running cost sum) to `(et, ec)`, less the
+/// recorder's cost, less what was counted for the loop on the thread since the run's start (`since`, the
+/// thread's [`ThreadState::loop_ticks`] then: the runs of another frame of the loop inside this one); and
+/// counts them: (the run's ticks, the loop's ticks on the thread now). A loop's time on a thread is then
+/// never more than the thread's. `counted` has the loop: every run starts with [`loop_ticks_of`].
+#[inline(always)]
+fn loop_span(counted: &mut [f64], li: u32, since: f64, (lt, lc): (u64, f64), (et, ec): (u64, f64)) -> (f64, f64) {
+    let c = &mut counted[li as usize];
+    let ticks = ((ticks_f64(et.saturating_sub(lt)) - (ec - lc)).max(0.0) - (*c - since)).max(0.0);
+    *c += ticks;
+    (ticks, *c)
 }
 
 /// A tick difference as f64. Through i64: one instruction, where u64 to f64 takes a branchy sequence on
@@ -2090,7 +2133,7 @@ fn block(ts: &mut ThreadState, t: u64, off: u32, precise: bool, tables: &mut Tab
     let ticks = (ticks_f64(t - pt) - (now - pc)).max(0.0);
     let mut i = 0;
     while i < top.loops.len() {
-        let (head, li, lt, lc, _) = top.loops[i];
+        let (head, li, lt, lc, _, since) = top.loops[i];
         let stats = &mut tables.loops[li as usize];
         let end = stats.end;
         let inside = |o: u32| head <= o && o <= end;
@@ -2099,7 +2142,7 @@ fn block(ts: &mut ThreadState, t: u64, off: u32, precise: bool, tables: &mut Tab
             // Outside now, inside before (or before a call made from it): the loop ended in between, where
             // it was not recorded, and no later than the call.
             let (et, ec) = called.map_or((t, now), |p| (p.1, p.2));
-            stats.tail_ticks += (ticks_f64(et.saturating_sub(lt)) - (ec - lc)).max(0.0);
+            stats.tail_ticks += loop_span(&mut ts.loop_ticks, li, since, (lt, lc), (et, ec)).0;
             top.loops.swap_remove(i);
             continue;
         }
@@ -2125,12 +2168,28 @@ fn block(ts: &mut ThreadState, t: u64, off: u32, precise: bool, tables: &mut Tab
 }
 
 fn pop(ts: &mut ThreadState, t: u64, tree: &mut CallTree, per: &mut CodeMap<FunctionStats>, tables: &mut Tables) {
+    pop_frame(ts, t, tree, per, tables, false);
+}
+
+/// [`pop`]; with `lost`, the frame's return was not recorded: its loops end at its last event, not at `t`.
+fn pop_frame(
+    ts: &mut ThreadState,
+    t: u64,
+    tree: &mut CallTree,
+    per: &mut CodeMap<FunctionStats>,
+    tables: &mut Tables,
+    lost: bool,
+) {
     let now = ts.cost;
     let Some(f) = ts.stack.pop() else { return };
+    let end = match f.prev {
+        Some((pt, pc, _)) if lost => (pt, pc),
+        _ => (t, now),
+    };
     // Loops still running when their frame ends: their time up to here (or up to a call made from them).
-    for &(_, li, lt, lc, _) in &f.loops {
-        let (et, ec) = f.pending_tail.filter(|p| p.0 == li).map_or((t, now), |p| (p.1, p.2));
-        tables.loops[li as usize].tail_ticks += (ticks_f64(et.saturating_sub(lt)) - (ec - lc)).max(0.0);
+    for &(_, li, lt, lc, _, since) in &f.loops {
+        let (et, ec) = f.pending_tail.filter(|p| p.0 == li).map_or(end, |p| (p.1, p.2));
+        tables.loops[li as usize].tail_ticks += loop_span(&mut ts.loop_ticks, li, since, (lt, lc), (et, ec)).0;
     }
     let d = &mut ts.active[f.stats as usize];
     *d = d.saturating_sub(1);

@@ -7,6 +7,7 @@ mod diff;
 mod export;
 mod golden;
 mod lines;
+mod loops;
 mod reports;
 mod spans;
 mod windows;
