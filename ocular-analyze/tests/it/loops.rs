@@ -10,13 +10,19 @@ fn ev(t: u64, offset: u32, arg: u32, kind: EventKind) -> RawEvent {
     RawEvent::new(T0 + t, 1, offset, arg, kind as u8)
 }
 
-/// (total loop ticks, f's inclusive ticks, the thread's span) of `events` of the code object f (id 1),
-/// whose loop jumps back from offset 20 to 10.
-fn figures(events: &[RawEvent]) -> (f64, f64, f64) {
+/// A header whose ticks are nanoseconds from `T0`, with no recorder cost to take out.
+fn header() -> ocular_format::Header {
     let mut header = testing::header();
     header.ticks_per_second = 1e9;
     header.event_cost_ticks = 0.0;
     header.start_ticks = T0;
+    header
+}
+
+/// (total loop ticks, f's inclusive ticks, the thread's span) of `events` of the code object f (id 1),
+/// whose loop jumps back from offset 20 to 10.
+fn figures(events: &[RawEvent]) -> (f64, f64, f64) {
+    let header = header();
     let dir = tempfile::tempdir().unwrap();
     let path = dir.path().join("loops.ocl");
     crate::synthetic_trace(&path, &header, vec![151, 0, 1, 0, 1, 0, 1, 0, 1, 0, 1, 0, 1, 0, 83, 0], 1, events);
@@ -73,10 +79,7 @@ fn a_frame_the_walk_ends_for_a_lost_return_ends_its_loop_at_its_last_event() {
     use ocular_format::{CodeObject, Position, Trailer, Writer};
     // main (id 2) calls f (id 1), whose loop's last jump is at 30 and whose return was lost; main's next
     // event, at 1,000, shows f had returned by then. Ended there, f's loop read 970 ticks of main's time.
-    let mut header = testing::header();
-    header.ticks_per_second = 1e9;
-    header.event_cost_ticks = 0.0;
-    header.start_ticks = T0;
+    let header = header();
     let code = |id: u32, name: &str| CodeObject {
         id,
         name: name.into(),
