@@ -2077,9 +2077,8 @@ fn truncate(
     tables: &mut Tables,
 ) {
     // Where every event is recorded (the complete part), a frame the walk ends had its return lost: its
-    // loops end at its last event. Ended at `t` instead, a loop of a frame whose return was lost ran on
-    // through the later calls of its function, whose own iterations were timed too (a loop read 110% of
-    // the run in a trace that lost a third of its events).
+    // loops end at its last event. Ended at `t`, the event that showed the frame gone, its loop's tail
+    // took all of its caller's time up to there.
     let lost = ts.phase == Phase::Complete;
     while ts.stack.len() > depth {
         pop_frame(ts, t, tree, per, tables, lost);
