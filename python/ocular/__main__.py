@@ -61,7 +61,7 @@ def _run(opts: dict, prog: str) -> int:
         if missing:
             print(f"{prog} run: {missing}", file=sys.stderr)
             return 1
-        if os.path.isfile(script) and not _is_zip(script) and _binary(script):
+        if os.path.isfile(script) and _binary(script) and not _is_zip(script):
             print(f"{prog} run: {_program_not_script(script, script)}", file=sys.stderr)
             return 2
         sys.path[0] = os.path.dirname(os.path.abspath(script))
@@ -201,7 +201,8 @@ def _program_not_script(path: str, what: str) -> str:
 
 def _binary(path: str) -> bool:
     """Whether `path` is a file of machine code or other binary data rather than source (a NUL in its
-    first bytes; zip files, which python runs, are told apart before)."""
+    first bytes; zip files, which python runs, are told apart after, as importing zipfile costs every run
+    ~15 ms)."""
     try:
         with open(path, "rb") as f:
             return b"\0" in f.read(512)

@@ -122,7 +122,7 @@ def test_a_python_subprocess_is_recorded_as_a_child(tmp_path):
 
 
 # Modules a followed child would pay for at its start if Ocular imported them (json imports re and enum).
-HEAVY = ("json", "re", "enum", "typing", "functools", "collections", "shutil", "random")
+HEAVY = ("json", "re", "enum", "typing", "functools", "collections", "shutil", "random", "zipfile", "pathlib", "fnmatch")
 
 
 def test_a_followed_child_imports_nothing_heavy_that_it_would_not_import_unrecorded(tmp_path):
@@ -139,6 +139,17 @@ def test_a_followed_child_imports_nothing_heavy_that_it_would_not_import_unrecor
     assert set(r.stdout.split()) <= set(plain.stdout.split()) | set(needed), (r.stdout, plain.stdout, needed)
     procs = info(out)["processes"]
     assert len(procs) == 2 and calls_per_process(out, "hello") == {procs[1]["pid"]: 1}
+
+
+def test_ocular_run_imports_nothing_heavy_before_the_script_that_python_would_not(tmp_path):
+    # What `ocular run` imports is paid by every run before the script's first line (zipfile alone, imported
+    # to tell a zip from a binary, was ~15 ms); threading and opcode the recorder cannot do without.
+    show = f"import sys\nprint(' '.join(sorted(m for m in {HEAVY!r} if m in sys.modules)))\n"
+    needed = subprocess.run([sys.executable, "-c", "import threading, opcode\n" + show], capture_output=True,
+                            text=True, check=True).stdout.split()
+    plain = subprocess.run([sys.executable, "-c", show], capture_output=True, text=True, check=True)
+    _, r = run(tmp_path, show, follow=False)
+    assert set(r.stdout.split()) <= set(plain.stdout.split()) | set(needed), (r.stdout, plain.stdout, needed)
 
 
 def test_the_run_s_settings_are_json_as_json_writes_and_reads_them():
