@@ -279,23 +279,39 @@ pub fn path_for_recording(ocl: &Path, pid: u32, n: u64) -> PathBuf {
 /// memory, so their number is bounded). Settling one first completes its trace from it ([`settle`]); a ring
 /// whose events could not be put in a trace is kept. Returns how many it removed.
 pub fn sweep(dir: &Path, age: std::time::Duration, keep: usize) -> usize {
-    let Ok(entries) = std::fs::read_dir(dir) else { return 0 };
-    let mut dead: Vec<(std::time::SystemTime, PathBuf)> = entries
-        .flatten()
-        .map(|e| e.path())
-        .filter(|p| p.extension().is_some_and(|x| x == "ring"))
-        .filter(|p| RingFile::open(p).is_ok_and(|r| !r.owner_alive()))
-        .filter_map(|p| Some((std::fs::metadata(&p).ok()?.modified().ok()?, p)))
-        .collect();
+    sweep_unless(dir, age, keep, &|| false).unwrap_or(0)
+}
+
+/// [`sweep`], given up (`None`) as soon as `give_up()` says so, checked before each ring is looked at or
+/// settled (never in the middle of settling one): a recording that stops does not wait for the rings of
+/// others, ~0.1 ms each to look at.
+pub fn sweep_unless(dir: &Path, age: std::time::Duration, keep: usize, give_up: &dyn Fn() -> bool) -> Option<usize> {
+    let Ok(entries) = std::fs::read_dir(dir) else { return Some(0) };
+    let mut dead: Vec<(std::time::SystemTime, PathBuf)> = Vec::new();
+    for p in entries.flatten().map(|e| e.path()).filter(|p| p.extension().is_some_and(|x| x == "ring")) {
+        if give_up() {
+            return None;
+        }
+        if RingFile::open(&p).is_ok_and(|r| !r.owner_alive()) {
+            if let Some(when) = std::fs::metadata(&p).ok().and_then(|m| m.modified().ok()) {
+                dead.push((when, p));
+            }
+        }
+    }
     dead.sort_by_key(|d| std::cmp::Reverse(d.0));
     let mut removed = 0;
     for (i, (when, p)) in dead.iter().enumerate() {
         let old = when.elapsed().is_ok_and(|a| a > age);
-        if (i >= keep || old) && settle(p).is_ok() {
-            removed += 1;
+        if i >= keep || old {
+            if give_up() {
+                return None;
+            }
+            if settle(p).is_ok() {
+                removed += 1;
+            }
         }
     }
-    removed
+    Some(removed)
 }
 
 /// What [`settle`] did with a dead recording's ring file.

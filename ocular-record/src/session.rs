@@ -231,6 +231,11 @@ impl Pool {
         self.closing.store(true, Ordering::Relaxed);
     }
 
+    /// Whether [`close`](Self::close) was called.
+    pub fn is_closing(&self) -> bool {
+        self.closing.load(Ordering::Relaxed)
+    }
+
     /// A free buffer, allocating one if the limit allows; `None` when all are in flight.
     pub fn take(&self) -> Option<Buffer> {
         if let Some(b) = self.free.lock().unwrap_or_else(|e| e.into_inner()).pop_front() {
@@ -1290,10 +1295,14 @@ impl Session {
             }
             // Rings of killed recordings stay for their traces to be read: the newest 8, for a week at
             // most (RING.md 2). Once per process: a later recording of it (the next test of a pytest
-            // session) would find the same rings, and a stop waits for the sweep (~0.1 ms a ring).
+            // session) would find the same rings. A stop does not wait for it (~0.1 ms a ring): the sweep
+            // is given up, and the process's next recording takes it up again.
             if !SWEPT.swap(true, Ordering::Relaxed) {
                 if let Some(dir) = ocular_format::ring::runtime_dir() {
-                    ocular_format::ring::sweep(&dir, RING_KEEP, RING_KEEP_FILES);
+                    let stopping = || job.pool.is_closing();
+                    if ocular_format::ring::sweep_unless(&dir, RING_KEEP, RING_KEEP_FILES, &stopping).is_none() {
+                        SWEPT.store(false, Ordering::Relaxed);
+                    }
                 }
             }
             for msg in rx {

@@ -510,9 +510,14 @@ def test_a_killed_recordings_ring_goes_into_its_trace_before_later_recordings_re
     # Each killed run leaves its ring; a later run's sweep may already have settled the oldest beyond 8 (on
     # one core the last run's writer thread swept before the run killed itself).
     assert 9 <= len(list((run / "ocular").glob("*.ring"))) <= 10
+    # A later recording sweeps on its writer thread, and gives the sweep up if it stops first: this one
+    # waits for it (its own ring and the 8 newest dead ones left).
     ended = tmp_path / "ended.py"
-    ended.write_text("pass\n")
-    r = _python(["-m", "ocular", "run", "-q", "-o", str(tmp_path / "last.ocl"), str(ended)], tmp_path)
+    ended.write_text("import glob, sys, time\ndeadline = time.monotonic() + 60\n"
+                     "while len(glob.glob(sys.argv[1])) > 9 and time.monotonic() < deadline:\n"
+                     "    time.sleep(0.01)\n")
+    r = _python(["-m", "ocular", "run", "-q", "-o", str(tmp_path / "last.ocl"), str(ended),
+                 str(run / "ocular" / "*.ring")], tmp_path)
     assert r.returncode == 0, r.stderr
     left = sorted(p.name for p in (run / "ocular").glob("*.ring"))
     assert len(left) == 8 and not any(n.startswith(("t0.", "t1.")) for n in left), left

@@ -276,6 +276,30 @@ fn a_sweep_keeps_the_newest_rings_of_gone_processes_and_every_live_one() {
     assert_eq!(ocular_format::ring::sweep(dir.path(), std::time::Duration::ZERO, 8), 2, "old ones go whatever");
 }
 
+#[test]
+fn a_sweep_given_up_stops_before_the_next_ring_and_leaves_the_rest() {
+    let dir = tempfile::tempdir().unwrap();
+    let gone = dead_pid();
+    for i in 0..4 {
+        RingWriter::create(&dir.path().join(format!("d{i}.ring")), gone, 0, 1e9, LAYOUT).unwrap();
+    }
+    let count = |n: usize| std::fs::read_dir(dir.path()).unwrap().count() == n;
+    // Given up at once: nothing looked at, nothing removed.
+    let never = std::time::Duration::from_secs(3600);
+    assert_eq!(ocular_format::ring::sweep_unless(dir.path(), never, 0, &|| true), None);
+    assert!(count(4));
+    // Given up after the four rings were looked at and two settled: those two are gone, the others stay.
+    let asked = std::cell::Cell::new(0);
+    let after_six = || {
+        asked.set(asked.get() + 1);
+        asked.get() > 6
+    };
+    assert_eq!(ocular_format::ring::sweep_unless(dir.path(), never, 0, &after_six), None);
+    assert!(count(2));
+    assert_eq!(ocular_format::ring::sweep_unless(dir.path(), never, 0, &|| false), Some(2));
+    assert!(count(0));
+}
+
 fn read_all(path: &std::path::Path) -> (Vec<u64>, Reader<ocular_format::Source>) {
     let mut r = Reader::open(path).unwrap();
     let mut ticks = Vec::new();
