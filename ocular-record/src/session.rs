@@ -1295,14 +1295,12 @@ impl Session {
             }
             // Rings of killed recordings stay for their traces to be read: the newest 8, for a week at
             // most (RING.md 2). Once per process: a later recording of it (the next test of a pytest
-            // session) would find the same rings. A stop does not wait for it (~0.1 ms a ring): the sweep
-            // is given up, and the process's next recording takes it up again.
+            // session) would find the same rings. A stop does not wait for the sweep: it is given up, for
+            // the next process to do.
             if !SWEPT.swap(true, Ordering::Relaxed) {
                 if let Some(dir) = ocular_format::ring::runtime_dir() {
                     let stopping = || job.pool.is_closing();
-                    if ocular_format::ring::sweep_unless(&dir, RING_KEEP, RING_KEEP_FILES, &stopping).is_none() {
-                        SWEPT.store(false, Ordering::Relaxed);
-                    }
+                    ocular_format::ring::sweep_unless(&dir, RING_KEEP, RING_KEEP_FILES, &stopping);
                 }
             }
             for msg in rx {

@@ -300,6 +300,21 @@ fn a_sweep_given_up_stops_before_the_next_ring_and_leaves_the_rest() {
     assert!(count(0));
 }
 
+#[test]
+fn a_ring_s_name_saves_opening_it_but_never_settles_a_live_recording() {
+    let dir = tempfile::tempdir().unwrap();
+    let (gone, me) = (dead_pid(), std::process::id());
+    let now = ocular_format::now_ticks();
+    // Named after a live process, made by a dead one: opened, found dead, settled.
+    RingWriter::create(&dir.path().join(format!("a.ocl.{me}-0.ring")), gone, 0, 1e9, LAYOUT).unwrap();
+    // Named after a dead process, its recording alive (this one): settling checks the owner again.
+    let _live = RingWriter::create(&dir.path().join(format!("b.ocl.{gone}-0.ring")), me, now, 1e9, LAYOUT).unwrap();
+    assert_eq!(ocular_format::ring::sweep(dir.path(), std::time::Duration::ZERO, 0), 1);
+    let left: Vec<String> =
+        std::fs::read_dir(dir.path()).unwrap().map(|e| e.unwrap().file_name().into_string().unwrap()).collect();
+    assert_eq!(left, [format!("b.ocl.{gone}-0.ring")]);
+}
+
 fn read_all(path: &std::path::Path) -> (Vec<u64>, Reader<ocular_format::Source>) {
     let mut r = Reader::open(path).unwrap();
     let mut ticks = Vec::new();
