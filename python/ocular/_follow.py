@@ -157,8 +157,9 @@ class Run:
 def start_child(config: dict, started: str = "exec", parent_pid: int | None = None):
     """Starts recording this process as a child of the run `config` describes (from ``OCULAR_FOLLOW``, or
     the parent's run after a fork)."""
-    from ._recorder import Recording
+    from ._recorder import Recording, take_handed_down_calibration
 
+    take_handed_down_calibration(config.get("calibration"))
     rec = Recording(child_path(config["dir"], os.getpid()), **config["options"], dump_on=config.get("dump_on"))
     rec._follow_config = config
     # A child keeps SIGTERM's default action: with a handler in Python, a signal that came just before a

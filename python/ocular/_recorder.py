@@ -330,11 +330,7 @@ def _calibrate(mode: str, tool: int, threshold: int, buffer_events: int, c_calls
         pass
 
     if mode == "calls":
-
-        def run(n: int, f: Callable[[], None] = target) -> None:
-            for _ in range(n):
-                f()
-
+        target, run = _calls_loop()
         code, names = target.__code__, ["PY_START", "PY_RETURN"]
         if c_calls:
             codes_names = [(code, names), (run.__code__, ["CALL"])]
@@ -357,13 +353,7 @@ def _calibrate(mode: str, tool: int, threshold: int, buffer_events: int, c_calls
     if mode != "calls" or not c_calls:
         codes_names = [(code, names)]
     n = max(100, min(600, buffer_events // 4))
-    ticks = nat.ticks
-
-    def once() -> int:
-        t0 = ticks()
-        run(n)
-        return ticks() - t0
-
+    once = _timed(run, n)
     for _ in range(3):
         once()  # warm up: let the interpreter specialize the loop
     callbacks = _callbacks(threshold, rec_mode if mode == "c_calls" else mode, sampled)
@@ -402,6 +392,58 @@ def _calibrate(mode: str, tool: int, threshold: int, buffer_events: int, c_calls
         _speed_probe = (once, n, bases[len(bases) // 2] / n)
     diffs.sort()
     return max(0.0, diffs[len(diffs) // 2] / per_run)
+
+
+def _calls_loop() -> tuple[Callable[[], None], Callable[..., None]]:
+    """The calls calibration's loop: (an empty function, a loop calling it n times)."""
+
+    def target() -> None:
+        pass
+
+    def run(n: int, f: Callable[[], None] = target) -> None:
+        for _ in range(n):
+            f()
+
+    return target, run
+
+
+def _timed(run: Callable[[int], None], n: int) -> Callable[[], int]:
+    """`run(n)` timed in ticks."""
+    ticks = _native().ticks
+
+    def once() -> int:
+        t0 = ticks()
+        run(n)
+        return ticks() - t0
+
+    return once
+
+
+def handed_down_calibration(key: tuple) -> dict | None:
+    """This process's calibration for the settings `key`, for the Python children a followed run starts
+    (``OCULAR_FOLLOW``): they run the same interpreter on the same machine, and would spend ~1 ms of their
+    start measuring it again. Their stops time the speed probe against its ticks per iteration here."""
+    known = _calibrations.get(key)
+    if known is None or known[3] is None:
+        return None
+    cost, per_kind, hz, (_, n, base) = known
+    return {"python": sys.version, "executable": sys.executable, "recorder": VERSION, "key": list(key),
+            "cost": cost, "per_kind": [list(k) for k in per_kind], "hz": hz, "probe": [n, base]}
+
+
+def take_handed_down_calibration(cal: object) -> None:
+    """Takes the calibration a followed run's parent measured (:func:`handed_down_calibration`) if it was
+    measured with this interpreter and recorder; else the child measures its own."""
+    if not isinstance(cal, dict) or (cal.get("python"), cal.get("executable"), cal.get("recorder")) != (
+            sys.version, sys.executable, VERSION):
+        return
+    try:
+        n, base = cal["probe"]
+        per_kind = [(int(k), float(c)) for k, c in cal["per_kind"]]
+        _calibrations[tuple(cal["key"])] = (float(cal["cost"]), per_kind, float(cal["hz"]),
+                                            (_timed(_calls_loop()[1], int(n)), int(n), float(base)))
+    except (KeyError, TypeError, ValueError):
+        pass
 
 
 # The calls calibration's loop without the recorder (timed run, iterations) and its ticks per iteration at
@@ -591,9 +633,10 @@ class Recording:
             self._follow_config = self._run.config
             self._process = _follow.process_info(self._run.run_id, 0, "run")
         try:
-            if self._run is not None:
-                self._run.begin()
             cost, per_kind, hz = self._calibration(nat, tool)
+            if self._run is not None:
+                self._run.config["calibration"] = handed_down_calibration(self._calibration_key())
+                self._run.begin()
             self.event_cost_ns = cost * 1e9 / hz
             self.call_event_cost_ns = per_kind[0][1] * 1e9 / hz
             header = {
@@ -684,7 +727,7 @@ class Recording:
         scaled for the machine's speed at each stop, against its speed when they were measured (the speed
         probe, FORMAT.md 6.6), as they are for the recording that measured them."""
         global _speed_probe
-        key = (self.mode, self.deinstrument_threshold, self.buffer_events, self.c_calls, self.sampled)
+        key = self._calibration_key()
         known = _calibrations.get(key)
         if known is not None:
             cost, per_kind, hz, _speed_probe = known
@@ -704,6 +747,9 @@ class Recording:
         hz = (after[0] - before[0]) * 1e9 / (after[1] - before[1])
         _calibrations[key] = (cost, list(per_kind), hz, _speed_probe)
         return cost, per_kind, hz
+
+    def _calibration_key(self) -> tuple:
+        return (self.mode, self.deinstrument_threshold, self.buffer_events, self.c_calls, self.sampled)
 
     def stop(self) -> "Recording":
         global _active

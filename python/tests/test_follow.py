@@ -121,6 +121,35 @@ def test_a_python_subprocess_is_recorded_as_a_child(tmp_path):
     assert calls_per_process(out, "hello") == {child["pid"]: 321}
 
 
+def test_a_child_of_the_same_interpreter_takes_its_parent_s_calibration(tmp_path):
+    # Measuring it again took ~1 ms of every child's start; the child's stop still times the speed probe.
+    (tmp_path / "child.py").write_text("def hello():\n    return 1\nfor _ in range(321):\n    hello()\n")
+    out, r = run(tmp_path, """
+        import subprocess, sys
+        subprocess.run([sys.executable, "child.py"], check=True)
+    """, mode="adaptive")
+    parent = info(out)
+    child = info(out.parent / (out.name + ".children") / f"{parent['processes'][1]['pid']}.ocl")
+    for key in ("ticks_per_second", "event_cost_ns"):
+        assert child[key] == parent[key], key
+    assert child["cost_speed_ratio"] > 0
+
+
+def test_a_calibration_measured_by_another_interpreter_is_not_taken(monkeypatch):
+    from ocular import _recorder
+
+    monkeypatch.setattr(_recorder, "_calibrations", {})
+    handed = {"python": sys.version, "executable": sys.executable, "recorder": _recorder.VERSION,
+              "key": ["calls", 0, 65536, False, False], "cost": 99.0, "per_kind": [[0, 99.0]], "hz": 1e9,
+              "probe": [600, 30.0]}
+    for other in ({"python": "3.12.1 (other)"}, {"executable": "/other/python"}, {"recorder": "ocular 0.0.1"}):
+        _recorder.take_handed_down_calibration({**handed, **other})
+    assert _recorder._calibrations == {}
+    _recorder.take_handed_down_calibration(handed)
+    (cost, per_kind, hz, (once, n, base)), = _recorder._calibrations.values()
+    assert (cost, per_kind, hz, n, base) == (99.0, [(0, 99.0)], 1e9, 600, 30.0) and once() > 0
+
+
 # Modules a followed child would pay for at its start if Ocular imported them (json imports re and enum).
 HEAVY = ("json", "re", "enum", "typing", "functools", "collections", "shutil", "random", "zipfile", "pathlib", "fnmatch")
 
