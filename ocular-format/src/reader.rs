@@ -383,6 +383,43 @@ enum Attempt {
     Bad(String),
 }
 
+/// A zstd decompression context, taken from this thread's spares and given back when dropped: making one
+/// asks the CPU what it supports (`cpuid`), which a virtual machine traps, ~9 us a context; an analysis
+/// opens its file two or three times, and the pytest plugin's summary reads a small trace per test.
+struct Dctx(Option<zstd::bulk::Decompressor<'static>>);
+
+thread_local! {
+    static SPARE_DCTX: std::cell::RefCell<Vec<zstd::bulk::Decompressor<'static>>> =
+        const { std::cell::RefCell::new(Vec::new()) };
+}
+
+impl Dctx {
+    fn take() -> std::io::Result<Self> {
+        let spare = SPARE_DCTX.try_with(|s| s.borrow_mut().pop()).ok().flatten();
+        Ok(Dctx(Some(match spare {
+            Some(d) => d,
+            None => zstd::bulk::Decompressor::new()?,
+        })))
+    }
+
+    fn get(&mut self) -> &mut zstd::bulk::Decompressor<'static> {
+        self.0.as_mut().expect("a context until dropped")
+    }
+}
+
+impl Drop for Dctx {
+    fn drop(&mut self) {
+        if let Some(d) = self.0.take() {
+            let _ = SPARE_DCTX.try_with(|s| {
+                let mut s = s.borrow_mut();
+                if s.len() < 4 {
+                    s.push(d);
+                }
+            });
+        }
+    }
+}
+
 /// Reads an `.ocl` file chunk by chunk.
 ///
 /// ```no_run
@@ -410,7 +447,7 @@ pub struct Reader<R> {
     raw: Vec<u8>,
     events: Vec<RawEvent>,
     decoder: crate::codec::Decoder,
-    zstd: zstd::bulk::Decompressor<'static>,
+    zstd: Dctx,
     report: Report,
     /// Base bytecode by code id (2.0 files), to undo the XOR of snapshots: state per code object.
     bases: HashMap<u32, Vec<u8>>,
@@ -830,7 +867,7 @@ impl<R: Read + Seek> Reader<R> {
 
     /// Reads the preamble and the header chunk from `src`; `path` names it in messages.
     pub fn new(src: R, path: &str, opts: ReadOptions) -> Result<Self> {
-        let zstd = zstd::bulk::Decompressor::new().map_err(|source| Error::Io { path: path.into(), error: source })?;
+        let zstd = Dctx::take().map_err(|source| Error::Io { path: path.into(), error: source })?;
         let mut r = Reader {
             src,
             path: path.to_owned(),
@@ -1260,6 +1297,7 @@ impl<R: Read + Seek> Reader<R> {
                 self.raw.reserve(raw_len);
                 let n = self
                     .zstd
+                    .get()
                     .decompress_to_buffer(&self.stored, &mut self.raw)
                     .map_err(|e| self.corrupt(offset, format!("zstd payload does not decompress: {e}")))?;
                 if n != raw_len {

@@ -38,18 +38,20 @@ _active: "Recording | None" = None
 _fork_hook_installed = False
 
 
-# A clock point read when the extension was loaded: the far end of the span the tick rate is measured over
-# (Recording._calibration).
+# The extension once loaded, and a clock point read then: the far end of the span the tick rate is
+# measured over (Recording._calibration).
+_extension: Any = None
 _loaded_at: tuple[int, int, int] | None = None
 
 
 def _native():
-    global _loaded_at
-    from . import _ocular  # imported late so that `import ocular` works for errors on unsupported Pythons
+    global _extension, _loaded_at
+    if _extension is None:
+        from . import _ocular  # imported late so that `import ocular` works for errors on unsupported Pythons
 
-    if _loaded_at is None:
         _loaded_at = _ocular.clock_point()
-    return _ocular
+        _extension = _ocular
+    return _extension
 
 
 def event_names(mode: str, c_calls: bool = False) -> list[str]:
