@@ -35,13 +35,20 @@ def dumps(value) -> str:
     """`value` (dicts with text keys, lists, text, numbers, booleans, None) as JSON, as ``json.dumps`` writes
     it, without importing json: json imports re and enum, which every followed child would pay at its start
     (about 5 ms) for one dictionary. The children read it with json's C scanner (``_site/sitecustomize.py``)."""
-    try:
-        from _json import encode_basestring_ascii as text
-    except ImportError:  # another implementation than CPython
-        import json
-
-        return json.dumps(value)
     out: list[str] = []
+
+    def text(s: str) -> str:
+        # As json writes it: printable ASCII without quotes or backslashes as it is (loading _json's
+        # extension module for that took 0.4 ms of every run's start), anything else escaped by json.
+        if s.isascii() and s.isprintable() and '"' not in s and "\\" not in s:
+            return '"' + s + '"'
+        try:
+            from _json import encode_basestring_ascii
+        except ImportError:  # another implementation than CPython
+            import json
+
+            return json.dumps(s)
+        return encode_basestring_ascii(s)
 
     def put(v) -> None:
         if v is None:
