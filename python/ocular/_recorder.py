@@ -737,7 +737,11 @@ class Recording:
         # The tick rate is measured from the extension's loading to the calibration's end (clock points good
         # to tens of ns, so 1 ms gives it to ~1e-4) instead of over a sleep of its own, which would add
         # milliseconds to every run; only a start faster than that waits out the rest of the millisecond.
-        before = _loaded_at or nat.clock_point()
+        # A loading more than a second ago is not used: a machine suspended since (a notebook's laptop)
+        # would have stopped one clock and not the other.
+        before = nat.clock_point()
+        if _loaded_at is not None and before[1] - _loaded_at[1] < 1_000_000_000:
+            before = _loaded_at
         cost, per_kind = calibration(self.mode, tool, self.deinstrument_threshold, self.buffer_events,
                                      self.c_calls, self.sampled)
         after = nat.clock_point()

@@ -349,6 +349,26 @@ def test_a_process_s_later_recordings_reuse_its_calibration_and_scale_it_at_thei
     assert set(cal[2]) != set(cal[0]) and heads[2]["mode"] == "calls"
 
 
+@pytest.mark.parametrize("loaded_ago_s", [0.0, 5.0])
+def test_the_tick_rate_is_measured_from_a_recent_loading_of_the_extension_only(monkeypatch, tmp_path, loaded_ago_s):
+    # The rate spans the extension's loading to the calibration's end: a loading long ago is not trusted (a
+    # machine suspended since stops one clock and not the other). Its tick count is made wrong here, so a
+    # rate taken from it would be far off.
+    from ocular import _ocular, _recorder
+
+    ticks, mono, unix = _ocular.clock_point()
+    monkeypatch.setattr(_recorder, "_calibrations", {})
+    monkeypatch.setattr(_recorder, "_loaded_at", (ticks // 2, mono - int(loaded_ago_s * 1e9), unix))
+    with ocular.record(tmp_path / "t.ocl", mode="calls"):
+        workloads.loop(10)
+    hz = read_ocl(tmp_path / "t.ocl")["header"]["ticks_per_second"]
+    truth = _ocular.ticks_per_second(20)
+    if loaded_ago_s:
+        assert abs(hz / truth - 1) < 2e-3, (hz, truth)
+    else:
+        assert abs(hz / truth - 1) > 0.1, "a recent loading's point is the far end of the measurement"
+
+
 def _live_code_objects():
     """Every code object reachable from a live function, with the code objects nested in their constants."""
     import gc
