@@ -764,7 +764,7 @@ fn a_spare_slot_is_given_up_between_its_steps_of_pages_when_asked() {
     // The writer makes spare slots ahead of need; a stop does not wait for the rest of one (RING.md 3.2: a
     // slot no thread took stays free, and readers skip it).
     let dir = tempfile::tempdir().unwrap();
-    let layout = Layout { slot_events: 32768, ..LAYOUT }; // 768 KiB a slot: three steps of 256 KiB
+    let layout = Layout { slot_events: 32768, ..LAYOUT }; // 768 KiB a slot: four steps of a quarter each
     let w = RingWriter::create(&dir.path().join("t.ring"), std::process::id(), now_ticks(), 1e9, layout).unwrap();
     let asked = std::cell::Cell::new(0);
     let after_one_step = || {
@@ -779,7 +779,7 @@ fn a_spare_slot_is_given_up_between_its_steps_of_pages_when_asked() {
         false
     };
     let p = w.prepare_slot_unless(1, &never).unwrap().expect("made whole");
-    assert_eq!(asked.get(), 3);
+    assert_eq!(asked.get(), 4);
     // SAFETY: slot 1 holds 32,768 events, its pages made.
     unsafe { p.add(32767).write(ev(9, 1)) };
     w.filling(1, 7, 1, 0);
