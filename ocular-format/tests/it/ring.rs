@@ -256,6 +256,14 @@ fn a_ring_file_in_use_is_never_taken_over() {
     assert_ne!(ocular_format::ring::path_for_recording(&p, 7, 0), ocular_format::ring::path_for_recording(&p, 7, 1));
 }
 
+/// The names of the files in `dir`, sorted.
+fn names_in(dir: &std::path::Path) -> Vec<String> {
+    let mut names: Vec<String> =
+        std::fs::read_dir(dir).unwrap().map(|e| e.unwrap().file_name().into_string().unwrap()).collect();
+    names.sort();
+    names
+}
+
 #[test]
 fn a_sweep_keeps_the_newest_rings_of_gone_processes_and_every_live_one() {
     let dir = tempfile::tempdir().unwrap();
@@ -269,10 +277,7 @@ fn a_sweep_keeps_the_newest_rings_of_gone_processes_and_every_live_one() {
             .unwrap();
     std::fs::write(dir.path().join("other.ring"), b"not a ring").unwrap();
     assert_eq!(ocular_format::ring::sweep(dir.path(), std::time::Duration::from_secs(3600), 2), 3);
-    let mut left: Vec<String> =
-        std::fs::read_dir(dir.path()).unwrap().map(|e| e.unwrap().file_name().into_string().unwrap()).collect();
-    left.sort();
-    assert_eq!(left, ["d3.ring", "d4.ring", "live.ring", "other.ring"]);
+    assert_eq!(names_in(dir.path()), ["d3.ring", "d4.ring", "live.ring", "other.ring"]);
     assert_eq!(ocular_format::ring::sweep(dir.path(), std::time::Duration::ZERO, 8), 2, "old ones go whatever");
 }
 
@@ -283,7 +288,7 @@ fn a_sweep_given_up_stops_before_the_next_ring_and_leaves_the_rest() {
     for i in 0..4 {
         RingWriter::create(&dir.path().join(format!("d{i}.ring")), gone, 0, 1e9, LAYOUT).unwrap();
     }
-    let count = |n: usize| std::fs::read_dir(dir.path()).unwrap().count() == n;
+    let count = |n: usize| names_in(dir.path()).len() == n;
     // Given up at once: nothing looked at, nothing removed.
     let never = std::time::Duration::from_secs(3600);
     assert_eq!(ocular_format::ring::sweep_unless(dir.path(), never, 0, &|| true), None);
@@ -310,9 +315,7 @@ fn a_ring_s_name_saves_opening_it_but_never_settles_a_live_recording() {
     // Named after a dead process, its recording alive (this one): settling checks the owner again.
     let _live = RingWriter::create(&dir.path().join(format!("b.ocl.{gone}-0.ring")), me, now, 1e9, LAYOUT).unwrap();
     assert_eq!(ocular_format::ring::sweep(dir.path(), std::time::Duration::ZERO, 0), 1);
-    let left: Vec<String> =
-        std::fs::read_dir(dir.path()).unwrap().map(|e| e.unwrap().file_name().into_string().unwrap()).collect();
-    assert_eq!(left, [format!("b.ocl.{gone}-0.ring")]);
+    assert_eq!(names_in(dir.path()), [format!("b.ocl.{gone}-0.ring")]);
 }
 
 fn read_all(path: &std::path::Path) -> (Vec<u64>, Reader<ocular_format::Source>) {
