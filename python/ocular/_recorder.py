@@ -421,6 +421,9 @@ def _timed(run: Callable[[int], None], n: int) -> Callable[[], int]:
     return once
 
 
+_INF = float("inf")
+
+
 def handed_down_calibration(key: tuple) -> dict | None:
     """This process's calibration for the settings `key`, for the Python children a followed run starts
     (``OCULAR_FOLLOW``): they run the same interpreter on the same machine, and would spend ~1 ms of their
@@ -429,6 +432,8 @@ def handed_down_calibration(key: tuple) -> dict | None:
     if known is None or known[3] is None:
         return None
     cost, per_kind, hz, (_, n, base) = known
+    if not all(-_INF < x < _INF for x in (cost, hz, base, *(c for _, c in per_kind))):
+        return None  # not JSON (a NaN or an infinity): the children measure their own
     return {"python": sys.version, "executable": sys.executable, "recorder": VERSION, "key": list(key),
             "cost": cost, "per_kind": [list(k) for k in per_kind], "hz": hz, "probe": [n, base]}
 

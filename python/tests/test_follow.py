@@ -148,6 +148,11 @@ def test_a_calibration_measured_by_another_interpreter_is_not_taken(monkeypatch)
     _recorder.take_handed_down_calibration(handed)
     (cost, per_kind, hz, (once, n, base)), = _recorder._calibrations.values()
     assert (cost, per_kind, hz, n, base) == (99.0, [(0, 99.0)], 1e9, 600, 30.0) and once() > 0
+    # What the parent hands down is JSON: a measurement that is not (a NaN) is not handed down at all.
+    key = tuple(handed["key"])
+    assert _recorder.handed_down_calibration(key)["cost"] == 99.0
+    _recorder._calibrations[key] = (float("nan"), per_kind, hz, (once, n, base))
+    assert _recorder.handed_down_calibration(key) is None
 
 
 # Modules a followed child would pay for at its start if Ocular imported them (json imports re and enum).
