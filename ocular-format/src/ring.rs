@@ -666,7 +666,8 @@ impl RingWriter {
         let _ = self.entry(slot);
         let off = self.slots_offset + slot as u64 * self.layout.slot_bytes();
         let len = self.layout.slot_bytes() as usize;
-        // Whole pages (slots are page-aligned, and MADV_POPULATE_WRITE takes page-aligned ranges).
+        // Steps of whole pages: the advice takes page-aligned ranges (a slot whose size is not whole pages
+        // is not page-aligned either; the advice refuses it, and it is made below instead).
         let step = (len / 4).clamp(64 << 10, 256 << 10) & !4095;
         // SAFETY: the slot lies within the mapping (checked by `entry` and the layout), 8-aligned.
         let ptr = unsafe { self.map.as_mut_ptr().add(off as usize) };
