@@ -278,7 +278,13 @@ impl<'a> Out<'a> {
             te_len += 1 + varint_len(n as u64) + n;
         }
         let flags = u64::from(SEQ_NEEDS_INCREMENTAL_STATE);
-        let p_len = 2 + varint_len(delta) + varint_len(u64::from(seq)) + 1 + varint_len(te_len as u64) + te_len + 1
+        let p_len = 2
+            + varint_len(delta)
+            + varint_len(u64::from(seq))
+            + 1
+            + varint_len(te_len as u64)
+            + te_len
+            + 1
             + varint_len(flags);
         let mut out = Bytes::default();
         out.len_key(1, p_len);
