@@ -245,6 +245,9 @@ fn slot2(code: usize) -> usize {
 /// As [`event`].
 #[inline(always)]
 pub(super) unsafe fn current_thread<const KIND: u8>() -> *mut ThreadState {
+    if super::FORKED_CHILD.load(Ordering::Relaxed) {
+        return ptr::null_mut(); // a forked child, still holding its parent's buffers
+    }
     // SAFETY: GIL held (caller); thread states are never freed.
     unsafe {
         let ts = TS.with(|c| c.get());
