@@ -1565,6 +1565,10 @@ fn step(
     }
     log.end = log.end.max(t);
     let marker = Marker::of(e);
+    // A thread's clock does not go back: an event stamped before the thread's previous one (a damaged file,
+    // or a counter behind the one the thread last ran on) is taken as at that event's tick. Window markers
+    // keep their own (a missed window's can follow the thread's later events, FORMAT.md 5.7).
+    let t = if marker.is_none() { t.max(ts.last_ticks) } else { t };
     if let Some(depth) = walk.syncing().filter(|_| marker != Some(Marker::Stack)) {
         // The window's stack is complete: frames above what it confirmed have returned (the walk ends
         // them too, at its next step: nothing is left to it then). Before the window's time is counted
@@ -2129,7 +2133,7 @@ fn block(ts: &mut ThreadState, t: u64, off: u32, precise: bool, tables: &mut Tab
     }
     let Some((pt, pc, start)) = top.prev else { return };
     // The recorder's cost of this event and of every event in between (callees' included).
-    let ticks = (ticks_f64(t - pt) - (now - pc)).max(0.0);
+    let ticks = (ticks_f64(t.saturating_sub(pt)) - (now - pc)).max(0.0);
     let mut i = 0;
     while i < top.loops.len() {
         let (head, li, lt, lc, _, since) = top.loops[i];

@@ -114,3 +114,22 @@ fn a_frame_the_walk_ends_for_a_lost_return_ends_its_loop_at_its_last_event() {
     let f_loop: f64 = a.loops.iter().filter(|(k, _)| k.0 == 1).map(|(_, l)| l.ticks + l.tail_ticks).sum();
     assert_eq!(f_loop, 20.0, "two iterations of 10, and no tail past f's last jump");
 }
+
+#[test]
+fn a_thread_whose_clock_goes_back_inside_a_loop_reads_no_negative_or_wrapped_time() {
+    // A thread's events in the order of its clock is what the recorder writes; a damaged or foreign file
+    // (or a CPU whose counter is behind another's, after the thread moved) can break it. The analyzer
+    // neither stops (the debug build's overflow check did) nor counts a wrapped difference, nor the 40
+    // ticks it went back twice: an event stamped before the thread's previous one is taken as at its tick.
+    let jump = |t| ev(t, 20, 10, EventKind::JUMP);
+    let (total, inclusive, _) = figures(&[
+        ev(0, 0, 0, EventKind::PY_START),
+        jump(20),
+        jump(100),
+        jump(60), // 40 ticks back
+        jump(120),
+        ev(130, 14, 0, EventKind::PY_RETURN),
+    ]);
+    assert!((0.0..=130.0).contains(&total), "{total}");
+    assert!((0.0..=130.0).contains(&inclusive), "{inclusive}");
+}
