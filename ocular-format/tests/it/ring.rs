@@ -256,6 +256,15 @@ fn a_ring_file_in_use_is_never_taken_over() {
     assert_ne!(ocular_format::ring::path_for_recording(&p, 7, 0), ocular_format::ring::path_for_recording(&p, 7, 1));
 }
 
+/// Rings `d0.ring` .. `d{n-1}.ring` in `dir`, of a process that is gone, made `apart` from each other.
+fn dead_rings(dir: &std::path::Path, n: usize, apart: std::time::Duration) {
+    let gone = dead_pid();
+    for i in 0..n {
+        RingWriter::create(&dir.join(format!("d{i}.ring")), gone, 0, 1e9, LAYOUT).unwrap();
+        std::thread::sleep(apart);
+    }
+}
+
 /// The names of the files in `dir`, sorted.
 fn names_in(dir: &std::path::Path) -> Vec<String> {
     let mut names: Vec<String> =
@@ -267,11 +276,7 @@ fn names_in(dir: &std::path::Path) -> Vec<String> {
 #[test]
 fn a_sweep_keeps_the_newest_rings_of_gone_processes_and_every_live_one() {
     let dir = tempfile::tempdir().unwrap();
-    let gone = dead_pid();
-    for i in 0..5 {
-        RingWriter::create(&dir.path().join(format!("d{i}.ring")), gone, 0, 1e9, LAYOUT).unwrap();
-        std::thread::sleep(std::time::Duration::from_millis(20)); // distinct modification times
-    }
+    dead_rings(dir.path(), 5, std::time::Duration::from_millis(20)); // distinct modification times
     let _live =
         RingWriter::create(&dir.path().join("live.ring"), std::process::id(), ocular_format::now_ticks(), 1e9, LAYOUT)
             .unwrap();
@@ -284,10 +289,7 @@ fn a_sweep_keeps_the_newest_rings_of_gone_processes_and_every_live_one() {
 #[test]
 fn a_sweep_given_up_stops_before_the_next_ring_and_leaves_the_rest() {
     let dir = tempfile::tempdir().unwrap();
-    let gone = dead_pid();
-    for i in 0..4 {
-        RingWriter::create(&dir.path().join(format!("d{i}.ring")), gone, 0, 1e9, LAYOUT).unwrap();
-    }
+    dead_rings(dir.path(), 4, std::time::Duration::ZERO);
     let count = |n: usize| names_in(dir.path()).len() == n;
     // Given up at once: nothing looked at, nothing removed.
     let never = std::time::Duration::from_secs(3600);
