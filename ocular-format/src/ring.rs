@@ -219,7 +219,8 @@ impl Layout {
         }
     }
 
-    fn slot_bytes(&self) -> u64 {
+    /// Bytes of one slot.
+    pub fn slot_bytes(&self) -> u64 {
         self.slot_events as u64 * EVENT_SIZE
     }
 }
@@ -663,14 +664,30 @@ impl RingWriter {
     /// 1.5 MiB slot takes ~0.9 ms to fault in; a test's 192 KiB one, which the pytest plugin's recordings
     /// make for every test, ~0.25 ms). A slot given up must not be used: its pages may be unallocated.
     pub fn prepare_slot_unless(&self, slot: u32, give_up: &dyn Fn() -> bool) -> std::io::Result<Option<*mut RawEvent>> {
+        self.prepare_slot_part(slot, 0, self.layout.slot_bytes() as usize, give_up)
+    }
+
+    /// [`prepare_slot_unless`](Self::prepare_slot_unless) for the slot's bytes `from..to` only (a slot
+    /// prepared in parts: its first events before the rest); `from` a multiple of the page size. The
+    /// events returned are the slot's first; only those in the prepared bytes may be written.
+    pub fn prepare_slot_part(
+        &self,
+        slot: u32,
+        from: usize,
+        to: usize,
+        give_up: &dyn Fn() -> bool,
+    ) -> std::io::Result<Option<*mut RawEvent>> {
         let _ = self.entry(slot);
-        let off = self.slots_offset + slot as u64 * self.layout.slot_bytes();
-        let len = self.layout.slot_bytes() as usize;
+        let slot_off = self.slots_offset + slot as u64 * self.layout.slot_bytes();
+        let to = to.min(self.layout.slot_bytes() as usize);
+        let from = from.min(to);
+        let off = slot_off + from as u64;
+        let len = to - from;
         // Steps of whole pages: the advice takes page-aligned ranges (a slot whose size is not whole pages
         // is not page-aligned either; the advice refuses it, and it is made below instead).
-        let step = (len / 4).clamp(64 << 10, 256 << 10) & !4095;
+        let step = (self.layout.slot_bytes() as usize / 4).clamp(64 << 10, 256 << 10) & !4095;
         // SAFETY: the slot lies within the mapping (checked by `entry` and the layout), 8-aligned.
-        let ptr = unsafe { self.map.as_mut_ptr().add(off as usize) };
+        let ptr = unsafe { self.map.as_mut_ptr().add(slot_off as usize) };
         #[cfg(target_os = "linux")]
         {
             let mut done = 0;
@@ -693,8 +710,9 @@ impl RingWriter {
         if let Some(file) = &self.file {
             reserve(file, off, len as u64)?;
         }
-        // SAFETY: as above; the slot is not in use yet (it is being prepared), so nothing else writes it.
-        unsafe { std::ptr::write_bytes(ptr, 0, len) };
+        // SAFETY: as above; these bytes of the slot are not in use yet (they are being prepared), so nothing
+        // else writes them.
+        unsafe { std::ptr::write_bytes(ptr.add(from), 0, len) };
         Ok(Some(ptr as *mut RawEvent))
     }
 

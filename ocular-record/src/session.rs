@@ -34,6 +34,16 @@ use std::thread::JoinHandle;
 
 /// Free buffers kept ready for the recording threads, allocated off their path.
 const SPARES: usize = 3;
+
+/// Bytes of a ring slot a recording thread makes when it finds no spare: a sixteenth of the slot (at least
+/// 64 KiB, whole pages), its first 4,096 events at the default size. Making a whole slot took the thread
+/// ~1 ms (384 pages of a memory file system), where a new thread of a thread per request records a few
+/// hundred events: while the writer lagged, such threads each paid it. The writer makes the rest when the
+/// buffer comes back.
+fn first_part(layout: RingLayout) -> usize {
+    let slot = layout.slot_bytes() as usize;
+    (slot / 16).max(64 << 10).next_multiple_of(4096).min(slot)
+}
 /// Spares when a reader follows the recording (RING.md 6): slots are taken oldest first, so a freed slot
 /// stays readable until this many others were filled after it (16 x 1.5 MiB).
 const LIVE_SPARES: usize = 16;
@@ -320,11 +330,14 @@ impl Pool {
         if let Some(ring) = &self.ring {
             let slot = self.slots.fetch_add(1, Ordering::Relaxed);
             if slot < ring.layout().max_slots as usize {
-                // Its pages allocated and mapped by the allocating thread, as a heap buffer's are below.
+                // Its pages allocated and mapped by the allocating thread, as a heap buffer's are below. A
+                // recording thread that found no spare makes only the slot's first part (`first_part`);
+                // the writer makes the rest once the buffer comes back (`recycle`).
                 let closing = || spare && self.closing.load(Ordering::Relaxed);
-                match ring.prepare_slot_unless(slot as u32, &closing) {
+                let bytes = if spare { usize::MAX } else { first_part(ring.layout()) };
+                match ring.prepare_slot_part(slot as u32, 0, bytes, &closing) {
                     Ok(Some(ptr)) => {
-                        let len = ring.layout().slot_events as usize;
+                        let len = (ring.layout().slot_events as usize).min(bytes / std::mem::size_of::<RawEvent>());
                         let ptr = std::ptr::NonNull::new(ptr).expect("a mapping is never at null");
                         return Some(Buffer { ptr, len, slot: slot as u32 });
                     }
@@ -345,7 +358,8 @@ impl Pool {
     /// back first, it was the next one taken when the spares had run out: two threads fill their first
     /// slots at about the same time, and the second took the first's freed slot at once (a test's reader
     /// missed 1,440 and 3,441 events in 2 runs of about 20, before it read that slot's last events).
-    pub fn recycle(&self, b: Buffer) {
+    pub fn recycle(&self, mut b: Buffer) {
+        self.complete(&mut b);
         if self.closing.load(Ordering::Relaxed) {
             self.give(b);
         } else if self.cfg.live {
@@ -354,6 +368,30 @@ impl Pool {
         } else {
             self.give(b);
             self.keep_spares(self.spares());
+        }
+    }
+
+    /// Makes the rest of a ring slot of which only the first part was made (`allocate`), unless the
+    /// recording is stopping; a buffer given up on stays at its first part, which is all it holds then.
+    fn complete(&self, b: &mut Buffer) {
+        let (Some(slot), Some(ring)) = (b.slot(), &self.ring) else { return };
+        let full = ring.layout().slot_events as usize;
+        if b.len >= full {
+            return;
+        }
+        let closing = || self.closing.load(Ordering::Relaxed);
+        let from = (b.len * std::mem::size_of::<RawEvent>()).next_multiple_of(4096);
+        if let Ok(Some(_)) = ring.prepare_slot_part(slot, from, usize::MAX, &closing) {
+            b.len = full;
+        }
+    }
+
+    /// The first buffer, made before the recording starts by the thread that starts it: a ring slot's first
+    /// part only (`first_part`), as a recording thread makes one, so that the start does not wait for a
+    /// whole slot's pages (a millisecond of every `ocular run`); the writer makes the rest once it comes back.
+    pub fn make_first(&self) {
+        if let Some(b) = self.allocate(false) {
+            self.give(b);
         }
     }
 
@@ -1263,8 +1301,9 @@ impl Session {
             // A ring slot takes 0.5-1.4 ms to set up (384 page faults on a memory file system, where a
             // heap buffer gets one huge page). The first one is made here, before the recording starts:
             // made by the writer beside the program, it was seldom ready for the first event, whose thread
-            // then made it itself, and the program's first line read a millisecond too long.
-            pool.keep_spares(1);
+            // then made it itself, and the program's first line read a millisecond too long. Only its first
+            // part is made here (a sixteenth): the writer makes two whole spares meanwhile, beside the program.
+            pool.make_first();
         }
         let (tx, rx) = channel::<Msg>();
         let delay = std::env::var("OCULAR_TEST_WRITER_DELAY_US")

@@ -383,6 +383,42 @@ fn a_closing_pool_makes_no_new_spares() {
 }
 
 #[test]
+fn a_ring_slot_a_recording_thread_makes_is_its_first_part_and_the_writer_makes_the_rest() {
+    // Making a whole slot (1.5 MiB of a memory file system's pages) took the thread that found no spare
+    // ~1 ms: the start of every recording, and each new thread of a thread per request while the writer
+    // lagged. Such a thread makes a sixteenth; the writer completes the slot when the buffer comes back.
+    use ocular_format::ring::{Layout, RingWriter};
+    let (dir, _) = tmp();
+    let layout =
+        Layout { slot_events: 65_536, max_slots: 8, meta_capacity: 1 << 16, chunks_capacity: 0, slot_ext: true };
+    let ring = RingWriter::create(&dir.path().join("run.ring"), 1, 0, 1e9, layout).unwrap();
+    let cfg = Config { buffer_events: 65_536, max_buffers: 8, ..Config::default() };
+    let pool = Pool::new(cfg).with_ring(std::sync::Arc::new(ring));
+    pool.make_first();
+    let mut first = pool.take().expect("made at start");
+    assert_eq!((first.slot(), first.len()), (Some(0), 4096), "start makes the first slot's first part");
+    let mut second = pool.take().expect("made by the taking thread");
+    assert_eq!((second.slot(), second.len()), (Some(1), 4096), "a thread that finds no spare: a first part");
+    pool.add_spare();
+    let spare = pool.take().expect("a spare");
+    assert_eq!((spare.slot(), spare.len()), (Some(2), 65_536), "the writer's spares are whole slots");
+    // Every event of a part is writable, as the recording thread writes it; the writer makes the rest when
+    // the buffer comes back, and the events already in it stay.
+    first.fill(ev(7, 1));
+    pool.recycle(first);
+    let mut whole = std::iter::from_fn(|| pool.take()).find(|b| b.slot() == Some(0)).expect("slot 0 again");
+    assert_eq!(whole.len(), 65_536, "completed when it came back");
+    assert_eq!((whole[0], whole[4095]), (ev(7, 1), ev(7, 1)), "its first part kept");
+    whole.fill(ev(8, 2));
+    // While the recording stops, the rest is not made: the part is all the slot holds.
+    second.fill(ev(9, 3));
+    pool.close();
+    pool.recycle(second);
+    let back = std::iter::from_fn(|| pool.take()).find(|b| b.slot() == Some(1)).expect("slot 1 given back");
+    assert_eq!(back.len(), 4096, "closing: left at its first part");
+}
+
+#[test]
 fn a_session_with_a_ring_file_has_its_first_slot_ready_when_start_returns() {
     // A ring slot takes 0.5-1.4 ms to make; made by the program's thread at its first event, that time
     // read as the program's first line. start() makes it before the recording begins.
