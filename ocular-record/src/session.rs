@@ -35,11 +35,12 @@ use std::thread::JoinHandle;
 /// Free buffers kept ready for the recording threads, allocated off their path.
 const SPARES: usize = 3;
 
-/// Bytes of a ring slot a recording thread makes when it finds no spare: a sixteenth of the slot (at least
-/// 64 KiB, whole pages), its first 4,096 events at the default size. Making a whole slot took the thread
-/// ~1 ms (384 pages of a memory file system), where a new thread of a thread per request records a few
-/// hundred events: while the writer lagged, such threads each paid it. The writer makes the rest when the
-/// buffer comes back.
+/// Bytes of a new ring slot that are made at first: a sixteenth of the slot (at least 64 KiB, whole pages),
+/// its first 4,096 events at the default size. The rest is made when the buffer comes back full
+/// ([`Pool::recycle`]): a thread per request records a few hundred events a thread, and while the writer
+/// lagged the pool grew to its limit a slot at a time, each made whole (384 pages of a memory file system,
+/// ~1 ms of the thread that found no spare, or of the writer making spares: a quarter of the writer's time
+/// in a 3,000-thread program). A thread that fills the part gets the whole slot once it comes back.
 fn first_part(layout: RingLayout) -> usize {
     let slot = layout.slot_bytes() as usize;
     (slot / 16).max(64 << 10).next_multiple_of(4096).min(slot)
@@ -330,11 +331,10 @@ impl Pool {
         if let Some(ring) = &self.ring {
             let slot = self.slots.fetch_add(1, Ordering::Relaxed);
             if slot < ring.layout().max_slots as usize {
-                // Its pages allocated and mapped by the allocating thread, as a heap buffer's are below. A
-                // recording thread that found no spare makes only the slot's first part (`first_part`);
-                // the writer makes the rest once the buffer comes back (`recycle`).
+                // Its pages allocated and mapped by the allocating thread, as a heap buffer's are below: its
+                // first part only (`first_part`); the writer makes the rest if it comes back full.
                 let closing = || spare && self.closing.load(Ordering::Relaxed);
-                let bytes = if spare { usize::MAX } else { first_part(ring.layout()) };
+                let bytes = first_part(ring.layout());
                 match ring.prepare_slot_part(slot as u32, 0, bytes, &closing) {
                     Ok(Some(ptr)) => {
                         let len = (ring.layout().slot_events as usize).min(bytes / std::mem::size_of::<RawEvent>());
@@ -358,8 +358,13 @@ impl Pool {
     /// back first, it was the next one taken when the spares had run out: two threads fill their first
     /// slots at about the same time, and the second took the first's freed slot at once (a test's reader
     /// missed 1,440 and 3,441 events in 2 runs of about 20, before it read that slot's last events).
-    pub fn recycle(&self, mut b: Buffer) {
-        self.complete(&mut b);
+    ///
+    /// `full`: it came back full; a ring slot of which only the first part was made is then made whole
+    /// (its thread records more than the part holds), unless the recording is stopping.
+    pub fn recycle(&self, mut b: Buffer, full: bool) {
+        if full {
+            self.complete(&mut b);
+        }
         if self.closing.load(Ordering::Relaxed) {
             self.give(b);
         } else if self.cfg.live {
@@ -387,8 +392,8 @@ impl Pool {
     }
 
     /// The first buffer, made before the recording starts by the thread that starts it: a ring slot's first
-    /// part only (`first_part`), as a recording thread makes one, so that the start does not wait for a
-    /// whole slot's pages (a millisecond of every `ocular run`); the writer makes the rest once it comes back.
+    /// part (`first_part`), so that the start does not wait for a whole slot's pages (a millisecond of every
+    /// `ocular run`); the writer makes the rest once it comes back full.
     pub fn make_first(&self) {
         if let Some(b) = self.allocate(false) {
             self.give(b);
@@ -876,7 +881,8 @@ impl WriterJob {
                 if let (Some(slot), Some(ring)) = (buf.slot(), self.pool.ring()) {
                     ring.free(slot);
                 }
-                self.pool.recycle(buf);
+                let full = len >= buf.len();
+                self.pool.recycle(buf, full);
             }
             Msg::Lost(l) => {
                 self.out.lost += l.count;
@@ -1301,8 +1307,8 @@ impl Session {
             // A ring slot takes 0.5-1.4 ms to set up (384 page faults on a memory file system, where a
             // heap buffer gets one huge page). The first one is made here, before the recording starts:
             // made by the writer beside the program, it was seldom ready for the first event, whose thread
-            // then made it itself, and the program's first line read a millisecond too long. Only its first
-            // part is made here (a sixteenth): the writer makes two whole spares meanwhile, beside the program.
+            // then made it itself, and the program's first line read a millisecond too long. Its first
+            // part is made here (a sixteenth), and the writer makes two spares meanwhile, beside the program.
             pool.make_first();
         }
         let (tx, rx) = channel::<Msg>();
@@ -1323,11 +1329,9 @@ impl Session {
         };
         let handle = crate::threads::spawn("ocular-writer", move || {
             // Two more, beside the program, for its first two switches of buffers (or more threads): the
-            // first comes before the writer has a buffer to write, and a thread can fill a buffer (1.3
-            // ms) faster than the writer makes a slot once it has one; a slot the thread made itself cost
-            // the program a millisecond at its 65,536th or 131,072nd event. No more yet: a short recording
-            // never needs them (faulting in 4.5 MiB took ~4 ms that stop() waited for; a stop waits for
-            // one slot at most, see `add_spare`); the first full buffer makes the writer keep 3.
+            // first comes before the writer has a buffer to write, and a slot the thread makes itself holds
+            // up the program (written as a pause). No more yet: a short recording never needs them (a stop
+            // waits for one being made, see `add_spare`); the first full buffer makes the writer keep 3.
             if job.pool.ring().is_some() {
                 job.pool.add_spare();
                 job.pool.add_spare();

@@ -328,7 +328,7 @@ fn a_thread_that_finds_no_buffer_gets_a_small_one_while_the_overflow_budget_last
     assert_eq!(pool.overflow_events(), budget);
     assert!(pool.take_held().is_none(), "the budget spent: nothing (on_full decides)");
     // The writer gives an overflow buffer back: freed, its room back in the budget, not kept as a spare.
-    pool.recycle(queued.pop().unwrap());
+    pool.recycle(queued.pop().unwrap(), false);
     assert_eq!(pool.overflow_events(), budget - small);
     let b = pool.take_held().expect("room for one more");
     assert!(b.is_overflow());
@@ -369,13 +369,13 @@ fn a_closing_pool_makes_no_new_spares() {
     let run = |close: bool| {
         let pool = Pool::new(Config { buffer_events: 4, max_buffers: 16, ..Config::default() });
         let b = pool.take().expect("a buffer");
-        pool.recycle(b);
+        pool.recycle(b, true);
         assert_eq!(pool.allocated(), pool.spares(), "recycling tops the spares up");
         let (b, _kept) = (pool.take().expect("a spare"), pool.take().expect("a spare"));
         if close {
             pool.close();
         }
-        pool.recycle(b);
+        pool.recycle(b, true);
         pool.allocated() - pool.spares()
     };
     assert_eq!(run(false), 1, "recording: one spare made to replace the one still taken");
@@ -383,10 +383,11 @@ fn a_closing_pool_makes_no_new_spares() {
 }
 
 #[test]
-fn a_ring_slot_a_recording_thread_makes_is_its_first_part_and_the_writer_makes_the_rest() {
-    // Making a whole slot (1.5 MiB of a memory file system's pages) took the thread that found no spare
-    // ~1 ms: the start of every recording, and each new thread of a thread per request while the writer
-    // lagged. Such a thread makes a sixteenth; the writer completes the slot when the buffer comes back.
+fn a_new_ring_slot_is_its_first_part_until_it_comes_back_full() {
+    // Making a whole slot (1.5 MiB of a memory file system's pages) took ~1 ms of the thread that found no
+    // spare, or of the writer making spares: the start of every recording, and, while the pool grew, a
+    // quarter of the writer's time in a thread per request, whose threads record a few hundred events each.
+    // A slot is made a sixteenth at first, and whole once a thread has filled that.
     use ocular_format::ring::{Layout, RingWriter};
     let (dir, _) = tmp();
     let layout =
@@ -400,22 +401,26 @@ fn a_ring_slot_a_recording_thread_makes_is_its_first_part_and_the_writer_makes_t
     let mut second = pool.take().expect("made by the taking thread");
     assert_eq!((second.slot(), second.len()), (Some(1), 4096), "a thread that finds no spare: a first part");
     pool.add_spare();
-    let spare = pool.take().expect("a spare");
-    assert_eq!((spare.slot(), spare.len()), (Some(2), 65_536), "the writer's spares are whole slots");
-    // Every event of a part is writable, as the recording thread writes it; the writer makes the rest when
-    // the buffer comes back, and the events already in it stay.
+    let mut spare = pool.take().expect("a spare");
+    assert_eq!((spare.slot(), spare.len()), (Some(2), 4096), "the writer's spares too");
+    // Every event of a part is writable, as the recording thread writes it. Back full: the writer makes
+    // the rest, and the events already in it stay.
     first.fill(ev(7, 1));
-    pool.recycle(first);
-    let mut whole = std::iter::from_fn(|| pool.take()).find(|b| b.slot() == Some(0)).expect("slot 0 again");
-    assert_eq!(whole.len(), 65_536, "completed when it came back");
+    pool.recycle(first, true);
+    let take = |slot| std::iter::from_fn(|| pool.take()).find(|b| b.slot() == Some(slot)).expect("free again");
+    let mut whole = take(0);
+    assert_eq!(whole.len(), 65_536, "completed when it came back full");
     assert_eq!((whole[0], whole[4095]), (ev(7, 1), ev(7, 1)), "its first part kept");
     whole.fill(ev(8, 2));
-    // While the recording stops, the rest is not made: the part is all the slot holds.
+    // Back with a few events (its thread ended): it stays a part, for the next short thread.
+    spare[..300].fill(ev(9, 3));
+    pool.recycle(spare, false);
+    assert_eq!(take(2).len(), 4096, "not full: left at its first part");
+    // While the recording stops, nothing more is made.
     second.fill(ev(9, 3));
     pool.close();
-    pool.recycle(second);
-    let back = std::iter::from_fn(|| pool.take()).find(|b| b.slot() == Some(1)).expect("slot 1 given back");
-    assert_eq!(back.len(), 4096, "closing: left at its first part");
+    pool.recycle(second, true);
+    assert_eq!(take(1).len(), 4096, "closing: left at its first part");
 }
 
 #[test]
