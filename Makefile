@@ -110,10 +110,10 @@ bench-record: check-python ## recorder overhead: ns/event per mode vs the native
 	    scripts/pythons.sh run $$v $$venv/bin/python bench/record_bench.py; \
 	done
 
-bench-startup: check-python ## fixed costs: an empty script under ocular run (and trace0), a followed Python child, pytest --ocular DIR per test; the phases of recording pyperf's start-up (with bench-peers' venv)
+bench-startup: check-python ## fixed costs: an empty script under ocular run (and trace0), a followed Python child, pytest --ocular DIR per test; the phases of recording pyperf's start-up (with bench-peers' venv); a recording's own start and stop
 	@venv=$$(ls -d $(CURDIR)/.venv/peers-* 2>/dev/null | tail -n 1); \
 	    if [ -z "$$venv" ]; then venv=$$(scripts/venv.sh $(firstword $(PYTHONS)) | tail -n 1); fi; \
-	    $$venv/bin/python bench/startup_bench.py
+	    $$venv/bin/python bench/startup_bench.py && $$venv/bin/python bench/start_stop.py
 
 bench-after-stop: check-python ## a hot loop after a recording stopped vs never recorded; coverage.py callbacks across one
 	@venv=$$(scripts/venv.sh $(firstword $(PYTHONS)) | tail -n 1); $$venv/bin/python bench/after_stop.py
