@@ -77,7 +77,10 @@ fn extra(e: &RawEvent) -> u32 {
     e.flags as u32 | (e.reserved.get() as u32) << 8
 }
 
-/// Slots of the encoder's direct-mapped location cache.
+/// Slots of the encoder's direct-mapped location cache, at most: a chunk of fewer events uses fewer (a
+/// power of two, twice its events, at least 64), so that a small chunk does not clear 24 KiB of them (a thread
+/// per request writes a chunk of a few hundred events per thread, and clearing took as long as encoding).
+/// The cache only saves lookups in the index: what is encoded does not depend on its size.
 const RECENT: usize = 1024;
 
 /// Reusable state of the encoder, so the writer does not allocate per chunk.
@@ -100,21 +103,26 @@ impl Encoder {
     /// used: 1, or 2 when an event's `flags` or `reserved` is not zero (v1 does not store them).
     pub fn encode(&mut self, events: &[RawEvent], out: &mut Vec<u8>) -> u8 {
         out.clear();
+        // A map grown by a large chunk is cleared at its whole capacity: made anew for a much smaller one.
+        if self.index.capacity() >= 16 * events.len().max(RECENT) {
+            self.index = FxHashMap::default();
+        }
         self.index.clear();
         self.dict.clear();
         self.locs.clear();
         self.ticks.clear();
         self.last.clear();
         let mut prev_ticks = events.first().map_or(0, |e| e.ticks.get());
+        let recent = (2 * events.len()).next_power_of_two().clamp(64, RECENT);
         self.recent.clear();
-        self.recent.resize(RECENT, ((0, 0, 0, 0, 0), 0));
+        self.recent.resize(recent, ((0, 0, 0, 0, 0), 0));
         let mut extras = 0u32;
         for e in events {
             let key = (e.kind, e.code.get(), e.offset.get(), e.arg.get(), extra(e));
             extras |= key.4;
             let h = (key.2.wrapping_mul(0x9e37_79b1) ^ key.1.wrapping_mul(0x85eb_ca77) ^ key.3 ^ key.4 ^ key.0 as u32)
                 as usize;
-            let slot = &mut self.recent[(h ^ (h >> 10)) % RECENT];
+            let slot = &mut self.recent[(h ^ (h >> 10)) & (recent - 1)];
             let loc = if slot.1 != 0 && slot.0 == key {
                 slot.1 - 1
             } else {
