@@ -338,6 +338,27 @@ mod tests {
     }
 
     #[test]
+    fn a_reused_encoder_encodes_each_chunk_as_a_fresh_one_does() {
+        // The writer's one encoder takes chunks of every size: its location cache is sized by the chunk and
+        // its index made anew after a much larger one, which must not change a byte.
+        let chunk = |n: u32, keys: u32| -> Vec<RawEvent> {
+            (0..n)
+                .map(|i| RawEvent::new(100 + 7 * i as u64, i % keys, (i * 2) % (keys + 3), 0, (1 + i % 3) as u8))
+                .collect()
+        };
+        let chunks = [chunk(300, 40), chunk(40_000, 20_000), chunk(5, 5), chunk(2_000, 600), chunk(300, 40)];
+        let mut reused = Encoder::default();
+        let (mut a, mut b, mut out) = (Vec::new(), Vec::new(), Vec::new());
+        for c in &chunks {
+            reused.encode(c, &mut a);
+            Encoder::default().encode(c, &mut b);
+            assert_eq!(a, b, "a chunk of {} events", c.len());
+            Decoder::default().decode(&a, 1, c.len(), c[0].ticks.get(), &mut out).unwrap();
+            assert_eq!(&out, c);
+        }
+    }
+
+    #[test]
     fn round_trip_with_wide_and_wrapping_values() {
         let events = vec![
             RawEvent::new(u64::MAX - 5, 7, 0, 0, 0),
