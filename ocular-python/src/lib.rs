@@ -271,6 +271,9 @@ struct ThreadState {
     pyts: usize,
     /// The next state in [`ENDED`], once the thread has exited.
     ended_next: *mut ThreadState,
+    /// The recording (`State::generation`) whose entries `cache`, `ccache` and `pcache` hold: kept when a
+    /// new thread of the same recording takes the state ([`attach`]).
+    cache_generation: u64,
     /// Last: the fields above are read by every event, this by `CALL` only.
     /// Direct-mapped cache of C callable key -> id (`callbacks::c_key`), for `CALL` events (FORMAT.md 5.4).
     /// Only holds ids of the current recording: cleared where `cache` is.
@@ -919,6 +922,7 @@ unsafe fn attach(ts: *mut ThreadState) -> *mut ThreadState {
                 needs_stack: false,
                 pyts: 0,
                 ended_next: std::ptr::null_mut(),
+                cache_generation: 0,
             }));
             st.threads.push(new);
             new
@@ -933,10 +937,17 @@ unsafe fn attach(ts: *mut ThreadState) -> *mut ThreadState {
     // Getting a buffer for 10 us or more is a recorder pause, written down (FORMAT.md 5.6).
     t.buf = ThreadBuffer::new(tid).with_pause_threshold((rec.ticks_per_second * 10e-6) as u64);
     t.generation = st.generation;
-    t.cache = [Cached::EMPTY; CODE_CACHE];
+    // A state an exited thread of this recording left keeps its caches: the code objects and C callables
+    // their entries name stay alive while the recording runs, so the entries still hold. Emptied, a thread
+    // per request's every thread missed each function it ran at its first call (the map lookups were 2.3%
+    // of a recorded HTTP server's samples, beside 0.8% for its events' callbacks).
+    if t.cache_generation != st.generation {
+        t.cache = [Cached::EMPTY; CODE_CACHE];
+        t.ccache = [(0, 0, 0); C_CACHE];
+        t.pcache = [(0, 0); C_CACHE];
+        t.cache_generation = st.generation;
+    }
     t.cache2.fill(Cached::EMPTY);
-    t.ccache = [(0, 0, 0); C_CACHE];
-    t.pcache = [(0, 0); C_CACHE];
     t.named = false;
     t.sink = rec.out.sink() as *const dyn Sink;
     t.threshold = rec.threshold;

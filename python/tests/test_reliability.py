@@ -217,6 +217,35 @@ def test_a_thread_per_request_program_keeps_its_memory_bounded(tmp_path, mode, n
         assert funcs["work"]["calls"] == n
 
 
+def test_a_thread_state_taken_again_keeps_its_caches_only_within_one_recording(tmp_path):
+    # An exited thread's state goes to the next new thread with its code caches, whose entries hold while
+    # the recording keeps their code objects alive; a later recording's threads must not find them there.
+    import threading
+
+    def shared():
+        return 1
+
+    def first():
+        for _ in range(5):
+            shared()
+
+    def second():
+        shared()
+
+    for i, (work, calls) in enumerate([(first, 5), (second, 1), (first, 5)]):
+        path = tmp_path / f"r{i}.ocl"
+        with ocular.record(path, mode="calls") as rec:
+            for _ in range(30):
+                t = threading.Thread(target=work)
+                t.start()
+                t.join()
+        assert rec.lost == 0
+        funcs = {f["function"].rsplit(".", 1)[-1]: f for f in ocular.load(path).stats()}
+        assert funcs[work.__name__]["calls"] == 30, (i, funcs.keys())
+        assert funcs["shared"]["calls"] == 30 * calls, (i, funcs["shared"])
+        assert ({"first", "second"} - {work.__name__}).isdisjoint(funcs), (i, funcs.keys())
+
+
 def test_a_full_pool_can_make_the_program_wait_instead_of_dropping(ocl):
     # Two buffers of 64 events for 20 threads: with on_full="drop" the writer cannot keep up and events
     # are dropped; with "wait" every thread waits for a buffer and nothing is lost.
