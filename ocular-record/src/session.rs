@@ -1338,18 +1338,30 @@ impl Session {
             }
             // Rings of killed recordings stay for their traces to be read: the newest 8, for a week at
             // most (RING.md 2). Once per process: a later recording of it (the next test of a pytest
-            // session) would find the same rings. A stop does not wait for the sweep: it is given up, for
-            // the next process to do.
-            if !SWEPT.swap(true, Ordering::Relaxed) {
-                if let Some(dir) = ocular_format::ring::runtime_dir() {
-                    let stopping = || job.pool.is_closing();
-                    ocular_format::ring::sweep_unless(&dir, RING_KEEP, RING_KEEP_FILES, &stopping);
-                }
-            }
+            // session) would find the same rings. On a thread of its own: settling a dead ring writes its
+            // trace, and while the writer did it no buffer came back, so a program that filled the pool
+            // meanwhile dropped its events (a live reader saw none for seconds after a test suite's kills
+            // had left rings). A stop does not wait for the sweep: it is given up between two rings, for the
+            // next process to do.
+            let sweep = if SWEPT.swap(true, Ordering::Relaxed) {
+                None
+            } else {
+                ocular_format::ring::runtime_dir().and_then(|dir| {
+                    let pool = Arc::clone(&job.pool);
+                    crate::threads::spawn("ocular-sweep", move || {
+                        let stopping = || pool.is_closing();
+                        ocular_format::ring::sweep_unless(&dir, RING_KEEP, RING_KEEP_FILES, &stopping);
+                    })
+                    .ok()
+                })
+            };
             for msg in rx {
                 if job.handle(msg) {
                     break;
                 }
+            }
+            if let Some(h) = sweep {
+                let _ = h.join();
             }
             job.out
         })
