@@ -6,7 +6,7 @@ from typing import Any, Callable, NotRequired, TypedDict, TypeVar, final
 
 _F = TypeVar("_F", bound=Callable[..., Any])
 
-__all__ = ["ticks", "ticks_per_second", "clock_point", "start", "stop", "dump", "ring_path", "counter_errors",
+__all__ = ["ticks", "ticks_per_second", "clock_point", "start", "stop", "dump", "ring_path", "runtime_dir", "counter_errors",
            "abandon_after_fork", "finish_unmapping", "is_recording", "start_windows", "span_begin", "span_end", "span_setup",
            "span_rules", "span_current", "span", "SpanDone", "due_stacks_usable", "read",
            "file_events", "own_sigterm", "complete_trace", "info", "hot", "stats", "stats_within", "export_chrome", "cli", "parse_run", "record_options",
@@ -36,7 +36,7 @@ class _StartOptions(TypedDict):
     max_buffers: int
     event_cost_ticks: float
     thread_name: Callable[[], str]
-    boot_code: CodeType
+    boot_code: CodeType | None
     main_native_id: int
     main_name: str
     internal: list[str]
@@ -86,6 +86,7 @@ class SpanDone:
 
 def read(path: str | PathLike[str], salvage: bool = False) -> dict[str, Any]: ...
 def ring_path() -> str | None: ...
+def runtime_dir() -> str | None: ...
 def due_stacks_usable() -> bool: ...
 def counter_errors() -> list[tuple[str, str]]: ...
 def own_sigterm(on: bool) -> None: ...

@@ -3,10 +3,11 @@
 from __future__ import annotations
 
 import _signal  # signal's C module: signal.py would import enum (2 ms) for names Ocular does not use
+import _thread  # threading's C module: threading is the program's to import (~1.5 ms of every run's start)
 import atexit
 import os
 import sys
-import threading
+
 # typing costs ~10 ms of import, paid by every `python -m ocular run`: only for type checkers.
 TYPE_CHECKING = False
 if TYPE_CHECKING:
@@ -36,6 +37,44 @@ _OWN_CODE = os.path.dirname(os.path.abspath(__file__)) + os.sep
 
 _active: "Recording | None" = None
 _fork_hook_installed = False
+
+
+def _in_main_thread() -> bool:
+    """Whether the calling thread is the main one, without importing `threading` for it."""
+    threading = sys.modules.get("threading")
+    if threading is not None:
+        return threading.current_thread() is threading.main_thread()
+    main = getattr(_thread, "_get_main_thread_ident", None)  # 3.13+
+    if main is not None:
+        return _thread.get_ident() == main()
+    # 3.12: with no thread started (`threading` would have been imported to start one), this is the main one.
+    return _thread._count() == 0  # type: ignore[attr-defined]
+
+
+def _main_thread() -> tuple[int, str]:
+    """The main thread's native id and name."""
+    threading = sys.modules.get("threading")
+    if threading is None and _in_main_thread():
+        return _thread.get_native_id(), "MainThread"  # the name threading gives it when imported
+    import threading
+
+    main = threading.main_thread()
+    return main.native_id or 0, main.name
+
+
+def _thread_names() -> dict[int, str]:
+    """The names of the threads `threading` knows (none if the program never imported it)."""
+    threading = sys.modules.get("threading")
+    if threading is None:
+        return {}
+    return {t.native_id: t.name for t in threading.enumerate() if t.native_id is not None}
+
+
+def _boot_code() -> Any:
+    """`threading.Thread._bootstrap`'s code, where a thread started by threading begins: None if the program
+    has not imported threading (the recorder then knows it by its name when it first runs)."""
+    threading = sys.modules.get("threading")
+    return None if threading is None else threading.Thread._bootstrap.__code__
 
 
 # The extension once loaded, and a clock point read then: the far end of the span the tick rate is
@@ -154,7 +193,9 @@ def _before_fork() -> None:
     # A stopped recording's ring is given back on a thread of its own: done before the fork, which would
     # otherwise find the process multi-threaded (and Python warn of it) only because of Ocular.
     _native().finish_unmapping()
-    _quiet_fork_warning(_active is not None and threading.active_count() == 1)
+    threading = sys.modules.get("threading")
+    alone = threading.active_count() == 1 if threading is not None else _thread._count() == 0  # type: ignore[attr-defined]
+    _quiet_fork_warning(_active is not None and alone)
 
 
 def _after_fork_in_child() -> None:
@@ -253,7 +294,7 @@ def _discard_options(mode: str, threshold: int, buffer_events: int) -> _StartOpt
         "mode": mode, "threshold": threshold, "include_only": [], "exclude": [],
         "buffer_events": min(buffer_events, 8192), "max_buffers": 2, "event_cost_ticks": 0.0,
         "thread_name": _interp.boot_thread_name, "boot_code": _interp.boot_thread_name.__code__,
-        "main_native_id": threading.get_native_id(), "main_name": "", "internal": [],
+        "main_native_id": _thread.get_native_id(), "main_name": "", "internal": [],
     }
 
 
@@ -655,17 +696,16 @@ class Recording:
                 "pid": os.getpid(),
                 "start": nat.clock_point(),
                 "ticks_per_second": hz,
-                **_interp.opcode_tables(),
+                **_interp.opcode_tables(nat.runtime_dir()),
             }
             if self._process is not None:
                 header["process"] = self._process
-            boot = threading.Thread._bootstrap.__code__  # type: ignore[attr-defined]
-            main = threading.main_thread()
+            main_id, main_name = _main_thread()
             no_ring = nat.start(self.path, header, {
                 "mode": self.mode, "threshold": self.deinstrument_threshold, "include_only": self.include_only,
                 "exclude": self.exclude, "buffer_events": self.buffer_events, "max_buffers": self.max_buffers,
-                "event_cost_ticks": cost, "thread_name": _interp.boot_thread_name, "boot_code": boot,
-                "main_native_id": main.native_id or 0, "main_name": main.name, "internal": [_OWN_CODE],
+                "event_cost_ticks": cost, "thread_name": _interp.boot_thread_name, "boot_code": _boot_code(),
+                "main_native_id": main_id, "main_name": main_name, "internal": [_OWN_CODE],
                 "calibration": per_kind, "on_full": self.on_full, "ring": self.ring_file, "flight": self.ring,
                 "live": self.live, "counters": self.counters, "sampled": self.sampled,
             })
@@ -700,7 +740,7 @@ class Recording:
             os.register_at_fork(before=_before_fork, after_in_child=_after_fork_in_child)
             _install_exit_hooks()
             _fork_hook_installed = True
-        if threading.current_thread() is threading.main_thread():
+        if _in_main_thread():
             # SIGTERM's default action kills the process at once: complete the file first, then take that
             # default action (_sigterm). Only when nobody else handles SIGTERM.
             if self._handle_sigterm and _signal.getsignal(_signal.SIGTERM) == _signal.SIG_DFL:
@@ -716,11 +756,11 @@ class Recording:
 
             _spans.set_rules(self._rules, self)
         if self.dump_on is not None:
-            if threading.current_thread() is not threading.main_thread():
+            if not _in_main_thread():
                 raise ValueError("dump_on installs a signal handler: start the recording in the main thread")
             self._old_dump_handler = _signal.signal(self.dump_on, self._dump_on_signal)
         atexit.register(self._stop_at_exit)
-        # Last: everything above runs Python (threading, atexit, signal) that is not the user's program.
+        # Last: everything above runs Python (atexit, signal) that is not the user's program.
         mon.set_events(tool, _mask(self._events))
         if self.sampled:
             # Function boundaries are recorded in windows (the first one is open now): their opener.
@@ -776,7 +816,7 @@ class Recording:
         # (and its switched-off locations restarted) only after the native stop returned, so that nothing
         # of the recorder runs after the restart.
         sys.monitoring.set_events(self.tool_id, 0)
-        names = {t.native_id: t.name for t in threading.enumerate() if t.native_id is not None}
+        names = _thread_names()
         try:
             out = _native().stop(names, speed_at_stop())
         finally:
@@ -793,11 +833,11 @@ class Recording:
             self._run.end()
             self.children, self.children_events, self.unrecorded_children, self.completed_children = (
                 _follow.summary(self.path, self._run.run_id))
-        if self._old_dump_handler is not None and threading.current_thread() is threading.main_thread():
+        if self._old_dump_handler is not None and _in_main_thread():
             if _signal.getsignal(self.dump_on) == self._dump_on_signal:
                 _signal.signal(self.dump_on, self._old_dump_handler)
             self._old_dump_handler = None
-        if self._old_sigterm is not None and threading.current_thread() is threading.main_thread():
+        if self._old_sigterm is not None and _in_main_thread():
             if _signal.getsignal(_signal.SIGTERM) is _sigterm:
                 _signal.signal(_signal.SIGTERM, self._old_sigterm)
                 _native().own_sigterm(False)

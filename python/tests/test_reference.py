@@ -146,6 +146,57 @@ def test_threads_are_recorded_with_their_names(ocl):
     assert main == ["MainThread"]
 
 
+def test_threads_of_a_program_that_imports_threading_after_the_start_are_named(tmp_path):
+    # Ocular does not import threading (the program's to import): a thread started by threading after the
+    # recording began is known by its bootstrap function's name, and named from it as before. The threads
+    # end before the stop, so only that names them.
+    import subprocess
+
+    ocl = tmp_path / "late.ocl"
+    prog = f"""
+import sys
+import ocular
+with ocular.record({str(ocl)!r}, mode="calls"):
+    assert "threading" not in sys.modules, "ocular imported threading"
+    import threading
+    def work(n):
+        return sum(range(n))
+    ts = [threading.Thread(target=work, args=(1000,), name=f"late-{{i}}") for i in range(2)]
+    for t in ts:
+        t.start()
+    for t in ts:
+        t.join()
+"""
+    r = subprocess.run([sys.executable, "-c", prog], capture_output=True, text=True, timeout=120)
+    assert r.returncode == 0, r.stderr
+    f = _ocular.read(ocl)
+    work = {tid for tid, _, _, code, *_ in f["events"] if code in f["code"] and f["code"][code][0] == "work"}
+    assert sorted(f["threads"].get(tid, "?") for tid in work) == ["late-0", "late-1"], f["threads"]
+    assert "MainThread" in f["threads"].values()
+
+
+def test_opcode_tables_kept_for_the_next_process_are_the_ones_it_would_make(tmp_path):
+    from ocular import _interp
+
+    made = _interp._make_opcode_tables()
+    first = _interp._cached_opcode_tables(str(tmp_path))
+    kept = list(tmp_path.glob("opcodes-*.marshal"))
+    assert first == made and len(kept) == 1
+    assert _interp._cached_opcode_tables(str(tmp_path)) == made
+    # Another interpreter's tables, or a damaged file, are made again (and the file written anew).
+    import marshal
+
+    other = dict(made, opnames=["X"] * 256)
+    kept[0].write_bytes(marshal.dumps(((0,) + _interp._interpreter_key()[1:], other)))
+    assert _interp._cached_opcode_tables(str(tmp_path)) == made
+    for damaged in (b"", b"\x00garbage", marshal.dumps((_interp._interpreter_key(), {"opnames": [1] * 256}))):
+        kept[0].write_bytes(damaged)
+        assert _interp._cached_opcode_tables(str(tmp_path)) == made
+    assert marshal.loads(kept[0].read_bytes()) == (_interp._interpreter_key(), made)
+    # A directory that cannot be written to: the tables are made, nothing is left behind.
+    assert _interp._cached_opcode_tables(str(tmp_path / "missing")) == made
+
+
 def test_timestamps_increase_per_thread(ocl):
     with ocular.record(ocl, mode="adaptive", deinstrument_threshold=0):
         workloads.threads(2, 500)
