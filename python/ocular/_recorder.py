@@ -502,6 +502,79 @@ _speed_probe: tuple[Callable[[], int], int, float] | None = None
 _calibrations: dict[tuple, tuple[float, list[tuple[int, float]], float, Any]] = {}
 
 
+# How long a calibration kept in the runtime directory serves the next processes (each stop still scales it
+# for the machine's speed then): a run that starts after that measures its own, and keeps it in turn.
+_KEPT_FOR_S = 600.0
+
+
+def _kept_calibration_path(key: tuple) -> str | None:
+    """Where the calibration for the settings `key` is kept for the next processes of this interpreter."""
+    d = _native().runtime_dir()
+    if d is None:
+        return None
+    mode, threshold, buffer_events, c_calls, sampled = key
+    return os.path.join(d, f"calibration-{sys.hexversion:x}-{mode}-{int(threshold)}-{int(buffer_events)}-"
+                           f"{int(bool(c_calls))}{int(bool(sampled))}.marshal")
+
+
+def _take_kept_calibration(key: tuple) -> bool:
+    """Takes the calibration an earlier process of this interpreter and recorder measured with these
+    settings in the last ten minutes (:func:`_keep_calibration`), as a followed child takes its parent's:
+    measuring it takes 1-3 ms of every run's start."""
+    import marshal
+    import time
+
+    path = _kept_calibration_path(key)
+    if path is None:
+        return False
+    try:
+        with open(path, "rb") as f:
+            age = time.time() - os.fstat(f.fileno()).st_mtime
+            if not 0 <= age < _KEPT_FOR_S:
+                return False
+            cal = marshal.loads(f.read())
+    except (OSError, ValueError, EOFError, TypeError):
+        return False
+    build = _build()
+    if not build or not isinstance(cal, dict) or cal.get("key") != list(key) or cal.get("build") != build:
+        return False
+    take_handed_down_calibration(cal)
+    return key in _calibrations
+
+
+def _build() -> list:
+    """The extension's file, size and time: another build of the recorder (the same version number) has costs
+    of its own."""
+    path = _native().__file__
+    try:
+        st = os.stat(path)
+    except OSError:
+        return []
+    return [path, st.st_size, st.st_mtime_ns]
+
+
+def _keep_calibration(key: tuple) -> None:
+    """Keeps this process's calibration for `key` in the runtime directory, for the next processes."""
+    import marshal
+
+    cal = handed_down_calibration(key)
+    path = _kept_calibration_path(key)
+    build = _build()
+    if cal is None or path is None or not build:
+        return
+    cal["build"] = build
+    tmp = f"{path}.{os.getpid()}"
+    try:
+        with open(tmp, "wb") as f:
+            f.write(marshal.dumps(cal))
+        os.replace(tmp, path)  # whole or not at all, for a process reading it meanwhile
+    except OSError:
+        try:
+            os.unlink(tmp)
+        except OSError:
+            pass
+
+
 def speed_at_stop() -> list[tuple[int, float]]:
     """[(253, ticks per iteration of the calibration's loop now)] for the stop's calibration chunk, or []
     without a probe. Its events must be off: the loop runs unrecorded, median of seven runs (~0.2 ms)."""
@@ -770,12 +843,15 @@ class Recording:
     def _calibration(self, nat: Any, tool: int) -> tuple[float, list[tuple[int, float]], float]:
         """(cost of the mode's events, the cost per event kind, ticks per second) for this recording: measured
         at the process's first recording with these settings, and reused by its later ones (the next test
-        of a pytest session, a forked child): a measurement takes ~2 ms of every start. The costs are
+        of a pytest session, a forked child) and, for ten minutes, by later processes of this interpreter
+        (kept in the runtime directory): a measurement takes 1-3 ms of every start. The costs are
         scaled for the machine's speed at each stop, against its speed when they were measured (the speed
         probe, FORMAT.md 6.6), as they are for the recording that measured them."""
         global _speed_probe
         key = self._calibration_key()
         known = _calibrations.get(key)
+        if known is None and _take_kept_calibration(key):
+            known = _calibrations[key]
         if known is not None:
             cost, per_kind, hz, _speed_probe = known
             return cost, list(per_kind), hz
@@ -797,6 +873,7 @@ class Recording:
             after = nat.clock_point()
         hz = (after[0] - before[0]) * 1e9 / (after[1] - before[1])
         _calibrations[key] = (cost, list(per_kind), hz, _speed_probe)
+        _keep_calibration(key)
         return cost, per_kind, hz
 
     def _calibration_key(self) -> tuple:

@@ -378,6 +378,38 @@ def test_recordings_carry_a_cost_per_event_kind(ocl):
     assert rec.call_event_cost_ns > 0 and rec.event_cost_ns > 0
 
 
+def test_a_new_process_takes_the_calibration_an_earlier_one_kept_for_ten_minutes(tmp_path):
+    # Measuring the costs takes 1-3 ms of every run's start: the next process of the same interpreter and
+    # recorder build takes the last measurement with the same settings, for ten minutes, and its stop's speed
+    # probe scales it, as a followed child's does with its parent's.
+    import marshal
+    import os
+    import subprocess
+
+    env = dict(os.environ, XDG_RUNTIME_DIR=str(tmp_path))
+    prog = "import ocular, sys\nwith ocular.record(sys.argv[1], mode='calls'):\n    sum(range(10))\n"
+
+    def header(name):
+        path = tmp_path / name
+        subprocess.run([sys.executable, "-c", prog, str(path)], env=env, check=True, timeout=120)
+        f = _ocular.read(path)
+        assert f["calibration"]["speed_stop"] > 0
+        return f["header"]["ticks_per_second"], f["header"]["event_cost_ticks"]
+
+    first = header("1.ocl")
+    kept, = (tmp_path / "ocular").glob("calibration-*.marshal")
+    assert header("2.ocl") == first
+    # Older than ten minutes: measured again, and kept in its place.
+    os.utime(kept, (kept.stat().st_atime, kept.stat().st_mtime - 601))
+    third = header("3.ocl")
+    assert third != first
+    assert header("4.ocl") == third
+    # Kept by another build of the recorder: measured again.
+    cal = marshal.loads(kept.read_bytes())
+    kept.write_bytes(marshal.dumps(dict(cal, build=[cal["build"][0], 1, 2])))
+    assert header("5.ocl") not in (first, third)
+
+
 def test_a_process_s_later_recordings_reuse_its_calibration_and_scale_it_at_their_stop(tmp_path):
     # Measuring the costs takes ~2 ms of a start: the next test of a pytest session, or a forked child, takes
     # the first measurement with the same settings, and its own stop's speed probe scales it.
@@ -409,6 +441,7 @@ def test_the_tick_rate_is_measured_from_a_recent_loading_of_the_extension_only(m
 
     ticks, mono, unix = _ocular.clock_point()
     monkeypatch.setattr(_recorder, "_calibrations", {})
+    monkeypatch.setattr(_recorder, "_KEPT_FOR_S", 0.0)  # measured here, not taken from an earlier process
     monkeypatch.setattr(_recorder, "_loaded_at", (ticks // 2, mono - int(loaded_ago_s * 1e9), unix))
     with ocular.record(tmp_path / "t.ocl", mode="calls"):
         workloads.loop(10)
