@@ -13,7 +13,6 @@ them: :func:`analyze_main`).
 from __future__ import annotations
 
 import os
-import runpy
 import sys
 
 TYPE_CHECKING = False
@@ -80,6 +79,7 @@ def _run(opts: dict, prog: str) -> int:
             return 1
     else:
         import pkgutil  # noqa: F401 - imported here so that runpy's use of it is not recorded
+        import runpy  # only here: a script runs without it, as under `python script.py`
 
         def target() -> None:
             runpy.run_module(module, run_name="__main__", alter_sys=True)
@@ -136,10 +136,12 @@ def _program_frames(tb):  # type: ignore[no-untyped-def]
     """The traceback `tb` from the program's first frame on: the leading frames of this package and of
     runpy are how the program was started, not part of it."""
     here = os.path.dirname(os.path.abspath(__file__))
+    runpy = sys.modules.get("runpy")
+    runpy_file = runpy.run_module.__code__.co_filename if runpy is not None else None
     first = tb
     while first is not None:
         name = first.tb_frame.f_code.co_filename
-        if not (os.path.dirname(os.path.abspath(name)) == here or name == runpy.run_module.__code__.co_filename):
+        if not (os.path.dirname(os.path.abspath(name)) == here or name == runpy_file):
             return first
         first = first.tb_next
     return tb
@@ -276,15 +278,15 @@ def _script(path: str) -> "Callable[[], None]":
     ``__main__.py`` go through runpy itself."""
     if os.path.isdir(path) or not path.endswith((".py", ".pyw")) and _is_zip(path):
         import pkgutil  # noqa: F401 - see _run
+        import runpy
 
         return lambda: runpy.run_path(path, run_name="__main__") and None
     import io
-    import types
 
     with io.open_code(path) as f:
         source = f.read()
     compiled = compile(source, path, "exec", dont_inherit=True)
-    module = types.ModuleType("__main__")
+    module = type(sys)("__main__")  # types.ModuleType, without importing types
     module.__dict__.update(__file__=path, __cached__=None, __loader__=None, __package__="", __spec__=None)
 
     def run() -> None:
