@@ -1068,7 +1068,7 @@ pub(crate) fn read_samples(
     let mut out = Samples::default();
     let mut by_thread: HashMap<u64, Vec<(u64, u8, u64)>> = HashMap::default();
     if !opts.skip_events {
-        let mut r = Reader::open_with(path, ReadOptions { skip_events: true, ..opts })?;
+        let mut r = Reader::open_with(path, ReadOptions { skip_events: true, skip_code: true, ..opts })?;
         let tps = header.ticks_per_second;
         let to_ticks = |ns: u64| {
             let d = (ns as f64 - header.start_monotonic_ns as f64) * tps / 1e9;

@@ -101,7 +101,7 @@ pub fn children_dir(path: &Path) -> PathBuf {
 /// The process record and pid of a trace: read from its first chunks (the recorder writes `PROCESS` before
 /// any `EVENTS` chunk), no event decompressed.
 pub fn process_of(path: &Path, opts: ReadOptions) -> ocular_format::Result<(u32, Option<ProcessInfo>)> {
-    let mut r = Reader::open_with(path, ReadOptions { skip_events: true, ..opts })?;
+    let mut r = Reader::open_with(path, ReadOptions { skip_events: true, skip_code: true, ..opts })?;
     let pid = r.header().pid;
     while let Some(c) = r.next_chunk()? {
         match c.body {

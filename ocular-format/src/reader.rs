@@ -23,6 +23,10 @@ pub struct ReadOptions {
     /// empty [`Body::Events`] (their `count` is in the [`ChunkInfo`]). For a pass that only wants the
     /// metadata, such as the code objects and snapshots.
     pub skip_events: bool,
+    /// Likewise `CODE` and `SNAPSHOT` chunks: they come back empty. For a pass that wants neither the code
+    /// objects nor the events (a run's process record, the calibration and counter chunks); a snapshot
+    /// cannot be read without its code object's base bytecode anyway.
+    pub skip_code: bool,
 }
 
 impl ReadOptions {
@@ -1089,6 +1093,12 @@ impl<R: Read + Seek> Reader<R> {
         if info.kind == kind::EVENTS && self.opts.skip_events {
             self.report.events += info.count as u64;
             return Ok(Chunk { info, body: Body::Events(&[]) });
+        }
+        if self.opts.skip_code && info.kind == kind::CODE {
+            return Ok(Chunk { info, body: Body::Code(Vec::new()) });
+        }
+        if self.opts.skip_code && info.kind == kind::SNAPSHOT {
+            return Ok(Chunk { info, body: Body::Snapshot(Vec::new()) });
         }
         let result = self.unpack(&h, offset).and_then(|()| self.body_of(&info));
         match result {

@@ -15,7 +15,8 @@ use ocular_analyze::table::{
 use ocular_format::ReadOptions;
 use pyo3::exceptions::{PyMemoryError, PyOSError, PyValueError};
 use pyo3::prelude::*;
-use pyo3::types::{PyCapsule, PyDict, PyList};
+use pyo3::types::{PyCapsule, PyDict, PyList, PyString};
+use std::collections::HashMap;
 use std::path::PathBuf;
 use std::sync::Arc;
 
@@ -48,6 +49,16 @@ pub(super) fn trace_err(e: ocular_format::Error) -> PyErr {
 
 /// A JSON value as Python objects (dict, list, str, int, float, bool, None).
 fn to_py<'py>(py: Python<'py>, v: &serde_json::Value) -> PyResult<Bound<'py, PyAny>> {
+    to_py_keyed(py, v, &mut HashMap::default())
+}
+
+/// [`to_py`], with each distinct object key made into a Python string once: rows repeat the same dozen
+/// keys, and a string made anew for each is an allocation, a decode and a hash.
+fn to_py_keyed<'py>(
+    py: Python<'py>,
+    v: &serde_json::Value,
+    keys: &mut HashMap<String, Bound<'py, PyString>>,
+) -> PyResult<Bound<'py, PyAny>> {
     use serde_json::Value;
     Ok(match v {
         Value::Null => py.None().into_bound(py),
@@ -61,14 +72,23 @@ fn to_py<'py>(py: Python<'py>, v: &serde_json::Value) -> PyResult<Bound<'py, PyA
         Value::Array(a) => {
             let l = PyList::empty(py);
             for x in a {
-                l.append(to_py(py, x)?)?;
+                l.append(to_py_keyed(py, x, keys)?)?;
             }
             l.into_any()
         }
         Value::Object(o) => {
             let d = PyDict::new(py);
             for (k, x) in o {
-                d.set_item(k, to_py(py, x)?)?;
+                let value = to_py_keyed(py, x, keys)?;
+                let key = match keys.get(k) {
+                    Some(key) => key.clone(),
+                    None => {
+                        let key = PyString::new(py, k);
+                        keys.insert(k.clone(), key.clone());
+                        key
+                    }
+                };
+                d.set_item(key, value)?;
             }
             d.into_any()
         }

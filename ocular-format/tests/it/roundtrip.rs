@@ -258,6 +258,47 @@ fn skip_events_reads_the_metadata_and_counts_but_still_checks_events_chunks() {
 }
 
 #[test]
+fn skip_code_leaves_code_objects_and_snapshots_out_but_still_checks_their_chunks() {
+    use std::io::Cursor;
+    let (bytes, _) = sample_file(true);
+    let full = read_all(&bytes, false).unwrap();
+    assert!(!full.code.is_empty() && !full.snapshots.is_empty(), "the sample has both");
+    let skip = ReadOptions { skip_events: true, skip_code: true, ..Default::default() };
+    let mut r = Reader::new(Cursor::new(&bytes), "mem.ocl", skip).unwrap();
+    let (mut code_chunks, mut snapshot_chunks, mut trailer) = (0, 0, false);
+    while let Some(c) = r.next_chunk().unwrap() {
+        match c.body {
+            Body::Code(c) => {
+                assert!(c.is_empty(), "a CODE chunk was decoded");
+                code_chunks += 1;
+            }
+            Body::Snapshot(s) => {
+                assert!(s.is_empty(), "a SNAPSHOT chunk was decoded");
+                snapshot_chunks += 1;
+            }
+            Body::Events(e) => assert!(e.is_empty()),
+            Body::Trailer(_) => trailer = true,
+            _ => {}
+        }
+    }
+    assert!(code_chunks > 0 && snapshot_chunks > 0 && trailer, "{code_chunks} {snapshot_chunks} {trailer}");
+    assert!(r.report().clean());
+    // A damaged CODE payload is still found: its CRC is checked, only decoding is skipped.
+    let (start, end) = chunk_bounds(&bytes).into_iter().find(|&(s, _)| bytes[s + 4] == 3).expect("a CODE chunk");
+    let mut bad = bytes.clone();
+    bad[end - 1] ^= 0x40;
+    let mut r = Reader::new(Cursor::new(&bad), "mem.ocl", skip).unwrap();
+    let err = loop {
+        match r.next_chunk() {
+            Ok(Some(_)) => continue,
+            Ok(None) => panic!("the damage went unnoticed"),
+            Err(e) => break e.to_string(),
+        }
+    };
+    assert!(err.contains(&format!("offset {start}")) && err.contains("CRC"), "{err}");
+}
+
+#[test]
 fn events_too_alike_to_compress_within_the_readers_bound_are_stored_as_raw_records() {
     // Equal timestamps at one location: the columnar layout says it in a few bytes, more events per stored
     // byte than a reader decodes (FORMAT.md 3.1). The writer stores raw records instead, and they read back.
