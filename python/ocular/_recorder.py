@@ -173,12 +173,14 @@ _fork_filter: Any = None
 
 def _quiet_fork_warning(quiet: bool) -> None:
     global _fork_filter
+    if quiet == (_fork_filter is not None):
+        return  # nothing to change: warnings is not even imported for it
     import warnings
 
-    if quiet and _fork_filter is None:
+    if quiet:
         warnings.filterwarnings("ignore", message=_FORK_WARNING, category=DeprecationWarning)
         _fork_filter = warnings.filters[0]
-    elif not quiet and _fork_filter is not None:
+    else:
         entry, _fork_filter = _fork_filter, None
         try:
             warnings.filters.remove(entry)
