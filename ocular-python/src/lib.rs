@@ -25,7 +25,7 @@ use pyo3::exceptions::{PyOSError, PyRuntimeError, PyValueError};
 use pyo3::ffi;
 use pyo3::intern;
 use pyo3::prelude::*;
-use pyo3::types::{PyBytes, PyDict};
+use pyo3::types::{PyBytes, PyDict, PyString};
 use rustc_hash::FxHashMap;
 use std::cell::UnsafeCell;
 use std::sync::atomic::{AtomicBool, AtomicPtr, AtomicU64, Ordering};
@@ -743,6 +743,33 @@ fn runtime_dir() -> Option<String> {
     ocular_format::ring::runtime_dir().map(|p| p.display().to_string())
 }
 
+/// A script's source compiled as `compile(source, filename, "exec", dont_inherit=True)` compiles it, without
+/// the builtin's first-call cost: `compile()` checks whether its source is an AST, and that check builds
+/// the `_ast` module's hundred-odd classes (~4 ms, which `python script.py` never pays). Source holding a
+/// NUL byte goes through the builtin, for its error.
+#[pyfunction]
+fn compile_script<'py>(py: Python<'py>, source: &[u8], filename: &Bound<'py, PyString>) -> PyResult<Bound<'py, PyAny>> {
+    let Ok(text) = std::ffi::CString::new(source) else {
+        let compile = py.import(intern!(py, "builtins"))?.getattr(intern!(py, "compile"))?;
+        let kwargs = PyDict::new(py);
+        kwargs.set_item("dont_inherit", true)?;
+        return compile.call((PyBytes::new(py, source), filename, "exec"), Some(&kwargs));
+    };
+    // As the builtin sets them: PyCF_SOURCE_IS_UTF8 (0x0100; bytes still follow their coding cookie) and
+    // no others (dont_inherit), the running Python's grammar, the interpreter's -O level (-1).
+    const PYCF_SOURCE_IS_UTF8: std::os::raw::c_int = 0x0100;
+    let mut flags = ffi::PyCompilerFlags {
+        cf_flags: PYCF_SOURCE_IS_UTF8,
+        cf_feature_version: std::os::raw::c_int::from(py.version_info().minor),
+    };
+    // SAFETY: GIL held; `text` and `filename` outlive the call, which returns a new reference or NULL with
+    // the error set.
+    unsafe {
+        let code = ffi::Py_CompileStringObject(text.as_ptr(), filename.as_ptr(), ffi::Py_file_input, &mut flags, -1);
+        Bound::from_owned_ptr_or_err(py, code)
+    }
+}
+
 /// Before a fork: waits for the threads giving stopped recordings' rings back, so that none is running
 /// when the process forks (see `ocular_format::ring::finish_unmapping`).
 #[pyfunction]
@@ -1137,6 +1164,7 @@ fn _ocular(m: &Bound<'_, PyModule>) -> PyResult<()> {
     m.add_function(wrap_pyfunction!(dump, m)?)?;
     m.add_function(wrap_pyfunction!(ring_path, m)?)?;
     m.add_function(wrap_pyfunction!(runtime_dir, m)?)?;
+    m.add_function(wrap_pyfunction!(compile_script, m)?)?;
     m.add_function(wrap_pyfunction!(counter_errors, m)?)?;
     m.add_function(wrap_pyfunction!(abandon_after_fork, m)?)?;
     m.add_function(wrap_pyfunction!(finish_unmapping, m)?)?;

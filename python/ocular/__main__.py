@@ -285,7 +285,11 @@ def _script(path: str) -> "Callable[[], None]":
 
     with io.open_code(path) as f:
         source = f.read()
-    compiled = compile(source, path, "exec", dont_inherit=True)
+    from ._recorder import _native
+
+    # As compile(source, path, "exec", dont_inherit=True), less the ~4 ms its first call spends building the
+    # _ast module's classes, which `python script.py` does not.
+    compiled = _native().compile_script(source, path)
     module = type(sys)("__main__")  # types.ModuleType, without importing types
     module.__dict__.update(__file__=path, __cached__=None, __loader__=None, __package__="", __spec__=None)
 

@@ -202,6 +202,41 @@ def test_run_reports_a_syntax_error_as_python_does_and_records_nothing(tmp_path)
     assert not out.exists()
 
 
+@pytest.mark.parametrize("case", ["cookie", "no-future", "optimize"])
+def test_run_compiles_a_script_as_python_does(tmp_path, case):
+    # The script is compiled by the extension, not by compile(): its coding cookie, no __future__ flag of
+    # Ocular's own modules, and python's -O level must all be python's.
+    script = tmp_path / "prog.py"
+    flags = []
+    if case == "cookie":
+        script.write_bytes("# -*- coding: latin-1 -*-\nprint(ascii('é'))\n".encode("latin-1"))
+    elif case == "no-future":
+        script.write_text("def f(x: int) -> None: pass\nprint(f.__annotations__)\n")
+    else:
+        flags = ["-O"]
+        script.write_text("assert False, 'asserts on'\nprint('asserts off', __debug__)\n")
+    out = tmp_path / "prog.ocl"
+    r = subprocess.run([sys.executable, *flags, "-m", "ocular", "run", "-q", "-o", str(out), str(script)],
+                       capture_output=True, text=True)
+    plain = subprocess.run([sys.executable, *flags, str(script)], capture_output=True, text=True)
+    assert (r.returncode, r.stdout, r.stderr) == (plain.returncode, plain.stdout, plain.stderr)
+    assert r.stdout == {"cookie": "'\\xe9'\n", "no-future": "{'x': <class 'int'>, 'return': None}\n",
+                        "optimize": "asserts off False\n"}[case]
+
+
+def test_the_native_compile_raises_what_compile_raises():
+    from ocular import _ocular
+
+    for source in (b"x = 1\x00\n", b"def f(:\n    pass\n"):
+        with pytest.raises(SyntaxError) as native:
+            _ocular.compile_script(source, "prog.py")
+        with pytest.raises(SyntaxError) as builtin:
+            compile(source, "prog.py", "exec", dont_inherit=True)
+        assert (str(native.value), native.value.lineno) == (str(builtin.value), builtin.value.lineno)
+    code = _ocular.compile_script(b"y = 2\n", "prog.py")
+    assert code.co_filename == "prog.py" and code.co_code == compile(b"y = 2\n", "prog.py", "exec").co_code
+
+
 def test_run_module_mode(tmp_path):
     # Everything after -m MODULE is the module's, options included, as with `python -m MODULE`.
     (tmp_path / "mymod.py").write_text("import sys\nprint('mod', sys.argv, __name__)\n")
