@@ -19,6 +19,7 @@ TYPE_CHECKING = False
 if TYPE_CHECKING:
     from typing import Callable
 
+from . import _recorder
 from ._recorder import Recording
 from .errors import OcularError
 
@@ -150,25 +151,19 @@ def _program_frames(tb):  # type: ignore[no-untyped-def]
 class _said_as:
     """Warnings of the recorder's start and stop shown as `ocular: warning: ...`: they are about the run, and
     Python's own form placed them at a line of runpy (`<frozen runpy>:88: RuntimeWarning: ...`), the first
-    frame outside Ocular. The warning filters still apply (``-W ignore`` silences them)."""
+    frame outside Ocular. The warning filters still apply (``-W ignore`` silences them). Nothing is imported
+    for it: the recorder shows its warnings so while this is set (``_recorder._warn_user``)."""
 
     def __init__(self, prog: str) -> None:
         self.prog = prog
 
     def __enter__(self) -> None:
-        import warnings
-
-        self.saved = warnings.showwarning
-
-        def show(message, category, filename, lineno, file=None, line=None):  # type: ignore[no-untyped-def]
-            print(f"{self.prog}: warning: {message}", file=sys.stderr if file is None else file)
-
-        warnings.showwarning = show
+        self.saved = _recorder._warnings_as
+        _recorder._warnings_as = self.prog
 
     def __exit__(self, *exc: object) -> None:
-        import warnings
-
-        warnings.showwarning = self.saved
+        # Run recorded, after the start: no import here, whose machinery (importlib's _handle_fromlist) is Python.
+        _recorder._warnings_as = self.saved
 
 
 def _console_script(name: str) -> tuple[str | None, str]:

@@ -35,6 +35,30 @@ if TYPE_CHECKING:
 # Ocular's own Python code (this package) is never recorded.
 _OWN_CODE = os.path.dirname(os.path.abspath(__file__)) + os.sep
 
+# Set by `ocular run` around its start and stop (the command's name): the recorder's warnings are then shown as
+# `ocular: warning: ...`, not at the first frame outside Ocular, which is a line of runpy or of the command.
+_warnings_as: str | None = None
+
+
+def _warn_user(message: str) -> None:
+    """A RuntimeWarning of the recorder, at the user's code that started or stopped the recording; warnings is
+    imported only when there is one to give."""
+    import warnings
+
+    if _warnings_as is None:
+        warnings.warn(message, RuntimeWarning, skip_file_prefixes=(_OWN_CODE,))
+        return
+    prog = _warnings_as
+
+    def show(message, category, filename, lineno, file=None, line=None):  # type: ignore[no-untyped-def]
+        print(f"{prog}: warning: {message}", file=sys.stderr if file is None else file)
+
+    saved, warnings.showwarning = warnings.showwarning, show
+    try:
+        warnings.warn(message, RuntimeWarning, skip_file_prefixes=(_OWN_CODE,))
+    finally:
+        warnings.showwarning = saved
+
 _active: "Recording | None" = None
 _fork_hook_installed = False
 
@@ -741,10 +765,8 @@ class Recording:
         mon = sys.monitoring
         tool, note = claim_tool_id()
         if note:
-            import warnings
-
             self.notes.append(note)
-            warnings.warn(note, RuntimeWarning, skip_file_prefixes=(_OWN_CODE,))
+            _warn_user(note)
         self.tool_id = tool
         self._pid = os.getpid()
         if self.follow and self._follow_config is None:
@@ -785,20 +807,16 @@ class Recording:
                 "live": self.live, "counters": self.counters, "sampled": self.sampled,
             })
             if no_ring:
-                import warnings
-
                 note = (f"{no_ring}: the flight recorder's ring is in this process's memory, lost if it is killed"
                         if self.ring else
                         f"{no_ring}: if the program is killed, each thread's last buffer of events is lost")
                 self.notes.append(note)
-                warnings.warn(f"Ocular: {note}", RuntimeWarning, skip_file_prefixes=(_OWN_CODE,))
+                _warn_user(f"Ocular: {note}")
             if self.counters:
-                import warnings
-
                 for name, why in nat.counter_errors():
                     note = f"counter {name}: {why}; the recording goes on without it"
                     self.notes.append(note)
-                    warnings.warn(f"Ocular: {note}", RuntimeWarning, skip_file_prefixes=(_OWN_CODE,))
+                    _warn_user(f"Ocular: {note}")
         except BaseException:
             release_tool_id(tool, self._events)
             if self._run is not None:
@@ -990,14 +1008,11 @@ class Recording:
 
     def _warn(self, errors: list[str]) -> None:
         """The stop's warnings, shown at the user's code that stopped the recording (whether through stop(),
-        a with block or stop_tracing()); warnings is imported only when there is one."""
-        import warnings
-
+        a with block or stop_tracing())."""
         for e in errors:
-            warnings.warn(f"Ocular: {e}", RuntimeWarning, skip_file_prefixes=(_OWN_CODE,))
+            _warn_user(f"Ocular: {e}")
         if self.error:
-            warnings.warn(f"Ocular could not write {self.path}: {self.error}", RuntimeWarning,
-                          skip_file_prefixes=(_OWN_CODE,))
+            _warn_user(f"Ocular could not write {self.path}: {self.error}")
         # After a write error, the error says how many events were lost and from when: one warning.
         if self.lost and not self.error:
             # Buffers of 4,096 events and more have small overflow buffers beyond max_buffers (the
@@ -1005,14 +1020,12 @@ class Recording:
             behind = f"{self.max_buffers} buffer{'' if self.max_buffers == 1 else 's'}"
             if self.buffer_events // 16 >= 256:
                 behind += " and its small overflow buffers"
-            warnings.warn(
+            _warn_user(
                 f"Ocular dropped {self.lost:,} events: "
                 f"the writer thread fell {behind} behind the program (compressing and "
                 f"writing); the file records how many and when. Pass on_full='wait' (the program waits "
                 f"for the writer instead), raise max_buffers, or record less (a higher "
-                f"deinstrument_threshold, include_only).",
-                RuntimeWarning,
-                skip_file_prefixes=(_OWN_CODE,),
+                f"deinstrument_threshold, include_only)."
             )
 
     def _stop_at_exit(self) -> None:

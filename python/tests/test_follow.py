@@ -157,7 +157,7 @@ def test_a_calibration_measured_by_another_interpreter_is_not_taken(monkeypatch)
 
 # Modules a followed child would pay for at its start if Ocular imported them (json imports re and enum).
 HEAVY = ("json", "re", "enum", "typing", "functools", "collections", "shutil", "random", "zipfile", "pathlib", "fnmatch",
-         "threading", "opcode")
+         "threading", "opcode", "warnings")
 
 
 def test_a_followed_child_imports_nothing_heavy_that_it_would_not_import_unrecorded(tmp_path):
