@@ -15,8 +15,7 @@ use ocular_analyze::table::{
 use ocular_format::ReadOptions;
 use pyo3::exceptions::{PyMemoryError, PyOSError, PyValueError};
 use pyo3::prelude::*;
-use pyo3::types::{PyCapsule, PyDict, PyList, PyString};
-use std::collections::HashMap;
+use pyo3::types::PyCapsule;
 use std::path::PathBuf;
 use std::sync::Arc;
 
@@ -47,57 +46,9 @@ pub(super) fn trace_err(e: ocular_format::Error) -> PyErr {
     err
 }
 
-/// A JSON value as Python objects (dict, list, str, int, float, bool, None).
-fn to_py<'py>(py: Python<'py>, v: &serde_json::Value) -> PyResult<Bound<'py, PyAny>> {
-    to_py_keyed(py, v, &mut HashMap::default())
-}
-
-/// [`to_py`], with each distinct object key made into a Python string once: rows repeat the same dozen
-/// keys, and a string made anew for each is an allocation, a decode and a hash.
-fn to_py_keyed<'py>(
-    py: Python<'py>,
-    v: &serde_json::Value,
-    keys: &mut HashMap<String, Bound<'py, PyString>>,
-) -> PyResult<Bound<'py, PyAny>> {
-    use serde_json::Value;
-    Ok(match v {
-        Value::Null => py.None().into_bound(py),
-        Value::Bool(b) => b.into_pyobject(py)?.to_owned().into_any(),
-        Value::Number(n) => match (n.as_u64(), n.as_i64()) {
-            (Some(u), _) => u.into_pyobject(py)?.into_any(),
-            (None, Some(i)) => i.into_pyobject(py)?.into_any(),
-            _ => n.as_f64().unwrap_or(f64::NAN).into_pyobject(py)?.into_any(),
-        },
-        Value::String(s) => s.into_pyobject(py)?.into_any(),
-        Value::Array(a) => {
-            let l = PyList::empty(py);
-            for x in a {
-                l.append(to_py_keyed(py, x, keys)?)?;
-            }
-            l.into_any()
-        }
-        Value::Object(o) => {
-            let d = PyDict::new(py);
-            for (k, x) in o {
-                let value = to_py_keyed(py, x, keys)?;
-                let key = match keys.get(k) {
-                    Some(key) => key.clone(),
-                    None => {
-                        let key = PyString::new(py, k);
-                        keys.insert(k.clone(), key.clone());
-                        key
-                    }
-                };
-                d.set_item(key, value)?;
-            }
-            d.into_any()
-        }
-    })
-}
-
+/// `v` as Python objects, as its JSON form reads in Python (see [`crate::topy`]).
 fn json<T: serde::Serialize>(py: Python<'_>, v: &T) -> PyResult<Py<PyAny>> {
-    let value = serde_json::to_value(v).map_err(|e| PyValueError::new_err(e.to_string()))?;
-    Ok(to_py(py, &value)?.unbind())
+    Ok(crate::topy::to_py(py, v)?.unbind())
 }
 
 /// `info(path, salvage=False) -> dict`: what `ocular-analyze info --json` prints.

@@ -15,6 +15,7 @@ mod due;
 mod live;
 mod read;
 mod spans;
+mod topy;
 mod windows;
 
 use ocular_format::{CodeObject, CodeSnapshot, EventKind, Header, Mode, OpcodeTable, Options, ThreadInfo};

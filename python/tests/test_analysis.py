@@ -300,3 +300,43 @@ def test_the_typed_stub_declares_every_native_function_with_its_parameters():
         methods = {k for k in vars(getattr(nat, cname)) if named(k)}
         declared = {n.name for n in classes[cname].body if isinstance(n, ast.FunctionDef) and named(n.name)}
         assert methods == declared, (cname, methods, declared)
+
+
+@pytest.mark.parametrize("mode", ["calls", "adaptive"])
+def test_the_extension_s_reports_are_the_cli_s_json_with_sorted_keys(tmp_path, mode):
+    # The extension makes its reports into Python objects without a JSON value in between: each must read
+    # as the CLI's --json does (the fields both have), with each dict's keys in sorted order as before.
+    from ocular import _ocular
+
+    path = str(tmp_path / "t.ocl")
+    with ocular.record(path, mode=mode):
+        workloads.threads(2, 2000)
+        workloads.loop(3000)
+
+    def cli(*args):
+        r = subprocess.run([ANALYZE, *args, "--json", path], capture_output=True, text=True)
+        assert r.returncode == 0, r.stderr
+        return json.loads(r.stdout)
+
+    def keys_sorted(x):
+        if isinstance(x, dict):
+            return list(x) == sorted(x) and all(keys_sorted(v) for v in x.values())
+        if isinstance(x, list):
+            return all(keys_sorted(v) for v in x)
+        return True
+
+    def shared(mine, theirs):
+        if isinstance(mine, dict):
+            return all(shared(v, theirs[k]) for k, v in mine.items() if k in theirs)
+        if isinstance(mine, list):
+            return len(mine) == len(theirs) and all(shared(a, b) for a, b in zip(mine, theirs))
+        return mine == theirs and type(mine) is type(theirs)
+
+    info = _ocular.info(path)
+    assert keys_sorted(info) and info == cli("info")
+    rows, _ = _ocular.stats(path)
+    theirs = cli("stats", "--top", "1000000")
+    assert rows and keys_sorted(rows) and shared(rows, theirs)
+    assert {"function", "calls", "inclusive_ms", "exclusive_ms"} <= set(rows[0])
+    hot = _ocular.hot(path, 10)[0]
+    assert keys_sorted(hot) and hot["mode"] == cli("hot")["mode"]
