@@ -60,17 +60,23 @@ def _cached_opcode_tables(cache_dir: str) -> dict:
     except (OSError, ValueError, EOFError, TypeError):
         pass  # none yet, or not one this interpreter wrote: made again below
     tables = _make_opcode_tables()
+    keep(path, (key, tables))
+    return tables
+
+
+def keep(path: str, value: object) -> None:
+    """Writes `value` as marshal into `path` in the runtime directory, for the next processes: whole or not
+    at all (a process may read it meanwhile), and nothing left behind when it cannot be written."""
     tmp = f"{path}.{os.getpid()}"
     try:
         with open(tmp, "wb") as f:
-            f.write(marshal.dumps((key, tables)))
-        os.replace(tmp, path)  # whole or not at all, for a process reading it meanwhile
+            f.write(marshal.dumps(value))
+        os.replace(tmp, path)
     except OSError:
         try:
             os.unlink(tmp)
         except OSError:
             pass
-    return tables
 
 
 def _well_formed(t: object) -> bool:

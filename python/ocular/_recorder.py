@@ -581,24 +581,13 @@ def _build() -> list:
 
 def _keep_calibration(key: tuple) -> None:
     """Keeps this process's calibration for `key` in the runtime directory, for the next processes."""
-    import marshal
-
     cal = handed_down_calibration(key)
     path = _kept_calibration_path(key)
     build = _build()
     if cal is None or path is None or not build:
         return
     cal["build"] = build
-    tmp = f"{path}.{os.getpid()}"
-    try:
-        with open(tmp, "wb") as f:
-            f.write(marshal.dumps(cal))
-        os.replace(tmp, path)  # whole or not at all, for a process reading it meanwhile
-    except OSError:
-        try:
-            os.unlink(tmp)
-        except OSError:
-            pass
+    _interp.keep(path, cal)
 
 
 def speed_at_stop() -> list[tuple[int, float]]:

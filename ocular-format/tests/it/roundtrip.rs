@@ -246,15 +246,20 @@ fn skip_events_reads_the_metadata_and_counts_but_still_checks_events_chunks() {
     let (start, _) = chunk_bounds(&bytes).into_iter().find(|&(s, _)| bytes[s + 4] == 2).expect("an EVENTS chunk");
     let mut bad = bytes.clone();
     bad[start + 60] ^= 0x40;
-    let mut r = Reader::new(Cursor::new(&bad), "mem.ocl", skip).unwrap();
-    let err = loop {
+    let err = first_error(&bad, skip);
+    assert!(err.contains(&format!("offset {start}")) && err.contains("CRC"), "{err}");
+}
+
+/// The first error reading `bytes` chunk by chunk with `opts` (a panic if there is none).
+fn first_error(bytes: &[u8], opts: ReadOptions) -> String {
+    let mut r = Reader::new(std::io::Cursor::new(bytes), "mem.ocl", opts).unwrap();
+    loop {
         match r.next_chunk() {
             Ok(Some(_)) => continue,
             Ok(None) => panic!("the damage went unnoticed"),
-            Err(e) => break e.to_string(),
+            Err(e) => return e.to_string(),
         }
-    };
-    assert!(err.contains(&format!("offset {start}")) && err.contains("CRC"), "{err}");
+    }
 }
 
 #[test]
@@ -287,14 +292,7 @@ fn skip_code_leaves_code_objects_and_snapshots_out_but_still_checks_their_chunks
     let (start, end) = chunk_bounds(&bytes).into_iter().find(|&(s, _)| bytes[s + 4] == 3).expect("a CODE chunk");
     let mut bad = bytes.clone();
     bad[end - 1] ^= 0x40;
-    let mut r = Reader::new(Cursor::new(&bad), "mem.ocl", skip).unwrap();
-    let err = loop {
-        match r.next_chunk() {
-            Ok(Some(_)) => continue,
-            Ok(None) => panic!("the damage went unnoticed"),
-            Err(e) => break e.to_string(),
-        }
-    };
+    let err = first_error(&bad, skip);
     assert!(err.contains(&format!("offset {start}")) && err.contains("CRC"), "{err}");
 }
 
