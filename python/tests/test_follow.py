@@ -179,8 +179,12 @@ def test_ocular_run_imports_nothing_heavy_before_the_script_that_python_would_no
     # What `ocular run` imports is paid by every run before the script's first line (zipfile alone, imported
     # to tell a zip from a binary, was ~15 ms; threading and opcode ~2-4). The first run of an interpreter
     # makes its opcode tables, importing opcode, and keeps them in the runtime directory for the next.
+    # The plain run is started by -m too, as `python -m ocular` is: what -m itself brings (runpy, and on 3.12
+    # importlib's own import of warnings) is python's, not Ocular's.
     show = f"import sys\nprint(' '.join(sorted(m for m in {HEAVY!r} if m in sys.modules)))\n"
-    plain = subprocess.run([sys.executable, "-c", show], capture_output=True, text=True, check=True)
+    (tmp_path / "show_modules.py").write_text(show)
+    plain = subprocess.run([sys.executable, "-m", "show_modules"], capture_output=True, text=True, check=True,
+                           cwd=tmp_path)
     run(tmp_path, "pass", follow=False)
     _, r = run(tmp_path, show, follow=False)
     assert set(r.stdout.split()) <= set(plain.stdout.split()), (r.stdout, plain.stdout)
