@@ -62,6 +62,9 @@ pub struct Cursor {
     pub missed: u64,
     ended: Option<End>,
     scratch: Vec<(u64, u64, Vec<RawEvent>)>,
+    /// Called after each slot a poll reads: the tests' recording acts there, between two slots' reads.
+    #[cfg(test)]
+    after_slot: Option<tests::AfterSlot>,
 }
 
 /// A batch read from one slot: (thread, index in the thread's stream of its first event, events).
@@ -91,6 +94,8 @@ impl Cursor {
             missed: 0,
             ended: None,
             scratch: Vec::new(),
+            #[cfg(test)]
+            after_slot: None,
         };
         c.read_meta();
         c.skip_to_now();
@@ -150,22 +155,37 @@ impl Cursor {
         batches.sort_by_key(|b| (b.0, b.1));
         let mut out = Poll { ended, ..Poll::default() };
         for (tid, first, evs) in batches.drain(..) {
-            let next = self.next.entry(tid).or_insert(0);
+            let mut next = self.next.get(&tid).copied().unwrap_or(0);
+            // At most one slot a time between the two; the bound only guards against a slot table that
+            // changes under the reader faster than it reads.
+            for _ in 0..self.ring.layout.max_slots {
+                if first <= next {
+                    break;
+                }
+                let Some((_, from, held)) = self.read_gap(tid, next, first) else { break };
+                let skip = (next - from) as usize;
+                let upto = held.len().min((first - from) as usize);
+                for e in &held[skip..upto] {
+                    f(tid, e);
+                }
+                out.events += (upto - skip) as u64;
+                next = from + upto as u64;
+            }
             let end = first + evs.len() as u64;
-            if end <= *next {
-                continue;
+            if end > next {
+                if first > next {
+                    out.missed += first - next;
+                    gap(tid, first - next);
+                    next = first;
+                }
+                let skip = (next - first) as usize;
+                for e in &evs[skip..] {
+                    f(tid, e);
+                }
+                out.events += (evs.len() - skip) as u64;
+                next = end;
             }
-            if first > *next {
-                out.missed += first - *next;
-                gap(tid, first - *next);
-                *next = first;
-            }
-            let skip = (*next - first) as usize;
-            for e in &evs[skip..] {
-                f(tid, e);
-            }
-            out.events += (evs.len() - skip) as u64;
-            *next = end;
+            self.next.insert(tid, next);
         }
         self.scratch = batches;
         self.delivered += out.events;
@@ -235,59 +255,91 @@ impl Cursor {
 
     /// Reads every slot's events past those already taken (RING.md 6, step 1).
     fn read_slots(&mut self, out: &mut Vec<Batch>) {
+        for i in 0..self.ring.layout.max_slots as usize {
+            out.extend(self.read_slot(i));
+            #[cfg(test)]
+            if let Some(f) = &mut self.after_slot {
+                (f.0)(i);
+            }
+        }
+    }
+
+    /// Slot `i`'s events past those already taken, if it has any now.
+    fn read_slot(&mut self, i: usize) -> Option<Batch> {
+        let layout = self.ring.layout;
+        let ext = HEADER_SIZE + layout.max_slots as u64 * ENTRY_SIZE;
+        let (e, st, generation) = self.entry(i)?;
+        let seen = self.slots[i];
+        let same = seen.known && seen.generation == generation;
+        // A free slot keeps its events (and, since RING.md 1.2, its thread) until it is taken again.
+        let (thread_id, events_before, mut taken, mut last) = if same {
+            (seen.thread_id, seen.events_before, seen.taken, seen.last_ticks)
+        } else {
+            let start = self.ring.live_u64(e + 8);
+            (self.ring.live_u64(e), self.ring.live_u64(ext + i as u64 * EXT_SIZE), 0, start)
+        };
+        let len = match st {
+            state::FULL | state::FREE => self.ring.live_u32(e + 20).min(layout.slot_events),
+            _ => layout.slot_events,
+        };
+        let first_index = taken;
+        let end = if st == state::FILLING {
+            // Where the filling slot ends now: the ticks only (each record's last store, RING.md 3.3).
+            let mut end = taken;
+            while end < len {
+                let t = self.ring.live_ticks(i as u64, end as u64);
+                if t < last {
+                    break;
+                }
+                last = t;
+                end += 1;
+            }
+            end
+        } else {
+            len
+        };
+        if end <= taken {
+            self.slots[i] = SlotSeen { generation, thread_id, events_before, taken, last_ticks: last, known: true };
+            return None;
+        }
+        // The whole stretch at once: records before `end` are complete and no longer written.
+        let evs = self.ring.live_events(i as u64, taken as u64, end as u64);
+        if st != state::FILLING {
+            last = evs.last().map_or(last, |e| e.ticks.get());
+        }
+        taken = end;
+        // Taken again while we read: what we read may be the next use's.
+        if self.ring.live_u64(e + 24) != generation {
+            self.slots[i].known = false;
+            return None;
+        }
+        self.slots[i] = SlotSeen { generation, thread_id, events_before, taken, last_ticks: last, known: true };
+        (!evs.is_empty()).then(|| (thread_id, events_before + first_index as u64, evs))
+    }
+
+    /// Before events `next..first` of thread `tid` are counted as missed (RING.md 6, step 2): the slot that
+    /// holds event `next`, read again now. The pass over the slots reads them one after another while the
+    /// recording goes on: it may read the end of a slot the thread is filling, then the thread's next slot,
+    /// taken meanwhile; the first slot's last events are still there, and are read here.
+    fn read_gap(&mut self, tid: u64, next: u64, first: u64) -> Option<Batch> {
         let layout = self.ring.layout;
         let ext = HEADER_SIZE + layout.max_slots as u64 * ENTRY_SIZE;
         for i in 0..layout.max_slots as usize {
-            let Some((e, st, generation)) = self.entry(i) else { continue };
-            let seen = self.slots[i];
-            let same = seen.known && seen.generation == generation;
-            // A free slot keeps its events (and, since RING.md 1.2, its thread) until it is taken again.
-            let (thread_id, events_before, mut taken, mut last) = if same {
-                (seen.thread_id, seen.events_before, seen.taken, seen.last_ticks)
-            } else {
-                let start = self.ring.live_u64(e + 8);
-                (self.ring.live_u64(e), self.ring.live_u64(ext + i as u64 * EXT_SIZE), 0, start)
-            };
+            let Some((e, st, _)) = self.entry(i) else { continue };
+            let before = self.ring.live_u64(ext + i as u64 * EXT_SIZE);
             let len = match st {
                 state::FULL | state::FREE => self.ring.live_u32(e + 20).min(layout.slot_events),
                 _ => layout.slot_events,
             };
-            let first_index = taken;
-            let end = if st == state::FILLING {
-                // Where the filling slot ends now: the ticks only (each record's last store, RING.md 3.3).
-                let mut end = taken;
-                while end < len {
-                    let t = self.ring.live_ticks(i as u64, end as u64);
-                    if t < last {
-                        break;
-                    }
-                    last = t;
-                    end += 1;
-                }
-                end
-            } else {
-                len
-            };
-            if end <= taken {
-                self.slots[i] = SlotSeen { generation, thread_id, events_before, taken, last_ticks: last, known: true };
+            if self.ring.live_u64(e) != tid || before > next || next >= first.min(before + len as u64) {
                 continue;
             }
-            // The whole stretch at once: records before `end` are complete and no longer written.
-            let evs = self.ring.live_events(i as u64, taken as u64, end as u64);
-            if st != state::FILLING {
-                last = evs.last().map_or(last, |e| e.ticks.get());
-            }
-            taken = end;
-            // Taken again while we read: what we read may be the next use's.
-            if self.ring.live_u64(e + 24) != generation {
-                self.slots[i].known = false;
-                continue;
-            }
-            self.slots[i] = SlotSeen { generation, thread_id, events_before, taken, last_ticks: last, known: true };
-            if !evs.is_empty() {
-                out.push((thread_id, events_before + first_index as u64, evs));
+            let batch = self.read_slot(i).filter(|b| b.0 == tid && b.1 <= next && next < b.1 + b.2.len() as u64);
+            if batch.is_some() {
+                return batch;
             }
         }
+        None
     }
 }
 
@@ -368,5 +420,71 @@ impl RingFile {
             out.set_len(n);
         }
         out
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::event::EventKind;
+    use crate::ring::{Layout, RingWriter};
+    use std::sync::Arc;
+
+    pub(super) struct AfterSlot(pub(super) Box<dyn FnMut(usize)>);
+
+    impl std::fmt::Debug for AfterSlot {
+        fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+            f.write_str("AfterSlot")
+        }
+    }
+
+    fn append(w: &RingWriter, slot: u32, from: usize, ticks: std::ops::Range<u64>) {
+        let p = w.prepare_slot_ptr(slot);
+        for (i, t) in ticks.enumerate() {
+            // SAFETY: the test stays within the layout's slot_events.
+            unsafe { p.add(from + i).write(RawEvent::new(t, 1, 2, 0, EventKind::PY_START as u8)) };
+        }
+    }
+
+    #[test]
+    fn a_thread_that_moves_to_its_next_slot_while_a_poll_reads_loses_nothing() {
+        // GIVEN a thread filling slot 0, of which the cursor has read 3 events
+        let layout = Layout { slot_events: 8, max_slots: 4, meta_capacity: 4096, chunks_capacity: 0, slot_ext: true };
+        let dir = tempfile::tempdir().unwrap();
+        let path = dir.path().join("live.ring");
+        let w = Arc::new(RingWriter::create(&path, std::process::id(), crate::now_ticks(), 1e9, layout).unwrap());
+        w.prepare_slot(0).unwrap();
+        w.prepare_slot(1).unwrap();
+        w.filling(0, 5, 100, 0);
+        let mut c = Cursor::open(&path).unwrap();
+        append(&w, 0, 0, 100..103);
+        let mut got = Vec::new();
+        assert_eq!(c.poll(|_, e| got.push(e.ticks.get())).missed, 0);
+        assert_eq!(got, vec![100, 101, 102]);
+        // WHEN the thread, between the next poll's reads of slot 0 and slot 1, fills slot 0 and goes on in 1
+        append(&w, 0, 3, 103..105);
+        let rec = Arc::clone(&w);
+        c.after_slot = Some(AfterSlot(Box::new(move |i| {
+            if i == 0 {
+                append(&rec, 0, 5, 105..108);
+                rec.full(0, 8);
+                rec.filling(1, 5, 108, 8);
+                append(&rec, 1, 0, 108..110);
+            }
+        })));
+        got.clear();
+        let p = c.poll(|_, e| got.push(e.ticks.get()));
+        // THEN slot 0's last events, still in it, come before slot 1's: nothing is missed
+        assert_eq!((p.missed, &got), (0, &(103..110).collect::<Vec<_>>()));
+        // AND a slot taken again before the cursor read it is still missed, exactly
+        c.after_slot = None;
+        append(&w, 1, 2, 110..116);
+        w.full(1, 8);
+        w.free(1);
+        w.filling(1, 5, 116, 16);
+        append(&w, 1, 0, 116..118);
+        got.clear();
+        let p = c.poll(|_, e| got.push(e.ticks.get()));
+        assert_eq!((p.missed, got), (6, vec![116, 117]));
     }
 }
