@@ -432,6 +432,28 @@ def test_a_process_s_later_recordings_reuse_its_calibration_and_scale_it_at_thei
     assert set(cal[2]) != set(cal[0]) and heads[2]["mode"] == "calls"
 
 
+def test_stops_in_quick_succession_share_one_speed_reading(monkeypatch):
+    # One recording per test: each stop spent ~0.3 ms reading the machine's speed a moment after the last.
+    from ocular import _recorder
+
+    runs = []
+
+    def once():
+        runs.append(1)
+        return 6000 + len(runs)
+
+    monkeypatch.setattr(_recorder, "_speed_reading", None)
+    monkeypatch.setattr(_recorder, "_speed_probe", (once, 600, 10.0))
+    first = _recorder.speed_at_stop()
+    assert (first, len(runs)) == ([(253, 6004 / 600)], 7)  # the median of seven runs
+    assert _recorder.speed_at_stop() == first and len(runs) == 7
+    # Another probe (another calibration's loop) is read for itself, and so is one after the reading aged.
+    monkeypatch.setattr(_recorder, "_speed_probe", (lambda: once() - 1000, 600, 10.0))
+    assert _recorder.speed_at_stop() == [(253, 5011 / 600)] and len(runs) == 14
+    monkeypatch.setattr(_recorder, "SPEED_READING_KEPT", 0.0)
+    assert _recorder.speed_at_stop() == [(253, 5018 / 600)] and len(runs) == 21
+
+
 @pytest.mark.parametrize("loaded_ago_s", [0.0, 5.0])
 def test_the_tick_rate_is_measured_from_a_recent_loading_of_the_extension_only(monkeypatch, tmp_path, loaded_ago_s):
     # The rate spans the extension's loading to the calibration's end: a loading long ago is not trusted (a
