@@ -2,12 +2,13 @@
 calls mode) and `--ocular-session PATH`, interleaved, wall time of the whole `python -m pytest` command
 (start-up, collection, the tests, writing the traces and the summary that reads them).
 
-    PYTHON bench/pytest_overhead.py [--runs N] [--tests N]
+    PYTHON bench/pytest_overhead.py [--runs N] [--tests N] [--against DIR]
 
 The suite mixes what real suites hold: many tests that do almost nothing (a recording's fixed cost per test
 shows there), some that sort, format, parse JSON or run a regex over a few thousand items, and a few that
 spin in pure Python for ~20 ms. Prints a markdown table (median of the runs, min-max, and the ratio to the
-plain run).
+plain run). `--against DIR` adds each Ocular row again with `PYTHONPATH=DIR`: DIR is another build's `python/`
+directory (its `ocular` package with its extension built for this Python), interleaved with this build's.
 """
 
 from __future__ import annotations
@@ -81,6 +82,7 @@ def main() -> int:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--runs", type=int, default=3, help="interleaved runs of each (default 3)")
     ap.add_argument("--tests", type=int, default=200, help="tests in the suite (default 200)")
+    ap.add_argument("--against", metavar="DIR", help="another build's python/ directory, measured beside this one")
     args = ap.parse_args()
     py = sys.executable
     # Per module: 60% tiny, 35% medium, 5% heavy; 4 modules.
@@ -102,10 +104,16 @@ def main() -> int:
                                                  "--ocular-mode", "calls"],
             "--ocular-session PATH (adaptive)": [*base, "--ocular-session", os.path.join(tmp, "session.ocl")],
         }
+        envs = {name: env for name in runs}
+        if args.against:
+            old = {**env, "PYTHONPATH": os.path.abspath(args.against)}
+            for name, cmd in list(runs.items())[1:]:
+                runs[name + " (against)"] = [c.replace("traces", "traces-against") for c in cmd]
+                envs[name + " (against)"] = old
         times: dict[str, list[float]] = {k: [] for k in runs}
         count = None
-        for cmd in runs.values():  # once each first: bytecode cached, files in the page cache
-            out = subprocess.run(cmd, env=env, capture_output=True, text=True, cwd=tmp)
+        for name, cmd in runs.items():  # once each first: bytecode cached, files in the page cache
+            out = subprocess.run(cmd, env=envs[name], capture_output=True, text=True, cwd=tmp)
             if out.returncode != 0:
                 print(out.stdout[-3000:], out.stderr[-3000:], file=sys.stderr)
                 return 1
@@ -114,13 +122,15 @@ def main() -> int:
         for _ in range(args.runs):
             for name, cmd in runs.items():
                 t = time.perf_counter()
-                subprocess.run(cmd, env=env, capture_output=True, check=True, cwd=tmp)
+                subprocess.run(cmd, env=envs[name], capture_output=True, check=True, cwd=tmp)
                 times[name].append(time.perf_counter() - t)
         traces = len(os.listdir(os.path.join(tmp, "traces")))
     plain = statistics.median(times["pytest (no recording)"])
     print(f"pytest plugin overhead: {args.tests} generated tests ({tiny * 4} tiny, {medium * 4} medium, "
           f"{heavy * 4} heavy; {count}), {args.runs} interleaved runs each, Python {platform.python_version()}, "
           f"{traces} trace files per --ocular run")
+    if args.against:
+        print(f"against: the ocular package at {os.path.abspath(args.against)}")
     print()
     print("| run | wall s, median (min-max) | per test, over plain | x plain |")
     print("|---|---:|---:|---:|")

@@ -16,7 +16,7 @@ use ocular_format::ReadOptions;
 use pyo3::exceptions::{PyMemoryError, PyOSError, PyValueError};
 use pyo3::prelude::*;
 use pyo3::types::PyCapsule;
-use std::path::PathBuf;
+use std::path::{Path, PathBuf};
 use std::sync::Arc;
 
 fn os_err(e: impl std::fmt::Display) -> PyErr {
@@ -120,6 +120,52 @@ pub(super) fn stats_within(
     Ok((json(py, &w)?, w.warnings.clone()))
 }
 
+/// What `stats --json` prints of one trace: a run of several processes as one report, one process as its
+/// rows.
+#[derive(serde::Serialize)]
+#[serde(untagged)]
+enum Stats {
+    Run(ocular_analyze::stats::Report),
+    Rows(Vec<ocular_analyze::stats::Row>),
+}
+
+/// A trace's statistics and the reader's warnings, or why it could not be read.
+type StatsRead = ocular_format::Result<(Stats, Vec<String>)>;
+
+/// The per-function statistics of the trace at `path`, and the reader's warnings.
+fn stats_of(path: &Path, per_thread: bool, opts: ReadOptions) -> StatsRead {
+    let (run, mut warnings) = ocular_analyze::procs::open(path, opts)?;
+    if run.single() {
+        let a = ocular_analyze::analysis::analyze(path, opts)?;
+        let rows = ocular_analyze::stats::rows(&a, per_thread, ocular_analyze::stats::SortBy::Exclusive);
+        return Ok((Stats::Rows(rows), a.warnings));
+    }
+    // A run of several processes: functions merged over the processes (pid 0), or per process and thread
+    // with per_thread.
+    let mut report = Vec::new();
+    for p in &run.processes {
+        let a = ocular_analyze::analysis::analyze(&p.path, opts)?;
+        let span = ocular_analyze::stats::span(&p.path, opts)?.to_the_stop(&a);
+        warnings.extend(a.warnings.iter().cloned());
+        report.push((a, span));
+    }
+    let parts: Vec<ocular_analyze::stats::Part<'_>> = run
+        .processes
+        .iter()
+        .zip(&report)
+        .map(|(process, (analysis, span))| ocular_analyze::stats::Part { process, analysis, span: *span })
+        .collect();
+    let r = ocular_analyze::stats::report_run(
+        &parts,
+        run.unrecorded.len(),
+        false,
+        per_thread,
+        ocular_analyze::stats::SortBy::Exclusive,
+        usize::MAX,
+    );
+    Ok((Stats::Run(r), warnings))
+}
+
 /// `stats(path, per_thread=False, salvage=False) -> (list[dict], warnings)`: per-function rows, as
 /// `stats --json`, and the reader's warnings (damage, lost events).
 #[pyfunction]
@@ -131,48 +177,40 @@ pub(super) fn stats(
     salvage: bool,
 ) -> PyResult<(Py<PyAny>, Vec<String>)> {
     let opts = ReadOptions::with_salvage(salvage);
-    let (run, mut warnings) = py.detach(|| ocular_analyze::procs::open(&path, opts)).map_err(trace_err)?;
-    if !run.single() {
-        // A run of several processes: functions merged over the processes (pid 0), or per process and
-        // thread with per_thread.
-        let report = py
-            .detach(|| {
-                let mut parts = Vec::new();
-                for p in &run.processes {
-                    let a = ocular_analyze::analysis::analyze(&p.path, opts)?;
-                    let span = ocular_analyze::stats::span(&p.path, opts)?.to_the_stop(&a);
-                    parts.push((a, span));
-                }
-                Ok::<_, ocular_format::Error>(parts)
-            })
-            .map_err(trace_err)?;
-        for (a, _) in &report {
-            warnings.extend(a.warnings.iter().cloned());
-        }
-        let parts: Vec<ocular_analyze::stats::Part<'_>> = run
-            .processes
-            .iter()
-            .zip(&report)
-            .map(|(process, (analysis, span))| ocular_analyze::stats::Part { process, analysis, span: *span })
-            .collect();
-        let r = ocular_analyze::stats::report_run(
-            &parts,
-            run.unrecorded.len(),
-            false,
-            per_thread,
-            ocular_analyze::stats::SortBy::Exclusive,
-            usize::MAX,
-        );
-        return Ok((json(py, &r)?, warnings));
-    }
-    let (rows, warnings) = py
-        .detach(|| {
-            let a = ocular_analyze::analysis::analyze(&path, opts)?;
-            let rows = ocular_analyze::stats::rows(&a, per_thread, ocular_analyze::stats::SortBy::Exclusive);
-            Ok::<_, ocular_format::Error>((rows, a.warnings))
+    let (out, warnings) = py.detach(|| stats_of(&path, per_thread, opts)).map_err(trace_err)?;
+    Ok((json(py, &out)?, warnings))
+}
+
+/// `stats_many(paths) -> list[tuple]`: `stats(path)` of each trace, as `(rows, warnings)` or, for one that
+/// could not be read, the error it raises; the traces read on every core at once (the pytest plugin's
+/// summary reads one per test).
+#[pyfunction]
+pub(super) fn stats_many(py: Python<'_>, paths: Vec<PathBuf>) -> PyResult<Vec<Py<PyAny>>> {
+    let opts = ReadOptions::default();
+    let results = py.detach(|| {
+        let workers = std::thread::available_parallelism().map_or(1, |n| n.get()).min(paths.len()).max(1);
+        let next = std::sync::atomic::AtomicUsize::new(0);
+        let mut out: Vec<Option<StatsRead>> = (0..paths.len()).map(|_| None).collect();
+        let done = std::sync::Mutex::new(&mut out);
+        std::thread::scope(|s| {
+            for _ in 0..workers {
+                s.spawn(|| loop {
+                    let i = next.fetch_add(1, std::sync::atomic::Ordering::Relaxed);
+                    let Some(path) = paths.get(i) else { break };
+                    let r = stats_of(path, false, opts);
+                    done.lock().unwrap_or_else(|e| e.into_inner())[i] = Some(r);
+                });
+            }
+        });
+        out
+    });
+    results
+        .into_iter()
+        .map(|r| match r.expect("every path was read") {
+            Ok((out, warnings)) => Ok((json(py, &out)?, warnings).into_pyobject(py)?.into_any().unbind()),
+            Err(e) => Ok(trace_err(e).into_value(py).into_any()),
         })
-        .map_err(trace_err)?;
-    Ok((json(py, &rows)?, warnings))
+        .collect()
 }
 
 /// `export_chrome(path, out) -> int`: the Chrome Trace Event JSON (what `perfetto=True` writes); returns

@@ -1186,6 +1186,7 @@ fn _ocular(m: &Bound<'_, PyModule>) -> PyResult<()> {
     m.add_function(wrap_pyfunction!(analyze::info, m)?)?;
     m.add_function(wrap_pyfunction!(analyze::hot, m)?)?;
     m.add_function(wrap_pyfunction!(analyze::stats, m)?)?;
+    m.add_function(wrap_pyfunction!(analyze::stats_many, m)?)?;
     m.add_function(wrap_pyfunction!(analyze::stats_within, m)?)?;
     m.add_function(wrap_pyfunction!(analyze::export_chrome, m)?)?;
     m.add_function(wrap_pyfunction!(analyze::cli, m)?)?;

@@ -281,14 +281,16 @@ def _copy_rows(rows: list[dict[str, Any]]) -> list[dict[str, Any]]:
     return [{k: copy.deepcopy(v) if isinstance(v, (list, dict)) else v for k, v in r.items()} for r in rows]
 
 
-def stats_rows(path: str) -> list[dict[str, Any]]:
-    """``load(path).stats()`` without the Trace (its info read, its cache, the copy): for the pytest plugin's
-    summary, which reads each test's trace once."""
-    if not os.path.exists(path):
-        raise FileNotFoundError(f"no such trace: {path}")
-    rows, warns = _call(_ext().stats, path, per_thread=False, salvage=False)
-    _warn(warns)
-    return rows
+def stats_rows_many(paths: list[str]) -> list[tuple[list[dict[str, Any]], list[str]] | Exception]:
+    """``load(path).stats()`` of each trace without the Trace (its info read, its cache, the copy), read on
+    every core at once: per path, (rows, the reader's warnings as messages) or the error reading it raised.
+    For the pytest plugin's summary, which reads one per test."""
+    out: list[tuple[list[dict[str, Any]], list[str]] | Exception] = [
+        FileNotFoundError(f"no such trace: {p}") for p in paths]
+    there = [i for i, p in enumerate(paths) if os.path.exists(p)]
+    for i, r in zip(there, _ext().stats_many([os.fspath(paths[i]) for i in there])):
+        out[i] = from_native(r) if isinstance(r, OSError) else r
+    return out
 
 
 def load(path: str | os.PathLike[str], salvage: bool = False) -> Trace:

@@ -9,7 +9,7 @@ _F = TypeVar("_F", bound=Callable[..., Any])
 __all__ = ["ticks", "ticks_per_second", "clock_point", "start", "stop", "dump", "ring_path", "runtime_dir", "compile_script", "counter_errors",
            "abandon_after_fork", "finish_unmapping", "is_recording", "start_windows", "span_begin", "span_end", "span_setup",
            "span_rules", "span_current", "span", "SpanDone", "due_stacks_usable", "read",
-           "file_events", "own_sigterm", "complete_trace", "info", "hot", "stats", "stats_within", "export_chrome", "cli", "parse_run", "record_options",
+           "file_events", "own_sigterm", "complete_trace", "info", "hot", "stats", "stats_many", "stats_within", "export_chrome", "cli", "parse_run", "record_options",
            "record_option_specs", "table",
            "ArrowTable", "attach", "LiveCursor", "callbacks", "callbacks_gapless", "bench_callbacks", "TSC",
            "FAST_INTS", "FRAME_FIELD"]
@@ -116,6 +116,9 @@ def info(path: str | PathLike[str], salvage: bool = False) -> dict[str, Any]: ..
 def stats(
     path: str | PathLike[str], per_thread: bool = False, salvage: bool = False
 ) -> tuple[list[dict[str, Any]], list[str]]: ...
+def stats_many(
+    paths: list[str | PathLike[str]],
+) -> list[tuple[list[dict[str, Any]], list[str]] | OSError | ValueError]: ...
 def stats_within(
     path: str | PathLike[str], name: str, salvage: bool = False
 ) -> tuple[dict[str, Any], list[str]]: ...

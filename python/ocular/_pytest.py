@@ -250,7 +250,7 @@ class OcularPlugin:
             tr.write_line(f"ocular: could not summarize the traces: {type(e).__name__}: {e}")
 
     def _summary_tests(self, tr: Any) -> None:
-        from ._analysis import stats_rows
+        from ._analysis import stats_rows_many
 
         recorded = [r for r in self.results if not r["error"]]
         where = " (by the xdist workers)" if not self.records_here else ""
@@ -259,12 +259,11 @@ class OcularPlugin:
                       f"python -m ocular stats FILE, or ocular.load(FILE).stats()")
         totals: dict[tuple, list] = {}
         per_test = []
-        for r in recorded:
-            try:
-                rows, notes = _quietly(stats_rows, r["path"])
-            except Exception as e:  # noqa: BLE001 - one unreadable file does not hide the others
-                r["error"] = f"reading {r['path']}: {type(e).__name__}: {e}"
+        for r, got in zip(recorded, stats_rows_many([r["path"] for r in recorded])):
+            if isinstance(got, Exception):  # one unreadable file does not hide the others
+                r["error"] = f"reading {r['path']}: {type(got).__name__}: {got}"
                 continue
+            rows, notes = got
             r["notes"] += notes
             # The test's time: its outermost recorded call (pytest's, around the test), the recorder's cost
             # subtracted. Not the trace's duration, which holds the recording's own start and stop.

@@ -127,6 +127,32 @@ def test_unreadable_traces_raise_errors_of_their_kind(tmp_path):
     assert ocular.load(corrupt, salvage=True).stats()
 
 
+def test_many_traces_read_at_once_give_each_its_own_rows_or_error(tmp_path):
+    # The pytest plugin's summary reads one trace per test, on every core at once: each path gets what
+    # load(path).stats() gives, or the error it raises, in the order given.
+    from ocular._analysis import stats_rows_many
+
+    good = open(LOOPS, "rb").read()
+    foreign = tmp_path / "foreign.ocl"
+    foreign.write_bytes(b"PK\x03\x04 not a trace at all")
+    cut = tmp_path / "cut.ocl"
+    cut.write_bytes(good[:len(good) - 40])  # the trailer cut: read up to its last whole chunk, with a warning
+    paths = [str(LOOPS), str(foreign), str(tmp_path / "missing.ocl"), str(cut), str(LOOPS)] * 3
+    got = stats_rows_many(paths)
+    assert len(got) == len(paths)
+    with pytest.warns(UserWarning) as said:
+        cut_rows = ocular.load(cut).stats()
+    for path, r in zip(paths, got):
+        if path.endswith("foreign.ocl"):
+            assert isinstance(r, ocular.NotATrace) and r.path == path, r
+        elif path.endswith("missing.ocl"):
+            assert isinstance(r, FileNotFoundError) and str(r) == f"no such trace: {path}", r
+        elif path == str(cut):
+            assert r == (cut_rows, [str(w.message) for w in said]) and r[1], r
+        else:
+            assert r == (ocular.load(path).stats(), []), path
+
+
 def test_a_table_reads_the_same_each_time():
     import polars as pl
     import pyarrow as pa
