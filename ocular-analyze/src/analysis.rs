@@ -550,9 +550,10 @@ struct ThreadState {
     lead_on_due: bool,
     /// This thread's calls count from the current window's due moment (FORMAT.md 5.7, calls from due).
     calls_from_due: bool,
-    /// The window's stack ended in a frame at its first instruction (code id, and whether the opening
-    /// counted it as a call), until the thread's next event: that frame's PY_START may come next.
-    started_at_open: Option<(u32, bool)>,
+    /// The window's stack ended in a frame at its first instruction (code id, whether the opening counted
+    /// it as a call, its depth), until the thread's next event: that frame's start (a PY_START in the
+    /// window, a COUNT after it) may come next.
+    started_at_open: Option<(u32, bool, usize)>,
     /// The code whose start (PY_START or COUNT) was the thread's last event, window markers aside, its
     /// tick, and whether it was a PY_START recorded between windows: only code whose every start is
     /// recorded (threads' bootstraps, coroutines) has one there, so a stack that finds that code at its
@@ -1667,8 +1668,8 @@ fn step(
     };
     if kind == EventKind::PY_START && ts.stack.last().is_some_and(|f| f.code == id) {
         match started_at_open {
-            Some((code, true)) if code == id => return,
-            Some((code, false)) if code == id => {
+            Some((code, true, _)) if code == id => return,
+            Some((code, false, _)) if code == id => {
                 let pos = per.position_or_insert(id);
                 per.at(pos).parts.starts += 1;
                 recorded_call(ts, per, pos, id, t);
@@ -1686,12 +1687,20 @@ fn step(
             per.at(started).parts.starts += 1;
         }
         EventKind::COUNT => {
-            // A call started outside windows (FORMAT.md 5.8): counted, no stack changes.
-            per.entry(id).parts.counted += 1;
-            tables.counted_any = true;
             if e.arg.get() & 1 != 0 {
                 tables.count_ended.insert(id);
             }
+            tables.counted_any = true;
+            // A thread that gave up the GIL at a function's RESUME, before its PY_START fired, was found
+            // there by a window that another thread opened and that ended before this one ran again: its
+            // start, outside the window, is counted, and it is the call the opening counted (a function
+            // called 12 times read 13, a worker waiting at its first instruction while another held the
+            // GIL in a `json.dumps`).
+            if matches!(started_at_open, Some((code, true, _)) if code == id) {
+                return;
+            }
+            // A call started outside windows (FORMAT.md 5.8): counted, no stack changes.
+            per.entry(id).parts.counted += 1;
             return;
         }
         _ => {}
@@ -1795,9 +1804,15 @@ fn step(
                 let started = ts
                     .started_last
                     .is_some_and(|(code, at, between)| code == id && (at >= ts.window_from || every_start || between));
-                let counted = at_start && ts.calls_from_due && t < ts.calls_until && !started;
+                // An earlier opening found this frame at its first instruction too, and the thread has
+                // recorded nothing since, though any start of the function would have been: it is still
+                // waiting there (for the GIL, at its RESUME's check), the call that opening did or did not
+                // count, and its start is still to come.
+                let waiting =
+                    ts.started_at_open.filter(|&(code, _, d)| at_start && every_start && code == id && d == depth);
+                let counted = at_start && ts.calls_from_due && t < ts.calls_until && !started && waiting.is_none();
                 if at_start {
-                    ts.started_at_open = Some((id, counted));
+                    ts.started_at_open = Some(waiting.unwrap_or((id, counted, depth)));
                 }
                 if counted {
                     // The window opened at this call's first instruction, inside its span (5.7): the call

@@ -25,7 +25,7 @@ pytestmark = pytest.mark.skipif(not ANALYZE, reason="OCULAR_ANALYZE (the analyze
 
 WORKLOAD = os.path.join(os.path.dirname(__file__), "..", "..", "testdata", "workloads", "known_truth.py")
 SECOND = {"json": "c_json", "hashlib": "c_hash", "sleep": "waiter", "gc": "churn"}
-ROUNDS = {"json": "8", "hashlib": "48", "sleep": "24", "gc": "8", "threads": "4", "requests": "8"}
+ROUNDS = {"json": "8", "hashlib": "48", "sleep": "24", "gc": "8", "threads": "4", "requests": "8", "waiting": "40"}
 # Every call recorded needs no windows to land on the second function: fewer rounds, and traces of a few
 # million events instead of 11 M (the invariants checker reads every trace a test makes).
 DEFAULT_ROUNDS = {"json": "4", "hashlib": "8", "sleep": "8", "gc": "4"}
@@ -179,6 +179,19 @@ def test_three_threads_time_goes_where_each_spent_it(tmp_path, options):
         # its timer's placement (microseconds a call), far inside 10%; sampled, inside the interval.
         slack = 0.1 * want if not options else 0
         assert abs(r["inclusive_ms"] - want) <= max(slack, 2 * r["inclusive_ci95_ms"]), (r, want)
+
+
+def test_sampled_a_call_started_by_a_thread_waiting_for_the_gil_is_counted_once(tmp_path):
+    """Three threads compare long lists, holding the GIL with no check for a switch after it, then call
+    `resumed()`: a thread asked to give up the GIL there gives it up at `resumed`'s first instruction, and
+    waits while another compares. A window that falls due meanwhile finds it there and counts the call,
+    whose start, when the thread runs again, was counted a second time: 122-140 calls for 120."""
+    truth = run(tmp_path, "waiting", True, "--sampled")
+    fs = functions(tmp_path / "waiting.ocl")
+    n = truth["counts"]["resumed"]
+    assert n == 120, truth["counts"]
+    r = fs["resumed"]
+    assert (r["calls"], r["calls_estimated"]) == (n, False), r
 
 
 def test_sampled_a_thread_per_request_counts_its_requests_and_their_calls(tmp_path):

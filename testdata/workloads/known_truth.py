@@ -18,6 +18,9 @@ second function, which spends its time where a window-based profiler cannot see 
     requests  a thread per request, as a threading server runs: each round 125 requests one after
               another, each `request()` a short py_heavy (15,000 leaf calls, ~2 ms) in a new thread that
               the main thread joins (blocked meanwhile, as in `accept()`)
+    waiting   3 threads, each round comparing two long lists (C holding the GIL, no check for a thread
+              switch after it) and then calling `resumed()`: a thread asked to give up the GIL during
+              the comparison waits at `resumed`'s first instruction, before its start is reported
 """
 
 import gc
@@ -133,7 +136,27 @@ def request():
     return py_heavy(15_000)
 
 
+def resumed():
+    with _lock:
+        COUNTS["resumed"] = COUNTS.get("resumed", 0) + 1
+
+
 def run(variant: str, rounds: int) -> None:
+    if variant == "waiting":
+        py_heavy()  # call-dense: past a sampled recording's first window
+        a = [float(i) for i in range(1_000_000)]
+        b = [float(i) for i in range(1_000_000)]
+
+        def comparer():
+            for _ in range(rounds):
+                a == b  # noqa: B015 (the comparison is the work)
+                resumed()
+        ts = [threading.Thread(target=comparer) for _ in range(3)]
+        for t in ts:
+            t.start()
+        for t in ts:
+            t.join()
+        return
     if variant == "requests":
         for _ in range(rounds * 125):
             t = threading.Thread(target=request)

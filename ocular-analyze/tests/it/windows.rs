@@ -512,6 +512,62 @@ fn a_call_started_just_before_the_window_found_it_at_its_first_instruction_is_co
     assert_eq!((earlier.1, last_after_due.1), (1, 0), "an earlier call: {earlier:?}; after: {last_after_due:?}");
 }
 
+/// A thread that gave up the GIL at a function's RESUME, before its PY_START fired, waits there while
+/// another thread runs (a `json.dumps` that holds the GIL for tens of milliseconds). A window that thread
+/// opens finds the waiting frame at its first instruction and counts the call; the window can end, and
+/// more can open and find it there again, before the thread runs and its start is recorded: outside a
+/// window as a COUNT, inside one as a PY_START. One call each way (a function called 12 times read 13).
+#[test]
+fn a_call_found_waiting_at_its_first_instruction_is_counted_once_however_late_its_start_comes() {
+    use ocular_format::event::due::CALLS_FROM_DUE;
+    use EventKind::*;
+    let opening = |at: u64, seq: u32| {
+        vec![
+            ev(at, 0, seq, 100, WINDOW),
+            ev(at, 0, CALLS_FROM_DUE, 1, DUE),
+            ev(at, MAIN, 0, 0, DUE_STACK),
+            ev(at, MAIN, 2, 0, STACK),
+            ev(at, F, 0, 1, STACK),
+        ]
+    };
+    // Later openings (tick, sequence) that find f waiting again, then the events that follow.
+    let again = |openings: &[(u64, u32)], then: &[RawEvent]| {
+        let mut e: Vec<RawEvent> = openings.iter().flat_map(|&(at, seq)| opening(at, seq)).collect();
+        e.extend_from_slice(then);
+        e
+    };
+    // (what follows the window at 2000, f's calls).
+    let cases = [
+        ("its start after the window", again(&[], &[ev(3000, F, 0, 0, COUNT)]), 1),
+        (
+            "found again, started in that window",
+            again(&[(3000, 2)], &[ev(3010, F, 0, 0, PY_START), ev(3050, F, 2, 0, PY_RETURN)]),
+            1,
+        ),
+        ("found again, started after it", again(&[(3000, 2)], &[ev(3500, F, 0, 0, COUNT)]), 1),
+        ("found again twice, started after", again(&[(3000, 2), (4000, 3)], &[ev(4500, F, 0, 0, COUNT)]), 1),
+        // The thread ran on (main's jump: f returned unrecorded), then called f again.
+        ("ran on, then another call", again(&[], &[ev(2500, MAIN, 2, 0, JUMP), ev(3000, F, 0, 0, COUNT)]), 2),
+    ];
+    for (what, after, want) in cases {
+        let mut e = vec![
+            ev(0, 0, 0, u32::MAX, WINDOW),
+            ev(0, MAIN, 0, 0, PY_START),
+            ev(1000, 0, 0, 0, WINDOW_END),
+            // The recorder counts starts outside windows (FORMAT.md 5.8), so f's calls are exact.
+            ev(1500, G, 0, 0, COUNT),
+        ];
+        e.extend(opening(2000, 1));
+        e.extend(after);
+        e.push(ev(5000, MAIN, 2, 0, JUMP));
+        let (_dir, path) = write_trace(&e, &[], 5000);
+        let a = analyze(&path, Default::default()).unwrap();
+        let rows = stats::rows(&a, false, stats::SortBy::Exclusive);
+        let f = rows.iter().find(|r| r.function == "f").expect("f");
+        assert_eq!((f.calls, f.calls_estimated), (want, false), "{what}: {f:?}");
+    }
+}
+
 /// Inside a window every call and return is recorded, so a location of a frame below the top says the
 /// frames above it returned, their returns lost (a generator exhausted inside a C call read its caller's
 /// loop as its own: a loop run 300 times read 292): every view ends them there, stats as the timeline does.
