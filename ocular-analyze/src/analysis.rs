@@ -550,10 +550,9 @@ struct ThreadState {
     lead_on_due: bool,
     /// This thread's calls count from the current window's due moment (FORMAT.md 5.7, calls from due).
     calls_from_due: bool,
-    /// The window's stack ended in a frame at its first instruction (code id, whether the opening counted
-    /// it as a call, its depth), until the thread's next event: that frame's start (a PY_START in the
-    /// window, a COUNT after it) may come next.
-    started_at_open: Option<(u32, bool, usize)>,
+    /// The window's stack ended in a frame at a RESUME, until the thread's next event: that frame's start
+    /// (a PY_START in the window, a COUNT after it) or resumption (PY_RESUME, PY_THROW) may come next.
+    started_at_open: Option<AtResume>,
     /// The code whose start (PY_START or COUNT) was the thread's last event, window markers aside, its
     /// tick, and whether it was a PY_START recorded between windows: only code whose every start is
     /// recorded (threads' bootstraps, coroutines) has one there, so a stack that finds that code at its
@@ -1666,10 +1665,11 @@ fn step(
         _ if marker.is_some() => ts.started_last,
         _ => None,
     };
-    if kind == EventKind::PY_START && ts.stack.last().is_some_and(|f| f.code == id) {
-        match started_at_open {
-            Some((code, true, _)) if code == id => return,
-            Some((code, false, _)) if code == id => {
+    let found = started_at_open.filter(|f| f.code == id && ts.stack.last().is_some_and(|top| top.code == id));
+    if kind == EventKind::PY_START {
+        match found {
+            Some(AtResume { start: true, counted: true, .. }) => return,
+            Some(AtResume { start: true, counted: false, .. }) => {
                 let pos = per.position_or_insert(id);
                 per.at(pos).parts.starts += 1;
                 recorded_call(ts, per, pos, id, t);
@@ -1678,6 +1678,11 @@ fn step(
             }
             _ => {}
         }
+    }
+    if matches!(kind, EventKind::PY_RESUME | EventKind::PY_THROW) && found.is_some_and(|f| !f.start) {
+        // A generator or coroutine the opening found at the RESUME after its yield, which runs signal
+        // handlers before it fires PY_RESUME (3.13 on): entered at the opening, the same activation.
+        return;
     }
     // The position of the started code's figures (its frame's, once pushed).
     let mut started = usize::MAX;
@@ -1696,7 +1701,7 @@ fn step(
             // start, outside the window, is counted, and it is the call the opening counted (a function
             // called 12 times read 13, a worker waiting at its first instruction while another held the
             // GIL in a `json.dumps`).
-            if matches!(started_at_open, Some((code, true, _)) if code == id) {
+            if matches!(started_at_open, Some(AtResume { code, counted: true, .. }) if code == id) {
                 return;
             }
             // A call started outside windows (FORMAT.md 5.8): counted, no stack changes.
@@ -1769,8 +1774,11 @@ fn step(
             // Code running at the opening was instrumented by the opening itself (its cost is the opening's).
             ts.instrumented.insert(id, ());
             let index = tables.indexes.get(tables.code_index(id) as usize);
-            let at_start = index.is_some_and(|i| i.resume.contains(&off));
-            if at_start {
+            // At a RESUME: where a frame starts (the function's first), or goes on after a yield or an
+            // await (a generator's or coroutine's resumption: no call).
+            let at_resume = index.is_some_and(|i| i.resume.contains(&off));
+            let at_start = at_resume && index.is_some_and(|i| i.start == Some(off));
+            if at_resume {
                 // The window opened at this frame's start (its RESUME, a safe point): it was entered at
                 // the opening, and the window's lead ran in its callers, the frames the stack confirmed so
                 // far (not frames left from before the window: they go first).
@@ -1779,7 +1787,7 @@ fn step(
                 }
                 ts.advance(t);
             }
-            if !at_start && same {
+            if !at_resume && same {
                 // The same activation as before the gap, as far as can be told. Its loops' unrecorded time
                 // ends here if the frame is now outside them.
                 if depth + 1 == ts.stack.len() {
@@ -1808,11 +1816,13 @@ fn step(
                 // recorded nothing since, though any start of the function would have been: it is still
                 // waiting there (for the GIL, at its RESUME's check), the call that opening did or did not
                 // count, and its start is still to come.
-                let waiting =
-                    ts.started_at_open.filter(|&(code, _, d)| at_start && every_start && code == id && d == depth);
+                let waiting = ts
+                    .started_at_open
+                    .filter(|f| at_start && every_start && f.start && f.code == id && f.depth == depth);
                 let counted = at_start && ts.calls_from_due && t < ts.calls_until && !started && waiting.is_none();
-                if at_start {
-                    ts.started_at_open = Some(waiting.unwrap_or((id, counted, depth)));
+                if at_resume {
+                    ts.started_at_open =
+                        Some(waiting.unwrap_or(AtResume { code: id, counted, depth, start: at_start }));
                 }
                 if counted {
                     // The window opened at this call's first instruction, inside its span (5.7): the call
@@ -2248,6 +2258,17 @@ fn pop_frame(
     }
 }
 
+/// A frame a window's stack ended in, found at a RESUME ([`ThreadState::started_at_open`]).
+#[derive(Clone, Copy, Debug)]
+struct AtResume {
+    code: u32,
+    /// The opening counted it as a call.
+    counted: bool,
+    depth: usize,
+    /// At the RESUME where a call starts, not at one after a yield.
+    start: bool,
+}
+
 /// A code object's instruction offsets, and for every code unit the position of its instruction.
 #[derive(Debug)]
 struct CodeIndex {
@@ -2255,6 +2276,8 @@ struct CodeIndex {
     position: Vec<u32>,
     /// Offsets of its RESUME instructions (where a frame starts, or resumes after a yield).
     resume: Vec<u32>,
+    /// The offset of the RESUME where a call starts (its oparg's location bits 0), not a resumption.
+    start: Option<u32>,
 }
 
 impl CodeIndex {
@@ -2264,12 +2287,15 @@ impl CodeIndex {
         for (i, &o) in offsets.iter().enumerate() {
             position[o as usize / 2] = i as u32;
         }
-        let resume = offsets
+        let resume: Vec<u32> = offsets
             .iter()
             .copied()
             .filter(|&o| co.bytecode.get(o as usize).is_some_and(|&op| header.opcodes.name(op) == "RESUME"))
             .collect();
-        CodeIndex { offsets, position, resume }
+        // RESUME's oparg says where it is: 0 at a function's start, 1-3 after a yield, a `yield from`, an
+        // `await` (bit 2, since 3.14, is not the location).
+        let start = resume.iter().copied().find(|&o| co.bytecode.get(o as usize + 1).is_some_and(|&arg| arg & 3 == 0));
+        CodeIndex { offsets, position, resume, start }
     }
 
     /// The position of the instruction at byte offset `o`, if an instruction starts there.

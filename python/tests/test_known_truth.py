@@ -25,7 +25,8 @@ pytestmark = pytest.mark.skipif(not ANALYZE, reason="OCULAR_ANALYZE (the analyze
 
 WORKLOAD = os.path.join(os.path.dirname(__file__), "..", "..", "testdata", "workloads", "known_truth.py")
 SECOND = {"json": "c_json", "hashlib": "c_hash", "sleep": "waiter", "gc": "churn"}
-ROUNDS = {"json": "8", "hashlib": "48", "sleep": "24", "gc": "8", "threads": "4", "requests": "8", "waiting": "40"}
+ROUNDS = {"json": "8", "hashlib": "48", "sleep": "24", "gc": "8", "threads": "4", "requests": "8", "waiting": "40",
+          "generator": "16"}
 # Every call recorded needs no windows to land on the second function: fewer rounds, and traces of a few
 # million events instead of 11 M (the invariants checker reads every trace a test makes).
 DEFAULT_ROUNDS = {"json": "4", "hashlib": "8", "sleep": "8", "gc": "4"}
@@ -192,6 +193,19 @@ def test_sampled_a_call_started_by_a_thread_waiting_for_the_gil_is_counted_once(
     assert n == 120, truth["counts"]
     r = fs["resumed"]
     assert (r["calls"], r["calls_estimated"]) == (n, False), r
+
+
+def test_sampled_a_generator_s_calls_are_its_starts_not_its_resumptions(tmp_path):
+    """`consume()` sums a generator of 200,000 items, resumed at the RESUME after its yield, where 3.13 on
+    reaches a safe point before it reports the resumption: windows open there. Each was counted as a
+    call of the generator: 19 exact calls for 16."""
+    truth = run(tmp_path, "generator", True, "--sampled")
+    fs = functions(tmp_path / "generator.ocl")
+    assert truth["gen_calls"] == truth["counts"]["consume"] == 16, truth
+    for name, n in (("gen", truth["gen_calls"]), ("consume", 16)):
+        assert (fs[name]["calls"], fs[name]["calls_estimated"]) == (n, False), fs[name]
+    r, want = fs["consume"], truth["times_s"]["consume"] * 1e3
+    assert abs(r["inclusive_ms"] - want) <= 2 * r["inclusive_ci95_ms"], (r, want)
 
 
 def test_sampled_a_thread_per_request_counts_its_requests_and_their_calls(tmp_path):

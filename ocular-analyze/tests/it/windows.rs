@@ -15,6 +15,7 @@ const T0: u64 = 1_000_000;
 const MAIN: u32 = 1;
 const F: u32 = 2;
 const G: u32 = 3;
+const GEN: u32 = 5;
 
 fn ev(t: u64, code: u32, offset: u32, arg: u32, kind: EventKind) -> RawEvent {
     RawEvent::new(T0 + t, code, offset, arg, kind as u8)
@@ -89,7 +90,13 @@ fn write_trace_costing(
     let path = dir.path().join("windows.ocl");
     let name = path.display().to_string();
     let mut w = Writer::new(std::fs::File::create(&path).unwrap(), &name, &header, Default::default()).unwrap();
-    w.code_objects(&[code(MAIN, "main"), code(F, "f"), code(G, "g"), code(4, "h")]).unwrap();
+    // A generator: its start's RESUME, and the RESUME after its yield at offset 2.
+    let gen = CodeObject {
+        bytecode: vec![151, 0, 151, 1, 83, 0],
+        positions: vec![code(GEN, "").positions[0]; 3],
+        ..code(GEN, "gen")
+    };
+    w.code_objects(&[code(MAIN, "main"), code(F, "f"), code(G, "g"), code(4, "h"), gen]).unwrap();
     if !samples.is_empty() {
         // The samples' clock is the header's monotonic one: tick t is start_monotonic_ns + 1000 (t - T0).
         let ns = |t: u64| header.start_monotonic_ns + 1000 * t;
@@ -566,6 +573,44 @@ fn a_call_found_waiting_at_its_first_instruction_is_counted_once_however_late_it
         let f = rows.iter().find(|r| r.function == "f").expect("f");
         assert_eq!((f.calls, f.calls_estimated), (want, false), "{what}: {f:?}");
     }
+}
+
+/// A generator suspended at its yield goes on at the RESUME after it, which (3.13 on) runs signal handlers
+/// before it fires PY_RESUME: a window opened there finds the generator at a RESUME that is no call's start.
+/// Its calls are its starts (a generator called 16 times read 19, exact), and the PY_RESUME that follows in
+/// the window is the activation the stack found, not another above it.
+#[test]
+fn a_generator_a_window_found_where_it_resumes_is_not_a_call() {
+    use ocular_format::event::due::CALLS_FROM_DUE;
+    use EventKind::*;
+    let e = vec![
+        ev(0, 0, 0, u32::MAX, WINDOW),
+        ev(0, MAIN, 0, 0, PY_START),
+        ev(100, GEN, 0, 0, PY_START),
+        ev(110, GEN, 2, 0, PY_YIELD),
+        ev(1000, 0, 0, 0, WINDOW_END),
+        ev(1500, G, 0, 0, COUNT),
+        // main resumes the generator: the opening finds it at the RESUME after its yield.
+        ev(2000, 0, 1, 100, WINDOW),
+        ev(2000, 0, CALLS_FROM_DUE, 1, DUE),
+        ev(2000, MAIN, 0, 0, DUE_STACK),
+        ev(2000, MAIN, 2, 0, STACK),
+        ev(2000, GEN, 2, 1, STACK),
+        ev(2010, GEN, 2, 0, PY_RESUME),
+        ev(2040, GEN, 2, 0, PY_YIELD),
+        ev(2090, MAIN, 2, 0, JUMP),
+        ev(3000, MAIN, 2, 0, JUMP),
+    ];
+    let (_dir, path) = write_trace(&e, &[], 3000);
+    let a = analyze(&path, Default::default()).unwrap();
+    let rows = stats::rows(&a, false, stats::SortBy::Exclusive);
+    let row = |name: &str| rows.iter().find(|r| r.function == name).unwrap_or_else(|| panic!("{name}: {rows:?}"));
+    let gen = row("gen");
+    assert_eq!((gen.calls, gen.calls_estimated), (1, false), "{gen:?}");
+    // In the window: the generator ran from the opening to its yield (40 us), main the other 60; the
+    // window stands for 20 times its length (2000 after the first window, through 100).
+    assert!((gen.inclusive_ms - 0.01 - 0.040 * 20.0).abs() < 1e-9, "{gen:?}");
+    assert!((row("main").exclusive_ms - 0.99 - 0.060 * 20.0).abs() < 1e-9, "{:?}", row("main"));
 }
 
 /// Inside a window every call and return is recorded, so a location of a frame below the top says the
