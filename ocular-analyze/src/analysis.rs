@@ -1701,7 +1701,7 @@ fn step(
             // start, outside the window, is counted, and it is the call the opening counted (a function
             // called 12 times read 13, a worker waiting at its first instruction while another held the
             // GIL in a `json.dumps`).
-            if matches!(started_at_open, Some(AtResume { code, counted: true, .. }) if code == id) {
+            if found.is_some_and(|f| f.counted) {
                 return;
             }
             // A call started outside windows (FORMAT.md 5.8): counted, no stack changes.

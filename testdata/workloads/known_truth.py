@@ -141,6 +141,15 @@ def resumed():
         COUNTS["resumed"] = COUNTS.get("resumed", 0) + 1
 
 
+def on_three_threads(target) -> None:
+    """Runs `target` on 3 threads at once, the main thread joining them."""
+    ts = [threading.Thread(target=target) for _ in range(3)]
+    for t in ts:
+        t.start()
+    for t in ts:
+        t.join()
+
+
 def run(variant: str, rounds: int) -> None:
     if variant == "waiting":
         py_heavy()  # call-dense: past a sampled recording's first window
@@ -151,11 +160,7 @@ def run(variant: str, rounds: int) -> None:
             for _ in range(rounds):
                 a == b  # noqa: B015 (the comparison is the work)
                 resumed()
-        ts = [threading.Thread(target=comparer) for _ in range(3)]
-        for t in ts:
-            t.start()
-        for t in ts:
-            t.join()
+        on_three_threads(comparer)
         return
     if variant == "requests":
         for _ in range(rounds * 125):
@@ -168,11 +173,7 @@ def run(variant: str, rounds: int) -> None:
             for _ in range(rounds):
                 py_heavy()
                 c_json()
-        ts = [threading.Thread(target=worker) for _ in range(3)]
-        for t in ts:
-            t.start()
-        for t in ts:
-            t.join()
+        on_three_threads(worker)
         return
     second = SECOND[variant]
     for _ in range(rounds):

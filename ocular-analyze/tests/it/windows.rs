@@ -435,25 +435,42 @@ fn a_missed_window_written_after_later_events_still_stands_for_its_length() {
     assert!((f.inclusive_ms - 4.0).abs() < 1e-6, "{f:?}");
 }
 
+/// The first window (main starts, 1000 ticks), then `g`'s start counted outside windows (FORMAT.md 5.8:
+/// the recorder counts starts, so a function's calls can be exact).
+fn first_window_and_a_count() -> Vec<RawEvent> {
+    use EventKind::*;
+    vec![
+        ev(0, 0, 0, u32::MAX, WINDOW),
+        ev(0, MAIN, 0, 0, PY_START),
+        ev(1000, 0, 0, 0, WINDOW_END),
+        ev(1500, G, 0, 0, COUNT),
+    ]
+}
+
+/// A later window `seq` of 100 us opening at `at`, `lead` us after it fell due, calls counted from then:
+/// main's stack at the due moment, and at the opening main with `top` (code, offset) above it.
+fn opening(at: u64, lead: u32, seq: u32, (code, offset): (u32, u32)) -> Vec<RawEvent> {
+    use ocular_format::event::due::CALLS_FROM_DUE;
+    use EventKind::*;
+    vec![
+        ev(at, lead, seq, 100, WINDOW),
+        ev(at, 0, CALLS_FROM_DUE, 1, DUE),
+        ev(at, MAIN, 0, 0, DUE_STACK),
+        ev(at, MAIN, 2, 0, STACK),
+        ev(at, code, offset, 1, STACK),
+    ]
+}
+
 /// CPython's INSTRUMENTED_RESUME runs signal handlers (a window's opening) before it fires PY_START: a window
 /// whose stack ends in a frame at its first instruction can be followed by that frame's PY_START, which is
 /// the same call, not a second one (a function called 24 times read 25). Without the PY_START (a plain
 /// RESUME, the function's PY_START switched off outside windows), the opening's stack alone counts it.
 #[test]
 fn a_call_a_window_found_at_its_first_instruction_is_counted_once_whether_its_py_start_follows_or_not() {
-    use ocular_format::event::due::CALLS_FROM_DUE;
     use EventKind::*;
     for py_start in [false, true] {
-        let mut e = vec![
-            ev(0, 0, 0, u32::MAX, WINDOW),
-            ev(0, MAIN, 0, 0, PY_START),
-            ev(1000, 0, 0, 0, WINDOW_END),
-            ev(2000, 0, 1, 100, WINDOW),
-            ev(2000, 0, CALLS_FROM_DUE, 1, DUE),
-            ev(2000, MAIN, 0, 0, DUE_STACK),
-            ev(2000, MAIN, 2, 0, STACK),
-            ev(2000, F, 0, 1, STACK),
-        ];
+        let mut e = vec![ev(0, 0, 0, u32::MAX, WINDOW), ev(0, MAIN, 0, 0, PY_START), ev(1000, 0, 0, 0, WINDOW_END)];
+        e.extend(opening(2000, 0, 1, (F, 0)));
         if py_start {
             e.push(ev(2010, F, 0, 0, PY_START));
         }
@@ -475,29 +492,16 @@ fn a_call_a_window_found_at_its_first_instruction_is_counted_once_whether_its_py
 /// would have been recorded.
 #[test]
 fn a_call_started_just_before_the_window_found_it_at_its_first_instruction_is_counted_once() {
-    use ocular_format::event::due::CALLS_FROM_DUE;
     use EventKind::*;
     // f's COUNT at `count_at`, with its `arg` (1: f's last counted call; None: no COUNT); the window fell
     // due at 1950 (50 us before its opening at 2000).
     let calls = |count_at: Option<(u64, u32)>| {
-        let mut e = vec![
-            ev(0, 0, 0, u32::MAX, WINDOW),
-            ev(0, MAIN, 0, 0, PY_START),
-            ev(1000, 0, 0, 0, WINDOW_END),
-            ev(1500, G, 0, 0, COUNT),
-        ];
+        let mut e = first_window_and_a_count();
         if let Some((at, last)) = count_at {
             e.push(ev(at, F, 0, last, COUNT));
         }
-        e.extend([
-            ev(2000, 50, 1, 100, WINDOW),
-            ev(2000, 0, CALLS_FROM_DUE, 1, DUE),
-            ev(2000, MAIN, 0, 0, DUE_STACK),
-            ev(2000, MAIN, 2, 0, STACK),
-            ev(2000, F, 0, 1, STACK),
-            ev(2050, F, 2, 0, PY_RETURN),
-            ev(3000, MAIN, 2, 0, JUMP),
-        ]);
+        e.extend(opening(2000, 50, 1, (F, 0)));
+        e.extend([ev(2050, F, 2, 0, PY_RETURN), ev(3000, MAIN, 2, 0, JUMP)]);
         let (_dir, path) = write_trace(&e, &[], 3000);
         let a = analyze(&path, Default::default()).unwrap();
         let rows = stats::rows(&a, false, stats::SortBy::Exclusive);
@@ -526,20 +530,10 @@ fn a_call_started_just_before_the_window_found_it_at_its_first_instruction_is_co
 /// window as a COUNT, inside one as a PY_START. One call each way (a function called 12 times read 13).
 #[test]
 fn a_call_found_waiting_at_its_first_instruction_is_counted_once_however_late_its_start_comes() {
-    use ocular_format::event::due::CALLS_FROM_DUE;
     use EventKind::*;
-    let opening = |at: u64, seq: u32| {
-        vec![
-            ev(at, 0, seq, 100, WINDOW),
-            ev(at, 0, CALLS_FROM_DUE, 1, DUE),
-            ev(at, MAIN, 0, 0, DUE_STACK),
-            ev(at, MAIN, 2, 0, STACK),
-            ev(at, F, 0, 1, STACK),
-        ]
-    };
     // Later openings (tick, sequence) that find f waiting again, then the events that follow.
     let again = |openings: &[(u64, u32)], then: &[RawEvent]| {
-        let mut e: Vec<RawEvent> = openings.iter().flat_map(|&(at, seq)| opening(at, seq)).collect();
+        let mut e: Vec<RawEvent> = openings.iter().flat_map(|&(at, seq)| opening(at, 0, seq, (F, 0))).collect();
         e.extend_from_slice(then);
         e
     };
@@ -557,14 +551,8 @@ fn a_call_found_waiting_at_its_first_instruction_is_counted_once_however_late_it
         ("ran on, then another call", again(&[], &[ev(2500, MAIN, 2, 0, JUMP), ev(3000, F, 0, 0, COUNT)]), 2),
     ];
     for (what, after, want) in cases {
-        let mut e = vec![
-            ev(0, 0, 0, u32::MAX, WINDOW),
-            ev(0, MAIN, 0, 0, PY_START),
-            ev(1000, 0, 0, 0, WINDOW_END),
-            // The recorder counts starts outside windows (FORMAT.md 5.8), so f's calls are exact.
-            ev(1500, G, 0, 0, COUNT),
-        ];
-        e.extend(opening(2000, 1));
+        let mut e = first_window_and_a_count();
+        e.extend(opening(2000, 0, 1, (F, 0)));
         e.extend(after);
         e.push(ev(5000, MAIN, 2, 0, JUMP));
         let (_dir, path) = write_trace(&e, &[], 5000);
@@ -581,26 +569,17 @@ fn a_call_found_waiting_at_its_first_instruction_is_counted_once_however_late_it
 /// the window is the activation the stack found, not another above it.
 #[test]
 fn a_generator_a_window_found_where_it_resumes_is_not_a_call() {
-    use ocular_format::event::due::CALLS_FROM_DUE;
     use EventKind::*;
-    let e = vec![
-        ev(0, 0, 0, u32::MAX, WINDOW),
-        ev(0, MAIN, 0, 0, PY_START),
-        ev(100, GEN, 0, 0, PY_START),
-        ev(110, GEN, 2, 0, PY_YIELD),
-        ev(1000, 0, 0, 0, WINDOW_END),
-        ev(1500, G, 0, 0, COUNT),
-        // main resumes the generator: the opening finds it at the RESUME after its yield.
-        ev(2000, 0, 1, 100, WINDOW),
-        ev(2000, 0, CALLS_FROM_DUE, 1, DUE),
-        ev(2000, MAIN, 0, 0, DUE_STACK),
-        ev(2000, MAIN, 2, 0, STACK),
-        ev(2000, GEN, 2, 1, STACK),
+    let mut e = first_window_and_a_count();
+    e.splice(2..2, [ev(100, GEN, 0, 0, PY_START), ev(110, GEN, 2, 0, PY_YIELD)]);
+    // main resumes the generator: the opening finds it at the RESUME after its yield.
+    e.extend(opening(2000, 0, 1, (GEN, 2)));
+    e.extend([
         ev(2010, GEN, 2, 0, PY_RESUME),
         ev(2040, GEN, 2, 0, PY_YIELD),
         ev(2090, MAIN, 2, 0, JUMP),
         ev(3000, MAIN, 2, 0, JUMP),
-    ];
+    ]);
     let (_dir, path) = write_trace(&e, &[], 3000);
     let a = analyze(&path, Default::default()).unwrap();
     let rows = stats::rows(&a, false, stats::SortBy::Exclusive);
