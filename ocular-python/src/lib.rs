@@ -1086,7 +1086,7 @@ unsafe fn thread_ending(ts: *mut ThreadState) {
 /// What a thread that runs no more Python code holds for nothing: its buffer is submitted, its stack no
 /// longer read at due moments, and its second-level cache goes (the state stays).
 fn give_back(t: &mut ThreadState, rec: &Recorder) {
-    t.buf.flush(rec.out.sink());
+    t.buf.flush_last(rec.out.sink());
     due::unregister(t.pyts);
     t.cache2 = Box::new([]);
     t.misses = 0;

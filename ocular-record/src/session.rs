@@ -467,6 +467,11 @@ pub trait Sink {
     fn take(&self, thread_id: u64, ticks: u64, events_before: u64) -> Option<Buffer>;
     /// The first `len` events of `buf`, from `thread_id`, are complete.
     fn submit(&self, thread_id: u64, buf: Buffer, len: usize);
+    /// As [`Sink::submit`], for the last buffer of a thread that ends: the sink may hold it back for a
+    /// while, to hand several over at once.
+    fn submit_last(&self, thread_id: u64, buf: Buffer, len: usize) {
+        self.submit(thread_id, buf, len)
+    }
     /// Events were dropped.
     fn lost(&self, lost: Lost);
 }
@@ -655,6 +660,21 @@ impl ThreadBuffer {
         if self.lost.count > 0 {
             self.report_lost(sink);
         }
+    }
+
+    /// [`flush`](Self::flush) for a thread that ends: its buffer goes with [`Sink::submit_last`].
+    pub fn flush_last(&mut self, sink: &dyn Sink) {
+        if self.lost.count > 0 {
+            self.flush(sink);
+            return;
+        }
+        let len = self.len();
+        if let Some(b) = self.buf.take() {
+            self.pushed += len as u64;
+            sink.submit_last(self.thread_id, b, len);
+        }
+        self.cur = std::ptr::null_mut();
+        self.end = std::ptr::null_mut();
     }
 
     /// Forgets the events in the current buffer (used after calibration, whose events are not recorded).
@@ -1157,6 +1177,11 @@ impl WriterJob {
     }
 }
 
+/// Last buffers of ended threads held back before the writer is woken for them ([`Session::submit_last`]).
+pub const LAST_BATCH: usize = 8;
+/// The longest the writer leaves held-back buffers unwritten when nothing else wakes it.
+const LAST_LATENCY: std::time::Duration = std::time::Duration::from_millis(100);
+
 /// Code objects sent to the writer in one message at the most: the writer compresses them while the
 /// program runs (on richards, 1,200 code objects left for the stop kept it waiting 10-20 ms).
 pub const CODE_BATCH: usize = 64;
@@ -1176,6 +1201,9 @@ pub struct Session {
     /// writer (~10 us) at every thread's start, on the program's time (`Thread._bootstrap`'s, in a thread
     /// per request). The ring's metadata has them at once.
     threads: Mutex<Vec<ThreadInfo>>,
+    /// Last buffers of threads that ended, in ring slots, not yet sent ([`Session::submit_last`]): shared
+    /// with the writer, which takes them when nothing woke it for [`LAST_LATENCY`].
+    last: Arc<Mutex<Vec<(u64, Buffer, usize)>>>,
     pool: Arc<Pool>,
     /// The ring file beside the trace (RING.md), if one could be made.
     ring: Option<Arc<RingWriter>>,
@@ -1312,6 +1340,8 @@ impl Session {
             pool.make_first();
         }
         let (tx, rx) = channel::<Msg>();
+        let last: Arc<Mutex<Vec<(u64, Buffer, usize)>>> = Arc::default();
+        let held = Arc::clone(&last);
         let delay = std::env::var("OCULAR_TEST_WRITER_DELAY_US")
             .ok()
             .and_then(|v| v.parse::<u64>().ok())
@@ -1355,9 +1385,21 @@ impl Session {
                     .ok()
                 })
             };
-            for msg in rx {
-                if job.handle(msg) {
-                    break;
+            loop {
+                match rx.recv_timeout(LAST_LATENCY) {
+                    Ok(msg) => {
+                        if job.handle(msg) {
+                            break;
+                        }
+                    }
+                    Err(std::sync::mpsc::RecvTimeoutError::Timeout) => {
+                        // Only event buffers are held back: none of them ends the session.
+                        let batch = std::mem::take(&mut *held.lock().unwrap_or_else(|e| e.into_inner()));
+                        for (thread_id, buf, len) in batch {
+                            job.handle(Msg::Events { thread_id, buf, len });
+                        }
+                    }
+                    Err(std::sync::mpsc::RecvTimeoutError::Disconnected) => break,
                 }
             }
             if let Some(h) = sweep {
@@ -1371,6 +1413,7 @@ impl Session {
             code: Mutex::new(Vec::new()),
             cfuncs: Mutex::new(Vec::new()),
             threads: Mutex::new(Vec::new()),
+            last,
             pool,
             ring,
             ring_error,
@@ -1482,7 +1525,20 @@ impl Session {
         for t in threads {
             let _ = self.tx.send(Msg::Thread(t));
         }
+        self.send_last();
         self.tx.send(msg)
+    }
+
+    /// Sends the held-back last buffers of ended threads, oldest first.
+    fn send_last(&self) {
+        let last = std::mem::take(&mut *self.last.lock().unwrap_or_else(|e| e.into_inner()));
+        for (thread_id, buf, len) in last {
+            if let Err(e) = self.tx.send(Msg::Events { thread_id, buf, len }) {
+                if let Msg::Events { buf, .. } = e.0 {
+                    self.pool.give(buf);
+                }
+            }
+        }
     }
 
     /// Names a thread.
@@ -1603,6 +1659,28 @@ impl Sink for Session {
             if let Msg::Events { buf, .. } = e.0 {
                 self.pool.give(buf);
             }
+        }
+    }
+    /// A thread that ends hands its last buffer over, mostly a few hundred events: a message for each woke
+    /// the writer (a futex wake, ~10 us of the program's time, with the GIL held) at every thread's end,
+    /// as much again as recording a short thread's events. A buffer in a ring slot is safe there from a
+    /// kill (RING.md 3), so it waits for the next message, for [`LAST_BATCH`] such buffers, or for the
+    /// writer's [`LAST_LATENCY`]; a heap buffer goes at once.
+    fn submit_last(&self, thread_id: u64, buf: Buffer, len: usize) {
+        // A small pool (a test's) gives no buffer to spare: held back, they would leave it empty.
+        let (Some(slot), Some(ring)) = (buf.slot(), &self.ring) else {
+            return self.submit(thread_id, buf, len);
+        };
+        if self.pool.cfg.max_buffers < 4 * LAST_BATCH {
+            return self.submit(thread_id, buf, len);
+        }
+        self.pool.release();
+        ring.full(slot, len as u32);
+        let mut last = self.last.lock().unwrap_or_else(|e| e.into_inner());
+        last.push((thread_id, buf, len));
+        if last.len() >= LAST_BATCH {
+            drop(last);
+            self.send_last();
         }
     }
     fn lost(&self, lost: Lost) {

@@ -438,3 +438,69 @@ fn a_session_with_a_ring_file_has_its_first_slot_ready_when_start_returns() {
     let out = session.finish(ClockPoint::now());
     assert!(out.error.is_none(), "{:?}", out.error);
 }
+
+/// Events per thread in the file at `path`, as far as it is written (a recording still running has no
+/// trailer yet), in the file's order.
+fn events_by_thread(path: &std::path::Path) -> std::collections::BTreeMap<u64, Vec<u64>> {
+    let mut r = Reader::open_with(path, ReadOptions::with_salvage(true)).unwrap();
+    let mut by = std::collections::BTreeMap::<u64, Vec<u64>>::new();
+    while let Ok(Some(c)) = r.next_chunk() {
+        if let Body::Events(e) = c.body {
+            by.entry(c.info.thread_id).or_default().extend(e.iter().map(|e| e.ticks.get()));
+        }
+    }
+    by
+}
+
+#[test]
+fn an_ended_thread_s_last_buffer_reaches_the_file_while_the_recording_goes_on() {
+    // Held back so that a thread's end does not wake the writer, it is written once nothing else has woken
+    // the writer for a while: a reader of the file, or of its ring, is not left without it.
+    let (_dir, path) = tmp();
+    let session = small_session(&path);
+    let mut t = ThreadBuffer::new(7);
+    for i in 0..30u64 {
+        t.push(ev(10 * i, 4), &session);
+    }
+    t.flush_last(&session);
+    // Its ring slot is freed once the writer has written it (RING.md 3.2).
+    let ring = session.pool().ring().expect("a ring file");
+    let deadline = std::time::Instant::now() + std::time::Duration::from_secs(20);
+    while ring.pending(u64::MAX).iter().any(|s| s.thread_id == 7) && std::time::Instant::now() < deadline {
+        std::thread::sleep(std::time::Duration::from_millis(20));
+    }
+    assert!(!ring.pending(u64::MAX).iter().any(|s| s.thread_id == 7), "written before the recording ended");
+    let seen = events_by_thread(&path).remove(&7).unwrap_or_default();
+    assert_eq!(seen, (0..30).map(|i| 10 * i).collect::<Vec<_>>());
+    let out = session.finish(ClockPoint::now());
+    assert_eq!((out.events, out.lost, out.error.as_deref()), (30, 0, None));
+}
+
+#[test]
+fn last_buffers_held_back_keep_each_thread_s_order_and_all_reach_the_file() {
+    // Twenty threads end (more than are held back at once), and one of them records again after its end was
+    // seen (a thread's bootstrap returns before its last Python code runs): that later buffer is sent at
+    // once, and must not reach the file before the held-back one.
+    let (_dir, path) = tmp();
+    let session = small_session(&path);
+    let mut expected = std::collections::BTreeMap::<u64, Vec<u64>>::new();
+    for tid in 1..=20u64 {
+        let mut t = ThreadBuffer::new(tid);
+        for i in 0..(tid * 3) {
+            t.push(ev(1000 * tid + i, 2), &session);
+            expected.entry(tid).or_default().push(1000 * tid + i);
+        }
+        t.flush_last(&session);
+        if tid == 3 {
+            for i in 100..350u64 {
+                t.push(ev(1000 * tid + i, 2), &session);
+                expected.entry(tid).or_default().push(1000 * tid + i);
+            }
+            t.flush(&session);
+        }
+    }
+    let out = session.finish(ClockPoint::now());
+    let total: usize = expected.values().map(Vec::len).sum();
+    assert_eq!((out.events, out.lost, out.error.as_deref()), (total as u64, 0, None));
+    assert_eq!(events_by_thread(&path), expected);
+}
