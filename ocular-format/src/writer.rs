@@ -67,7 +67,7 @@ pub struct Writer<W: Write> {
     seq: u64,
     events: u64,
     lost: u64,
-    zstd: zstd::bulk::Compressor<'static>,
+    zstd: Kept<zstd::bulk::Compressor<'static>>,
     raw: Vec<u8>,
     stored: Vec<u8>,
     encoder: crate::codec::Encoder,
@@ -92,7 +92,7 @@ pub struct Writer<W: Write> {
 #[derive(Default)]
 struct PendingCode {
     count: u32,
-    zstd: Option<StreamEncoder<'static>>,
+    zstd: Option<Kept<StreamEncoder<'static>>>,
 }
 
 impl<W: Write> std::fmt::Debug for Writer<W> {
@@ -114,7 +114,8 @@ impl<W: Write> Writer<W> {
 
     /// A writer that has written nothing.
     fn blank(out: W, path: &str, header: &Header, opts: WriterOptions) -> Result<Self> {
-        let zstd = zstd::bulk::Compressor::new(opts.level).map_err(|e| io_err(path, e))?;
+        let zstd =
+            Kept::take(&BULK, opts.level, || zstd::bulk::Compressor::new(opts.level)).map_err(|e| io_err(path, e))?;
         Ok(Writer {
             out,
             path: path.to_owned(),
@@ -300,7 +301,9 @@ impl<W: Write> Writer<W> {
                 let code = &mut self.code;
                 let z = match &mut code.zstd {
                     Some(z) => z,
-                    None => code.zstd.insert(code_encoder(level).map_err(|e| io_err(&self.path, e))?),
+                    None => code
+                        .zstd
+                        .insert(Kept::take(&CODE, level, || code_encoder(level)).map_err(|e| io_err(&self.path, e))?),
                 };
                 let mut input = InBuffer::around(&self.raw[start..]);
                 stream_into(&mut self.stored, |out| {
@@ -560,6 +563,86 @@ fn push_framed<T: Serialize>(item: &T, one: &mut Vec<u8>, out: &mut Vec<u8>, wha
     postcard::to_io(item, &mut *one).map_err(|source| Error::Encode { what, source })?;
     postcard::to_io(serde_bytes::Bytes::new(one), out).map_err(|source| Error::Encode { what, source })?;
     Ok(())
+}
+
+/// zstd contexts of writers that are done, for the process's next writers: a context's first frame
+/// allocates and clears its tables (~0.3 MiB for events, ~0.5 MiB for code objects, page faults
+/// included), which a recording that writes little (a test's, under `pytest --ocular DIR`, or a flight
+/// recorder's dump) paid at every start and stop. A few of each, by level.
+static BULK: std::sync::Mutex<Vec<(i32, zstd::bulk::Compressor<'static>)>> = std::sync::Mutex::new(Vec::new());
+static CODE: std::sync::Mutex<Vec<(i32, StreamEncoder<'static>)>> = std::sync::Mutex::new(Vec::new());
+/// Contexts of each kind kept at the most (one per writer alive at once, mostly one).
+const KEPT: usize = 2;
+
+/// What a context is reset with before another writer gets it.
+trait Reset {
+    /// False if it cannot be reused.
+    fn reset(&mut self) -> bool;
+}
+
+impl Reset for zstd::bulk::Compressor<'static> {
+    fn reset(&mut self) -> bool {
+        true // each compression is a frame of its own
+    }
+}
+
+impl Reset for StreamEncoder<'static> {
+    fn reset(&mut self) -> bool {
+        // A writer dropped in the middle of a CODE chunk leaves its frame open: the next starts anew.
+        self.reinit().is_ok()
+    }
+}
+
+/// A zstd context taken from a pool ([`BULK`], [`CODE`]), given back when dropped.
+struct Kept<T: Reset + 'static> {
+    item: Option<T>,
+    level: i32,
+    pool: &'static std::sync::Mutex<Vec<(i32, T)>>,
+}
+
+impl<T: Reset + 'static> Kept<T> {
+    /// A context of `level` from `pool`, or a new one made by `make`.
+    fn take(
+        pool: &'static std::sync::Mutex<Vec<(i32, T)>>,
+        level: i32,
+        make: impl FnOnce() -> std::io::Result<T>,
+    ) -> std::io::Result<Self> {
+        let found = {
+            let mut kept = pool.lock().unwrap_or_else(|e| e.into_inner());
+            kept.iter().position(|(l, _)| *l == level).map(|i| kept.swap_remove(i).1)
+        };
+        let item = match found {
+            Some(item) => item,
+            None => make()?,
+        };
+        Ok(Kept { item: Some(item), level, pool })
+    }
+}
+
+impl<T: Reset + 'static> std::ops::Deref for Kept<T> {
+    type Target = T;
+    fn deref(&self) -> &T {
+        self.item.as_ref().expect("present until dropped")
+    }
+}
+
+impl<T: Reset + 'static> std::ops::DerefMut for Kept<T> {
+    fn deref_mut(&mut self) -> &mut T {
+        self.item.as_mut().expect("present until dropped")
+    }
+}
+
+impl<T: Reset + 'static> Drop for Kept<T> {
+    fn drop(&mut self) {
+        let Some(mut item) = self.item.take() else { return };
+        if !item.reset() {
+            return;
+        }
+        let mut kept = self.pool.lock().unwrap_or_else(|e| e.into_inner());
+        if kept.len() < KEPT {
+            kept.push((self.level, item));
+        }
+    }
 }
 
 /// The stream encoder of CODE chunks: `level`'s strategy with a 256 KiB window and 64 Ki-entry tables

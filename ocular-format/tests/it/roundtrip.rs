@@ -219,6 +219,34 @@ fn code_objects_added_in_parts_are_one_chunk_before_the_events() {
     }
 }
 
+/// Writers hand their zstd contexts on to the process's next writers: what a writer writes must not
+/// depend on whether its contexts are new, another writer's that finished, or one's that was dropped in
+/// the middle of a CODE chunk (its frame left open).
+#[test]
+fn a_file_is_the_same_bytes_whatever_writer_had_its_zstd_contexts_before() {
+    use crate::util::{code, loop_events, trailer};
+    let objects: Vec<CodeObject> = (1..=200).map(|i| code(i, &format!("f{i}"))).collect();
+    let write = || {
+        let mut w =
+            Writer::new(Vec::new(), "<memory>", &ocular_format::testing::header(), WriterOptions::default()).unwrap();
+        for part in objects.chunks(64) {
+            w.add_code_objects(part).unwrap();
+        }
+        w.events(7, &loop_events(300, 1_000, 20)).unwrap();
+        w.finish(trailer()).unwrap()
+    };
+    let first = write();
+    for round in 0..4 {
+        // A writer given up on with a CODE chunk half made.
+        let mut w =
+            Writer::new(Vec::new(), "<memory>", &ocular_format::testing::header(), WriterOptions::default()).unwrap();
+        w.add_code_objects(&objects[..(50 + 30 * round)]).unwrap();
+        drop(w);
+        assert!(write() == first, "round {round}: the same bytes");
+    }
+    assert!(read_all(&first, false).is_ok());
+}
+
 #[test]
 fn skip_events_reads_the_metadata_and_counts_but_still_checks_events_chunks() {
     use std::io::Cursor;
