@@ -32,6 +32,11 @@ use std::sync::mpsc::{channel, Sender};
 use std::sync::{Arc, Condvar, Mutex};
 use std::thread::JoinHandle;
 
+/// Bytes ahead of the next record that a store prefetches for writing ([`ThreadBuffer::push`]): four
+/// lines. Measured on sqlglot's fixture in calls mode, side by side (program time, 10 pairs): 128 bytes
+/// 0.985x, 256 0.967-0.981x, 512 0.974-0.982x, 1024 0.992x of no prefetch.
+const PREFETCH_AHEAD: usize = 256;
+
 /// Free buffers kept ready for the recording threads, allocated off their path.
 const SPARES: usize = 3;
 
@@ -554,6 +559,16 @@ impl ThreadBuffer {
             // process dies in between. x86 stores become visible in program order; the fence keeps the
             // compiler from reordering them.
             let p = self.cur as *mut u8;
+            // The line a few records on is asked for, to write: a buffer comes back from the writer, which
+            // read it on the other core, and each line's first store otherwise waited for the line to be
+            // fetched from there (a record in every 2.7 is a new line). A prefetch never faults, so past
+            // the buffer's end it is harmless.
+            #[cfg(target_arch = "x86_64")]
+            std::arch::asm!(
+                "prefetchw [{}]",
+                in(reg) p.wrapping_add(PREFETCH_AHEAD),
+                options(nostack, readonly, preserves_flags)
+            );
             std::ptr::copy_nonoverlapping((ev as *const RawEvent as *const u8).add(8), p.add(8), 16);
             std::sync::atomic::compiler_fence(std::sync::atomic::Ordering::Release);
             std::ptr::copy_nonoverlapping(ev as *const RawEvent as *const u8, p, 8);
