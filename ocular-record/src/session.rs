@@ -653,11 +653,20 @@ impl ThreadBuffer {
     }
 
     fn submit(&mut self, sink: &dyn Sink) {
+        self.submit_as(sink, false);
+    }
+
+    /// Hands the buffer over, with [`Sink::submit_last`] if `last`.
+    fn submit_as(&mut self, sink: &dyn Sink, last: bool) {
         let len = self.len();
         if let Some(b) = self.buf.take() {
             // An empty buffer goes back for reuse too; the writer makes no chunk of it.
             self.pushed += len as u64;
-            sink.submit(self.thread_id, b, len);
+            if last {
+                sink.submit_last(self.thread_id, b, len);
+            } else {
+                sink.submit(self.thread_id, b, len);
+            }
         }
         self.cur = std::ptr::null_mut();
         self.end = std::ptr::null_mut();
@@ -679,17 +688,12 @@ impl ThreadBuffer {
 
     /// [`flush`](Self::flush) for a thread that ends: its buffer goes with [`Sink::submit_last`].
     pub fn flush_last(&mut self, sink: &dyn Sink) {
+        // With losses to report, the buffer goes at once, ahead of the report.
         if self.lost.count > 0 {
             self.flush(sink);
-            return;
+        } else {
+            self.submit_as(sink, true);
         }
-        let len = self.len();
-        if let Some(b) = self.buf.take() {
-            self.pushed += len as u64;
-            sink.submit_last(self.thread_id, b, len);
-        }
-        self.cur = std::ptr::null_mut();
-        self.end = std::ptr::null_mut();
     }
 
     /// Forgets the events in the current buffer (used after calibration, whose events are not recorded).
