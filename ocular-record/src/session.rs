@@ -1684,7 +1684,7 @@ impl Sink for Session {
     /// the writer (a futex wake, ~10 us of the program's time, with the GIL held) at every thread's end,
     /// as much again as recording a short thread's events. A buffer in a ring slot is safe there from a
     /// kill (RING.md 3), so it waits for the next message, for [`LAST_BATCH`] such buffers, or for the
-    /// writer's [`LAST_LATENCY`]; a heap buffer goes at once.
+    /// writer's timeout (100 ms); a heap buffer goes at once.
     fn submit_last(&self, thread_id: u64, buf: Buffer, len: usize) {
         // A small pool (a test's) gives no buffer to spare: held back, they would leave it empty.
         let (Some(slot), Some(ring)) = (buf.slot(), &self.ring) else {
