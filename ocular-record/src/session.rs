@@ -1552,11 +1552,23 @@ impl Session {
     fn send_last(&self) {
         let last = std::mem::take(&mut *self.last.lock().unwrap_or_else(|e| e.into_inner()));
         for (thread_id, buf, len) in last {
-            if let Err(e) = self.tx.send(Msg::Events { thread_id, buf, len }) {
-                if let Msg::Events { buf, .. } = e.0 {
-                    self.pool.give(buf);
-                }
-            }
+            self.unsent(self.tx.send(Msg::Events { thread_id, buf, len }));
+        }
+    }
+
+    /// A thread gave `buf` up with `len` events: it holds no buffer now, and the ring slot is full.
+    fn filled(&self, buf: &Buffer, len: usize) {
+        self.pool.release();
+        if let (Some(slot), Some(ring)) = (buf.slot(), &self.ring) {
+            ring.full(slot, len as u32);
+        }
+    }
+
+    /// A send of events that failed, which only happens after the writer stopped: the buffer comes back
+    /// for reuse.
+    fn unsent(&self, sent: Result<(), std::sync::mpsc::SendError<Msg>>) {
+        if let Err(std::sync::mpsc::SendError(Msg::Events { buf, .. })) = sent {
+            self.pool.give(buf);
         }
     }
 
@@ -1669,16 +1681,8 @@ impl Sink for Session {
         Some(b)
     }
     fn submit(&self, thread_id: u64, buf: Buffer, len: usize) {
-        self.pool.release();
-        if let (Some(slot), Some(ring)) = (buf.slot(), &self.ring) {
-            ring.full(slot, len as u32);
-        }
-        if let Err(e) = self.send(Msg::Events { thread_id, buf, len }) {
-            // Only possible after the writer stopped; the buffer comes back for reuse.
-            if let Msg::Events { buf, .. } = e.0 {
-                self.pool.give(buf);
-            }
-        }
+        self.filled(&buf, len);
+        self.unsent(self.send(Msg::Events { thread_id, buf, len }));
     }
     /// A thread that ends hands its last buffer over, mostly a few hundred events: a message for each woke
     /// the writer (a futex wake, ~10 us of the program's time, with the GIL held) at every thread's end,
@@ -1687,14 +1691,10 @@ impl Sink for Session {
     /// writer's timeout (100 ms); a heap buffer goes at once.
     fn submit_last(&self, thread_id: u64, buf: Buffer, len: usize) {
         // A small pool (a test's) gives no buffer to spare: held back, they would leave it empty.
-        let (Some(slot), Some(ring)) = (buf.slot(), &self.ring) else {
-            return self.submit(thread_id, buf, len);
-        };
-        if self.pool.cfg.max_buffers < 4 * LAST_BATCH {
+        if buf.slot().is_none() || self.ring.is_none() || self.pool.cfg.max_buffers < 4 * LAST_BATCH {
             return self.submit(thread_id, buf, len);
         }
-        self.pool.release();
-        ring.full(slot, len as u32);
+        self.filled(&buf, len);
         let mut last = self.last.lock().unwrap_or_else(|e| e.into_inner());
         last.push((thread_id, buf, len));
         if last.len() >= LAST_BATCH {
