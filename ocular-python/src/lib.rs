@@ -147,6 +147,9 @@ struct Recorder {
     recorded: Vec<Py<PyAny>>,
     filter: Filter,
     threshold: u32,
+    /// The callbacks count hits per location against the threshold (a threshold above 0, adaptive or
+    /// precise mode): a code object's first sight then sizes its counters.
+    counts_hits: bool,
     thread_name: Py<PyAny>,
     /// `threading.Thread._bootstrap`'s code object; 0 when `threading` was not imported at the start (Ocular
     /// does not import it: ~1.5 ms of every run), and the code is known by its name at its first sight.
@@ -527,6 +530,7 @@ fn start(
         // Ocular's own Python code is never recorded; the header keeps the user's filters as given.
         filter: Filter { include_only, exclude: exclude.into_iter().chain(internal.iter().cloned()).collect() },
         threshold,
+        counts_hits: threshold > 0 && options_mode != Mode::Calls,
         thread_name,
         boot_code: boot_code.map_or(0, |c| c.as_ptr() as usize),
         main_native_id,
@@ -871,10 +875,11 @@ unsafe fn lookup(code: *mut ffi::PyObject) -> *mut CodeState {
                 c.id = id;
                 rec.recorded.push(obj.clone().unbind());
                 if let Output::File(s) = &rec.out {
-                    s.code(vec![c]);
+                    s.code(c);
                 }
             }
-            CodeState { id, flags, boundary, hits: vec![0; units].into_boxed_slice(), heads: Box::new([]), counted: 0 }
+            let hits = if rec.counts_hits { vec![0; units].into_boxed_slice() } else { Box::new([]) as Box<[u32]> };
+            CodeState { id, flags, boundary, hits, heads: Box::new([]), counted: 0 }
         }
         Err(e) => {
             // Never let an exception escape into the user's program: note it, skip this code object.
