@@ -584,6 +584,9 @@ fn base_stack(py: Python<'_>, internal: &[String]) -> (i64, Vec<Py<PyAny>>) {
     (me, codes)
 }
 
+/// Specialized-bytecode snapshots sent to the writer in one message at the stop.
+const SNAPSHOT_BATCH: usize = 512;
+
 /// Stops recording: flushes every thread, snapshots specialized bytecode, writes the trailer. `names`
 /// maps native thread ids to names for threads that were not named while recording. Returns what was
 /// written. Events must already be disabled by the caller. `speed`: the stop's calibration, the machine's
@@ -653,14 +656,18 @@ fn stop<'py>(py: Python<'py>, names: &Bound<'py, PyDict>, speed: Vec<(u8, f64)>)
     result.set_item("threads", threads)?;
     result.set_item("code_objects", rec.recorded.len())?;
     result.set_item("errors", rec.errors.clone())?;
-    let rec = *rec;
+    let mut rec = *rec;
     match rec.out {
         Output::File(session) => {
-            let mut snaps = Vec::with_capacity(rec.recorded.len());
+            // The writer takes each batch while the next is read: the stop waits for the last one only.
+            let mut snaps = Vec::with_capacity(SNAPSHOT_BATCH.min(rec.recorded.len()));
             for (i, code) in rec.recorded.iter().enumerate() {
                 let adaptive = code.bind(py).getattr(intern!(py, "_co_code_adaptive"));
                 if let Ok(b) = adaptive.as_ref().map_err(|_| ()).and_then(|b| b.cast::<PyBytes>().map_err(|_| ())) {
                     snaps.push(CodeSnapshot { id: i as u32 + 1, bytecode: b.as_bytes().to_vec() });
+                }
+                if snaps.len() == SNAPSHOT_BATCH {
+                    session.snapshots(std::mem::replace(&mut snaps, Vec::with_capacity(SNAPSHOT_BATCH)));
                 }
             }
             session.snapshots(snaps);
@@ -668,7 +675,12 @@ fn stop<'py>(py: Python<'py>, names: &Bound<'py, PyDict>, speed: Vec<(u8, f64)>)
                 // After every thread's last buffer (flushed above, in the writer's queue before it).
                 session.calibration(ocular_format::Calibration { costs: speed });
             }
-            let out = py.detach(|| session.finish(ClockPoint::now()));
+            let end = ClockPoint::now();
+            // Released while the writer compresses the snapshots rather than after: code objects only this
+            // recording kept alive (modules' and classes' bodies) are freed here, ~1.7 ms in sqlglot's run.
+            drop(std::mem::take(&mut rec.keep));
+            drop(std::mem::take(&mut rec.recorded));
+            let out = py.detach(|| session.finish(end));
             result.set_item("events", out.events)?;
             result.set_item("lost", out.lost)?;
             result.set_item("bytes", out.bytes)?;

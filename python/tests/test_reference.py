@@ -258,6 +258,39 @@ def test_specialized_bytecode_is_snapshotted_at_stop(ocl):
     assert cache_units > 0
 
 
+def test_every_code_object_of_many_has_its_snapshot_as_the_interpreter_has_it(ocl, tmp_path):
+    # More code objects than the stop sends to the writer at once (its batches), each specialized its own
+    # way: every one's snapshot is its adaptive bytecode now, inline cache units as zeros.
+    n = 1300
+    src = "".join(f"def f{i}(k):\n    s = {i}\n    for j in range(k):\n        s = s + j * {i % 7}\n    return s\n"
+                  if i % 2 else f"def f{i}(xs):\n    return [x.real + {i} for x in xs]\n" for i in range(n))
+    path = str(tmp_path / "many.py")
+    ns: dict = {}
+    exec(compile(src, path, "exec"), ns)
+    fs = [ns[f"f{i}"] for i in range(n)]
+    with ocular.record(ocl, mode="calls"):
+        for i, fn in enumerate(fs):
+            fn(100) if i % 2 else fn([1, 2.0, 3] * 20)
+    f = read_ocl(ocl)
+    from ocular._interp import opcode_tables
+
+    cache = opcode_tables()["opcache"]
+    ids = {q: i for i, (q, fn, _, _) in f["code"].items() if fn == path}
+    assert len(ids) >= n, len(ids)
+    specialized = 0
+    for i, fn in enumerate(fs):
+        code = fn.__code__
+        snap, base, now = f["snapshots"][ids[fn.__qualname__]], code.co_code, code._co_code_adaptive
+        assert len(snap) == len(now), i
+        j = 0
+        while j < len(base):
+            assert snap[j : j + 2] == now[j : j + 2], (i, j)
+            assert snap[j + 2 : j + 2 + 2 * cache[base[j]]] == bytes(2 * cache[base[j]]), (i, j)
+            j += 2 + 2 * cache[base[j]]
+        specialized += snap != base
+    assert specialized > n // 2, specialized
+
+
 def test_calls_mode_records_every_call_whatever_the_threshold(ocl):
     with ocular.record(ocl, mode="calls", deinstrument_threshold=7):
         with Reference(event_names("calls")) as ref:
