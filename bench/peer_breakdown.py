@@ -7,10 +7,13 @@ PY_THROW, PY_UNWIND), the same events. Each row is a fresh process running the s
 bench/programs/sqlglot_identity.py, trace0's headline workload), interleaved in a shuffled order every
 repeat; figures are medians over repeats of each row's difference from the untraced run of the same repeat.
 
-Rows, each adding one thing to the row above:
+Rows, each adding one thing to the row above (the second dispatch row instead calls the same no-op another way):
 - untraced: the program alone.
 - dispatch: a native `METH_FASTCALL` callback that returns at once, on the same events: what CPython's
-  instrumented bytecode and callback call cost, paid by any tool on `sys.monitoring`.
+  instrumented bytecode and callback call cost, paid by any tool on `sys.monitoring` whose callbacks are
+  built-in functions (trace0's, and the floor's).
+- dispatch as Ocular's callbacks are called: the same no-op as an object CPython calls through its vectorcall
+  pointer, without the built-in function's layer (thread state lookup, keyword and recursion checks).
 - clock + store (the floor): the callback also reads the TSC and stores a 24-byte record.
 - Ocular in process: `ocular.record(mode="calls")` around the program (its callbacks, buffers, code
   objects at first sight, the writer thread compressing beside the program, the stop).
@@ -45,7 +48,7 @@ def child(kind: str, out: str, argv: list[str]) -> None:
     sys.argv = list(argv)
     sys.path[0] = os.path.dirname(os.path.abspath(argv[0]))
     rec = None
-    if kind in ("noop", "floor"):
+    if kind in ("noop", "noop_vectorcall", "floor"):
         from ocular import _ocular
         from ocular._recorder import event_names
 
@@ -68,7 +71,7 @@ def child(kind: str, out: str, argv: list[str]) -> None:
         runpy.run_path(argv[0], run_name="__main__")
     finally:
         ran = time.time()
-        if kind in ("noop", "floor"):
+        if kind in ("noop", "noop_vectorcall", "floor"):
             sys.monitoring.set_events(TOOL, 0)
         if rec is not None:
             rec.stop()
@@ -101,6 +104,7 @@ def main() -> None:
     rows = {
         "untraced": [py, me, "--child", "plain", "-", *prog],
         "dispatch (no-op callback)": [py, me, "--child", "noop", "-", *prog],
+        "dispatch as Ocular's callbacks are called": [py, me, "--child", "noop_vectorcall", "-", *prog],
         "clock + store (floor)": [py, me, "--child", "floor", "-", *prog],
         "Ocular in process": [py, me, "--child", "inprocess", os.path.join(tmp, "in.ocl"), *prog],
         "Ocular CLI (ocular run)": [py, "-m", "ocular", "run", "-q", "--mode", "calls", "-o",

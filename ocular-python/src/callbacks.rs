@@ -1,5 +1,6 @@
-//! The `sys.monitoring` callbacks: raw `METH_FASTCALL` C functions, so a call costs what a C function
-//! costs (no PyO3 argument parsing, no panic trampoline, no reference pool). The path for an event of a
+//! The `sys.monitoring` callbacks: raw C functions behind a vectorcall object ([`Callback`]), so a call
+//! costs less than a built-in function's (no PyO3 argument parsing, no panic trampoline, no reference
+//! pool, no `cfunction_vectorcall_FASTCALL` layer). The path for an event of a
 //! code object this thread has seen: read the TSC, one thread-local load, one cache compare, two inline
 //! int reads, (with a threshold) one counter, and `ThreadBuffer::push`.
 
@@ -645,27 +646,94 @@ macro_rules! callbacks {
         pub(super) fn $set(py: Python<'_>) -> PyResult<Bound<'_, PyDict>> {
             $(
                 unsafe extern "C" fn $f(
-                    _slf: *mut ffi::PyObject,
-                    args: *mut *mut ffi::PyObject,
-                    _nargs: ffi::Py_ssize_t,
+                    _callable: *mut ffi::PyObject,
+                    args: *const *mut ffi::PyObject,
+                    _nargsf: usize,
+                    _kwnames: *mut ffi::PyObject,
                 ) -> *mut ffi::PyObject {
                     // SAFETY: registered with sys.monitoring for exactly this event, whose arguments match.
-                    unsafe { event::<{ EventKind::$kind as u8 }, $dest, $loc, $dis, $thresh>(args) }
+                    unsafe { event::<{ EventKind::$kind as u8 }, $dest, $loc, $dis, $thresh>(args.cast_mut()) }
                 }
             )*
-            static DEFS: &[Def] = &[$(Def(ffi::PyMethodDef {
-                ml_name: concat!("ocular_", $event, "\0").as_ptr().cast(),
-                ml_meth: ffi::PyMethodDefPointer { PyCFunctionFast: $f },
-                ml_flags: ffi::METH_FASTCALL,
-                ml_doc: ptr::null(),
-            }),)*];
             let d = PyDict::new(py);
-            for (name, def) in [$($event,)*].into_iter().zip(DEFS) {
-                d.set_item(name, function(py, def)?)?;
-            }
+            $(d.set_item($event, callback(py, $f)?)?;)*
             Ok(d)
         }
     };
+}
+
+/// A `sys.monitoring` callback: an object CPython calls through its vectorcall pointer, straight into
+/// the recorder. A built-in function (`METH_FASTCALL`) is called through `cfunction_vectorcall_FASTCALL`,
+/// which looks the thread state up (a `__tls_get_addr` call in a shared libpython), checks for keyword
+/// arguments and counts the C recursion depth before and after: on every event, for a callback that
+/// neither takes keywords nor calls back into Python on its fast path.
+#[repr(C)]
+struct Callback {
+    ob_base: ffi::PyObject,
+    vectorcall: ffi::vectorcallfunc,
+}
+
+/// The type of [`Callback`], made once (with the GIL held) and kept for the process.
+static CALLBACK_TYPE: std::sync::atomic::AtomicPtr<ffi::PyTypeObject> =
+    std::sync::atomic::AtomicPtr::new(ptr::null_mut());
+
+fn callback_type(py: Python<'_>) -> PyResult<*mut ffi::PyTypeObject> {
+    let tp = CALLBACK_TYPE.load(Ordering::Acquire);
+    if !tp.is_null() {
+        return Ok(tp);
+    }
+    // CPython keeps pointers into these (the member's name, the slots' values) for the type's life.
+    static mut MEMBERS: [ffi::PyMemberDef; 2] = [
+        ffi::PyMemberDef {
+            name: c"__vectorcalloffset__".as_ptr(),
+            type_code: ffi::Py_T_PYSSIZET,
+            offset: std::mem::offset_of!(Callback, vectorcall) as ffi::Py_ssize_t,
+            flags: ffi::Py_READONLY,
+            doc: ptr::null(),
+        },
+        // SAFETY: an all-zero PyMemberDef is the sentinel CPython expects.
+        unsafe { std::mem::zeroed() },
+    ];
+    // SAFETY: GIL held; the spec and the statics it points to live for the process, and CPython copies
+    // what it needs from the spec. `tp_call` is `PyVectorcall_Call`, as vectorcall types require.
+    unsafe {
+        let mut slots = [
+            ffi::PyType_Slot { slot: ffi::Py_tp_members, pfunc: (&raw mut MEMBERS).cast() },
+            ffi::PyType_Slot { slot: ffi::Py_tp_call, pfunc: ffi::PyVectorcall_Call as *mut std::ffi::c_void },
+            ffi::PyType_Slot { slot: 0, pfunc: ptr::null_mut() },
+        ];
+        let mut spec = ffi::PyType_Spec {
+            name: c"ocular._ocular.Callback".as_ptr(),
+            basicsize: std::mem::size_of::<Callback>() as std::ffi::c_int,
+            itemsize: 0,
+            flags: (ffi::Py_TPFLAGS_DEFAULT
+                | ffi::Py_TPFLAGS_HAVE_VECTORCALL
+                | ffi::Py_TPFLAGS_IMMUTABLETYPE
+                | ffi::Py_TPFLAGS_DISALLOW_INSTANTIATION) as std::ffi::c_uint,
+            slots: slots.as_mut_ptr(),
+        };
+        let tp = ffi::PyType_FromSpec(&mut spec);
+        if tp.is_null() {
+            return Err(PyErr::fetch(py));
+        }
+        CALLBACK_TYPE.store(tp.cast(), Ordering::Release);
+        Ok(tp.cast())
+    }
+}
+
+/// A new [`Callback`] calling `f`.
+fn callback(py: Python<'_>, f: ffi::vectorcallfunc) -> PyResult<Bound<'_, PyAny>> {
+    let tp = callback_type(py)?;
+    // SAFETY: GIL held; `tp` is the ready Callback type, whose instances are `Callback`s; the allocation
+    // is zeroed and has its reference count and type set.
+    unsafe {
+        let obj = ffi::PyType_GenericAlloc(tp, 0);
+        if obj.is_null() {
+            return Err(PyErr::fetch(py));
+        }
+        (*obj.cast::<Callback>()).vectorcall = f;
+        Ok(Bound::from_owned_ptr(py, obj))
+    }
 }
 
 /// A method definition CPython only reads.
@@ -710,14 +778,14 @@ event_table!(event_callbacks_gapless, false);
 /// `{event name: callback}` for every event Ocular records, with a threshold (windows).
 pub(super) fn callbacks(py: Python<'_>) -> PyResult<Bound<'_, PyDict>> {
     let d = event_callbacks(py)?;
-    d.set_item("CALL", function(py, &DEF_CALL)?)?;
+    d.set_item("CALL", callback(py, on_call)?)?;
     Ok(d)
 }
 
 /// `{event name: callback}` for every event Ocular records, gapless.
 pub(super) fn callbacks_gapless(py: Python<'_>) -> PyResult<Bound<'_, PyDict>> {
     let d = event_callbacks_gapless(py)?;
-    d.set_item("CALL", function(py, &DEF_CALL_GAPLESS)?)?;
+    d.set_item("CALL", callback(py, on_call_gapless)?)?;
     Ok(d)
 }
 
@@ -913,35 +981,24 @@ unsafe fn call_cold<const THRESH: bool>(t: u64, args: *mut *mut ffi::PyObject) -
 }
 
 unsafe extern "C" fn on_call(
-    _slf: *mut ffi::PyObject,
-    args: *mut *mut ffi::PyObject,
-    _nargs: ffi::Py_ssize_t,
+    _callable: *mut ffi::PyObject,
+    args: *const *mut ffi::PyObject,
+    _nargsf: usize,
+    _kwnames: *mut ffi::PyObject,
 ) -> *mut ffi::PyObject {
     // SAFETY: registered with sys.monitoring for CALL, whose arguments match.
-    unsafe { call::<true>(args) }
+    unsafe { call::<true>(args.cast_mut()) }
 }
 
 unsafe extern "C" fn on_call_gapless(
-    _slf: *mut ffi::PyObject,
-    args: *mut *mut ffi::PyObject,
-    _nargs: ffi::Py_ssize_t,
+    _callable: *mut ffi::PyObject,
+    args: *const *mut ffi::PyObject,
+    _nargsf: usize,
+    _kwnames: *mut ffi::PyObject,
 ) -> *mut ffi::PyObject {
     // SAFETY: registered with sys.monitoring for CALL, whose arguments match.
-    unsafe { call::<false>(args) }
+    unsafe { call::<false>(args.cast_mut()) }
 }
-
-static DEF_CALL: Def = Def(ffi::PyMethodDef {
-    ml_name: c"ocular_CALL".as_ptr(),
-    ml_meth: ffi::PyMethodDefPointer { PyCFunctionFast: on_call },
-    ml_flags: ffi::METH_FASTCALL,
-    ml_doc: ptr::null(),
-});
-static DEF_CALL_GAPLESS: Def = Def(ffi::PyMethodDef {
-    ml_name: c"ocular_CALL".as_ptr(),
-    ml_meth: ffi::PyMethodDefPointer { PyCFunctionFast: on_call_gapless },
-    ml_flags: ffi::METH_FASTCALL,
-    ml_doc: ptr::null(),
-});
 
 // Benchmark reference callbacks, registered in the same run as Ocular's so ratios are side by side.
 
@@ -968,6 +1025,16 @@ unsafe extern "C" fn floor(
     none()
 }
 
+/// The same, called as Ocular's callbacks are (a [`Callback`]): what CPython's dispatch to it costs.
+unsafe extern "C" fn noop_vectorcall(
+    _callable: *mut ffi::PyObject,
+    _args: *const *mut ffi::PyObject,
+    _nargsf: usize,
+    _kwnames: *mut ffi::PyObject,
+) -> *mut ffi::PyObject {
+    none()
+}
+
 /// A native callback that does nothing: what CPython's dispatch to a C function costs.
 unsafe extern "C" fn noop(
     _slf: *mut ffi::PyObject,
@@ -990,10 +1057,12 @@ static DEF_NOOP: Def = Def(ffi::PyMethodDef {
     ml_doc: ptr::null(),
 });
 
-/// `{"floor": ..., "noop": ...}`: reference callbacks for benchmarks, valid for any event.
+/// `{"floor": ..., "noop": ..., "noop_vectorcall": ...}`: reference callbacks for benchmarks, valid for
+/// any event.
 pub(super) fn bench_callbacks(py: Python<'_>) -> PyResult<Bound<'_, PyDict>> {
     let d = PyDict::new(py);
     d.set_item("floor", function(py, &DEF_FLOOR)?)?;
     d.set_item("noop", function(py, &DEF_NOOP)?)?;
+    d.set_item("noop_vectorcall", callback(py, noop_vectorcall)?)?;
     Ok(d)
 }

@@ -2,8 +2,8 @@
 //!
 //! The clock, the per-thread buffers and the writer thread, in plain Rust: `cargo test` covers them without
 //! an interpreter. The CPython extension `ocular._ocular` over them is the `ocular-python` crate (built by
-//! maturin), which is as thin as it can be: raw `METH_FASTCALL` callbacks that read the clock and push
-//! into a [`session::ThreadBuffer`].
+//! maturin), which is as thin as it can be: raw C callbacks, called through their vectorcall pointers, that
+//! read the clock and push into a [`session::ThreadBuffer`].
 //!
 //! ```no_run
 //! use ocular_record::session::{Config, Session, ThreadBuffer};
