@@ -82,8 +82,9 @@ pub(super) fn forget_last_thread() {
 
 #[inline(always)]
 fn none() -> *mut ffi::PyObject {
-    // SAFETY: Py_None is immortal on 3.12+; returning a new reference to it is always valid.
-    unsafe { ffi::Py_NewRef(ffi::Py_None()) }
+    // SAFETY: Py_None is immortal on 3.12+, where Py_RETURN_NONE itself returns it without a new reference
+    // (its reference count is never changed, so the caller's decref is a no-op).
+    unsafe { ffi::Py_None() }
 }
 
 /// # Safety
