@@ -1,6 +1,7 @@
 """Recorder overhead, side by side in one run: ns per event over the untraced run for each mode, next to
 the physical floor (a native METH_FASTCALL callback that reads the TSC and stores a 24-byte record), a
-native no-op callback, a no-op Python callback, and cProfile; Ocular with its buffers on the heap instead
+native no-op callback (as a built-in function, and as the vectorcall object Ocular's callbacks are), a no-op
+Python callback, and cProfile; Ocular with its buffers on the heap instead
 of in the ring file (RING.md), for the ring's own cost; and Ocular as a flight recorder (ring="64MB": chunks
 into the ring file's chunk region instead of the .ocl file), and with --live (16 spare slots, for a reader in
 another process). Interleaved repeats, medians.
@@ -303,6 +304,7 @@ def main():
     ap.add_argument("--async-only", action="store_true", help="only the table of coroutine frames")
     args = ap.parse_args()
     floor, noop = _ocular.bench_callbacks["floor"], _ocular.bench_callbacks["noop"]
+    noop_vc = _ocular.bench_callbacks["noop_vectorcall"]
     tmp = tempfile.TemporaryDirectory(prefix="ocular-record-bench-")  # removed at exit
     path = os.path.join(tmp.name, "bench.ocl")
     if args.async_only:
@@ -318,22 +320,24 @@ def main():
           f"{args.repeats} repeats, configurations shuffled within each; ns/ev = best-of (time - untraced) / events; "
           f"ratio = median over repeats of (Ocular - untraced) / (floor - untraced) in the same repeat")
     print()
-    print("| workload | mode | events/run | untraced ms | floor ns/ev | native no-op ns/ev | Python no-op ns/ev "
+    print("| workload | mode | events/run | untraced ms | floor ns/ev | native no-op ns/ev "
+          "| vectorcall no-op ns/ev | Python no-op ns/ev "
           "| Ocular ns/ev | **Ocular / floor**, median of paired repeats (quartiles) | best-of CPU Ocular / floor "
           "| Ocular slowdown | cProfile slowdown | buffers in memory / floor | ring file / in memory "
           "| **flight recorder / file**, median (quartiles) | **live / file**, median (quartiles) |")
-    print("|---|---|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|")
+    print("|---|---|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|")
     rows = []
     for wname, fn in WORKLOADS.items():
         fn()  # warm up and specialize
         for mode in modes:
-            runs = {k: [] for k in ("untraced", "floor", "noop", "python", "ocular", "memory", "flight",
+            runs = {k: [] for k in ("untraced", "floor", "noop", "noop_vc", "python", "ocular", "memory", "flight",
                                     "live", "cprofile")}
             ratios, mem_ratios, ring_ratios, flight_ratios, live_ratios = [], [], [], [], []
             events = lost = 0
             configs = {
                 "floor": lambda: with_callback(fn, mode, floor),
                 "noop": lambda: with_callback(fn, mode, noop),
+                "noop_vc": lambda: with_callback(fn, mode, noop_vc),
                 "python": lambda: with_callback(fn, mode, python_noop),
                 "ocular": lambda: with_ocular(fn, mode, 0, path),
                 # The buffers on the heap instead of in the ring file (RING.md): the ring's own cost.
@@ -372,7 +376,7 @@ def main():
             # Absolute figures: best of the repeats per configuration (interference only adds time).
             wall = {k: min(w for w, _ in v) for k, v in runs.items()}
             cpu = {k: min(c for _, c in v) for k, v in runs.items()}
-            ns = {k: (wall[k] - wall["untraced"]) / events for k in ("floor", "noop", "python", "ocular")}
+            ns = {k: (wall[k] - wall["untraced"]) / events for k in ("floor", "noop", "noop_vc", "python", "ocular")}
             cns = {k: (cpu[k] - cpu["untraced"]) / events for k in ("floor", "ocular")}
             ratios.sort()
             mem_ratios.sort()
@@ -386,7 +390,7 @@ def main():
             mem_med, ring_med = mem_ratios[len(mem_ratios) // 2], ring_ratios[len(ring_ratios) // 2]
             rows.append(
                 f"| {wname} | {mode} | {events:,} | {wall['untraced'] / 1e6:.1f} | {ns['floor']:.1f} | "
-                f"{ns['noop']:.1f} | {ns['python']:.1f} | {ns['ocular']:.1f} | **{med:.2f}x** ({q1:.2f}-{q3:.2f}) | "
+                f"{ns['noop']:.1f} | {ns['noop_vc']:.1f} | {ns['python']:.1f} | {ns['ocular']:.1f} | **{med:.2f}x** ({q1:.2f}-{q3:.2f}) | "
                 f"{cns['ocular'] / cns['floor']:.2f}x | "
                 f"{wall['ocular'] / wall['untraced']:.2f}x | {wall['cprofile'] / wall['untraced']:.2f}x | "
                 f"{mem_med:.2f}x | {ring_med:.3f}x | **{fmed:.3f}x** ({fq1:.2f}-{fq3:.2f}) | "
