@@ -28,8 +28,9 @@ pub struct WriterOptions {
     pub compress: bool,
     /// zstd level for event chunks.
     pub level: i32,
-    /// zstd level for CODE chunks: written once per code object, they are a small part of the writer's
-    /// work and, in a thresholded recording, much of the file. They are compressed while the program runs.
+    /// zstd level for CODE chunks: written once per code object, they are much of the file in a
+    /// thresholded recording, and most of the writer's work in a short one (a test's trace under `pytest
+    /// --ocular`, which the stop waits for). They are compressed while the program runs.
     pub meta_level: i32,
 }
 
@@ -44,8 +45,11 @@ impl Default for WriterOptions {
     }
 }
 
-/// See [`WriterOptions::meta_level`] and BENCHMARKS.md (".ocl format", its history: code metadata).
-const META_LEVEL: i32 = 6;
+/// See [`WriterOptions::meta_level`]. Level 3 (zstd's double-fast matcher) against 6 (lazy, row-based) on
+/// the traces of 124 one-line tests (43 code objects each, a few hundred events): files 1.3% larger, and
+/// the stop 0.76-0.85 ms against 0.80-1.10 in one hour, as level 6's match search was most of the writer's
+/// samples there. Level 1 saved 0.05 ms more for files 2.5% larger than 6's.
+const META_LEVEL: i32 = 3;
 
 /// Writes an `.ocl` file chunk by chunk. Every chunk is handed to the underlying writer whole with a
 /// single `write_all` and then flushed, so a process killed at any time leaves only whole chunks plus at
@@ -648,10 +652,10 @@ impl<T: Reset + 'static> Drop for Kept<T> {
 }
 
 /// The stream encoder of CODE chunks: `level`'s strategy with a 256 KiB window and 64 Ki-entry tables
-/// instead of level 6's 2 MiB and 256-512 Ki, whose ~5.5 MB of context a recording's first code objects
-/// waited for (set up and zeroed: the stop of an empty script took 4.5 ms, 1.9 with these). Each CODE chunk
-/// is a frame of its own, most far below the window; sqlglot's 1,502 code objects came to 377,551 bytes
-/// against 375,322.
+/// instead of the level's own (2 MiB and up to 512 Ki at level 6: ~5.5 MB of context, which a recording's
+/// first code objects waited for, set up and zeroed; the stop of an empty script took 4.5 ms, 1.9 with
+/// these). Each CODE chunk is a frame of its own, most far below the window; at level 6, sqlglot's 1,502
+/// code objects came to 377,551 bytes against 375,322.
 fn code_encoder(level: i32) -> std::io::Result<StreamEncoder<'static>> {
     use zstd::zstd_safe::CParameter;
     let mut z = StreamEncoder::new(level)?;
