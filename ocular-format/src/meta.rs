@@ -38,6 +38,50 @@ pub struct Header {
     pub opcodes: OpcodeTable,
 }
 
+/// The header up to its opcode tables, which are its last field: what a pass that reads no code object
+/// needs (the tables are 512 strings, most of a small file's header to decode).
+#[derive(Deserialize)]
+struct HeaderWithoutOpcodes {
+    recorder: String,
+    python_version: String,
+    python_hexversion: u32,
+    implementation: String,
+    platform: String,
+    pid: u32,
+    start_unix_ns: i64,
+    start_monotonic_ns: u64,
+    start_ticks: u64,
+    clock: Clock,
+    ticks_per_second: f64,
+    options: Options,
+    event_cost_ticks: f64,
+}
+
+impl Header {
+    /// The header in `bytes` (postcard, FORMAT.md 4.2) with empty opcode tables, and the bytes after the
+    /// fields read.
+    pub fn without_opcodes(bytes: &[u8]) -> postcard::Result<(Header, &[u8])> {
+        let (h, rest) = postcard::take_from_bytes::<HeaderWithoutOpcodes>(bytes)?;
+        let header = Header {
+            recorder: h.recorder,
+            python_version: h.python_version,
+            python_hexversion: h.python_hexversion,
+            implementation: h.implementation,
+            platform: h.platform,
+            pid: h.pid,
+            start_unix_ns: h.start_unix_ns,
+            start_monotonic_ns: h.start_monotonic_ns,
+            start_ticks: h.start_ticks,
+            clock: h.clock,
+            ticks_per_second: h.ticks_per_second,
+            options: h.options,
+            event_cost_ticks: h.event_cost_ticks,
+            opcodes: OpcodeTable::default(),
+        };
+        Ok((header, rest))
+    }
+}
+
 /// The clock behind event timestamps (FORMAT.md 4.1).
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Serialize, Deserialize)]
 pub enum Clock {
@@ -86,8 +130,9 @@ pub struct Options {
     pub max_buffers: u32,
 }
 
-/// The interpreter's opcode tables, 256 entries each, indexed by opcode number.
-#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
+/// The interpreter's opcode tables, 256 entries each, indexed by opcode number (empty in a header read
+/// without them).
+#[derive(Clone, Debug, Default, PartialEq, Eq, Serialize, Deserialize)]
 pub struct OpcodeTable {
     /// Opcode names, base and specialized; empty for unused numbers.
     pub names: Vec<String>,

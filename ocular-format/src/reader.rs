@@ -23,9 +23,10 @@ pub struct ReadOptions {
     /// empty [`Body::Events`] (their `count` is in the [`ChunkInfo`]). For a pass that only wants the
     /// metadata, such as the code objects and snapshots.
     pub skip_events: bool,
-    /// Likewise `CODE` and `SNAPSHOT` chunks: they come back empty. For a pass that wants neither the code
-    /// objects nor the events (a run's process record, the calibration and counter chunks); a snapshot
-    /// cannot be read without its code object's base bytecode anyway.
+    /// Likewise `CODE` and `SNAPSHOT` chunks: they come back empty, and so do the header's opcode tables.
+    /// For a pass that wants neither the code objects nor the events (a run's process record, the
+    /// calibration and counter chunks); a snapshot cannot be read without its code object's base bytecode
+    /// anyway.
     pub skip_code: bool,
 }
 
@@ -940,7 +941,14 @@ impl<R: Read + Seek> Reader<R> {
             ));
         }
         r.unpack(&h, 16)?;
-        let header: Header = r.decode_one(16)?;
+        // A pass without code objects has no use for the opcode tables.
+        let header: Header = if r.opts.skip_code {
+            Header::without_opcodes(&r.raw)
+                .map(|(h, _)| h)
+                .map_err(|e| r.corrupt(16, format!("Header record does not decode: {e}")))?
+        } else {
+            r.decode_one(16)?
+        };
         r.report.clock = Some((header.start_ticks, header.ticks_per_second));
         r.header = Some(header);
         r.accept(&h);

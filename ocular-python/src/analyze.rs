@@ -134,11 +134,19 @@ type StatsRead = ocular_format::Result<(Stats, Vec<String>)>;
 
 /// The per-function statistics of the trace at `path`, and the reader's warnings.
 fn stats_of(path: &Path, per_thread: bool, opts: ReadOptions) -> StatsRead {
-    let (run, mut warnings) = ocular_analyze::procs::open(path, opts)?;
-    if run.single() {
+    // Children and notes of unrecorded ones live in the children's directory: without it the trace is a
+    // run of one process, and its process record (a third read of the file) is not needed.
+    let one = || -> StatsRead {
         let a = ocular_analyze::analysis::analyze(path, opts)?;
         let rows = ocular_analyze::stats::rows(&a, per_thread, ocular_analyze::stats::SortBy::Exclusive);
-        return Ok((Stats::Rows(rows), a.warnings));
+        Ok((Stats::Rows(rows), a.warnings))
+    };
+    if !ocular_analyze::procs::children_dir(path).is_dir() {
+        return one();
+    }
+    let (run, mut warnings) = ocular_analyze::procs::open(path, opts)?;
+    if run.single() {
+        return one();
     }
     // A run of several processes: functions merged over the processes (pid 0), or per process and thread
     // with per_thread.
@@ -181,23 +189,34 @@ pub(super) fn stats(
     Ok((json(py, &out)?, warnings))
 }
 
-/// `stats_many(paths) -> list[tuple]`: `stats(path)` of each trace, as `(rows, warnings)` or, for one that
-/// could not be read, the error it raises; the traces read on every core at once (the pytest plugin's
-/// summary reads one per test).
+/// `stats_many(paths, leave_out=()) -> list[tuple]`: `stats(path)` of each trace, as `(rows, warnings,
+/// longest_ms)` or, for one that could not be read, the error it raises; the traces read on every core at
+/// once (the pytest plugin's summary reads one per test). Rows whose file begins with one of `leave_out`
+/// are left out (the test framework's own functions: most of a short test's rows, and most of the time
+/// turning rows into Python); `longest_ms` is the largest inclusive time of all the rows, those included.
 #[pyfunction]
-pub(super) fn stats_many(py: Python<'_>, paths: Vec<PathBuf>) -> PyResult<Vec<Py<PyAny>>> {
+#[pyo3(signature = (paths, leave_out=Vec::new()))]
+pub(super) fn stats_many(py: Python<'_>, paths: Vec<PathBuf>, leave_out: Vec<String>) -> PyResult<Vec<Py<PyAny>>> {
     let opts = ReadOptions::default();
     let results = py.detach(|| {
         let workers = std::thread::available_parallelism().map_or(1, |n| n.get()).min(paths.len()).max(1);
         let next = std::sync::atomic::AtomicUsize::new(0);
-        let mut out: Vec<Option<StatsRead>> = (0..paths.len()).map(|_| None).collect();
+        let mut out: Vec<Option<ocular_format::Result<(Stats, Vec<String>, f64)>>> =
+            (0..paths.len()).map(|_| None).collect();
         let done = std::sync::Mutex::new(&mut out);
         std::thread::scope(|s| {
             for _ in 0..workers {
                 s.spawn(|| loop {
                     let i = next.fetch_add(1, std::sync::atomic::Ordering::Relaxed);
                     let Some(path) = paths.get(i) else { break };
-                    let r = stats_of(path, false, opts);
+                    let r = stats_of(path, false, opts).map(|(mut stats, warnings)| {
+                        let mut longest = 0.0f64;
+                        if let Stats::Rows(rows) = &mut stats {
+                            longest = rows.iter().map(|r| r.inclusive_ms).fold(0.0, f64::max);
+                            rows.retain(|r| !leave_out.iter().any(|p| r.file.starts_with(p.as_str())));
+                        }
+                        (stats, warnings, longest)
+                    });
                     done.lock().unwrap_or_else(|e| e.into_inner())[i] = Some(r);
                 });
             }
@@ -207,7 +226,9 @@ pub(super) fn stats_many(py: Python<'_>, paths: Vec<PathBuf>) -> PyResult<Vec<Py
     results
         .into_iter()
         .map(|r| match r.expect("every path was read") {
-            Ok((out, warnings)) => Ok((json(py, &out)?, warnings).into_pyobject(py)?.into_any().unbind()),
+            Ok((out, warnings, longest)) => {
+                Ok((json(py, &out)?, warnings, longest).into_pyobject(py)?.into_any().unbind())
+            }
             Err(e) => Ok(trace_err(e).into_value(py).into_any()),
         })
         .collect()

@@ -281,14 +281,16 @@ def _copy_rows(rows: list[dict[str, Any]]) -> list[dict[str, Any]]:
     return [{k: copy.deepcopy(v) if isinstance(v, (list, dict)) else v for k, v in r.items()} for r in rows]
 
 
-def stats_rows_many(paths: list[str]) -> list[tuple[list[dict[str, Any]], list[str]] | Exception]:
+def stats_rows_many(paths: list[str], leave_out: tuple[str, ...] = ()
+                    ) -> list[tuple[list[dict[str, Any]], list[str], float] | Exception]:
     """``load(path).stats()`` of each trace without the Trace (its info read, its cache, the copy), read on
-    every core at once: per path, (rows, the reader's warnings as messages) or the error reading it raised.
-    For the pytest plugin's summary, which reads one per test."""
-    out: list[tuple[list[dict[str, Any]], list[str]] | Exception] = [
+    every core at once: per path, (rows, the reader's warnings as messages, the largest inclusive ms of any
+    row) or the error reading it raised. Rows whose file begins with one of ``leave_out`` are left out (but
+    count for the largest inclusive time). For the pytest plugin's summary, which reads one per test."""
+    out: list[tuple[list[dict[str, Any]], list[str], float] | Exception] = [
         FileNotFoundError(f"no such trace: {p}") for p in paths]
     there = [i for i, p in enumerate(paths) if os.path.exists(p)]
-    for i, r in zip(there, _ext().stats_many([os.fspath(paths[i]) for i in there])):
+    for i, r in zip(there, _ext().stats_many([os.fspath(paths[i]) for i in there], list(leave_out))):
         out[i] = from_native(r) if isinstance(r, OSError) else r
     return out
 

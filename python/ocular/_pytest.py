@@ -259,16 +259,14 @@ class OcularPlugin:
                       f"python -m ocular stats FILE, or ocular.load(FILE).stats()")
         totals: dict[tuple, list] = {}
         per_test = []
-        for r, got in zip(recorded, stats_rows_many([r["path"] for r in recorded])):
+        # The test's time: its outermost recorded call (pytest's, around the test), the recorder's cost
+        # subtracted. Not the trace's duration, which holds the recording's own start and stop.
+        for r, got in zip(recorded, stats_rows_many([r["path"] for r in recorded], leave_out=_FRAMEWORK)):
             if isinstance(got, Exception):  # one unreadable file does not hide the others
                 r["error"] = f"reading {r['path']}: {type(got).__name__}: {got}"
                 continue
-            rows, notes = got
+            rows, notes, duration = got
             r["notes"] += notes
-            # The test's time: its outermost recorded call (pytest's, around the test), the recorder's cost
-            # subtracted. Not the trace's duration, which holds the recording's own start and stop.
-            duration = max((x["inclusive_ms"] for x in rows), default=0.0)
-            rows = [x for x in rows if not x["file"].startswith(_FRAMEWORK)]
             for x in rows:
                 t = totals.setdefault((x["function"], x["file"], x["line"]), [0, 0.0, False])
                 t[0] += x["calls"]

@@ -148,9 +148,19 @@ def test_many_traces_read_at_once_give_each_its_own_rows_or_error(tmp_path):
         elif path.endswith("missing.ocl"):
             assert isinstance(r, FileNotFoundError) and str(r) == f"no such trace: {path}", r
         elif path == str(cut):
-            assert r == (cut_rows, [str(w.message) for w in said]) and r[1], r
+            assert r == (cut_rows, [str(w.message) for w in said], longest(cut_rows)) and r[1], r
         else:
-            assert r == (ocular.load(path).stats(), []), path
+            assert r == (ocular.load(path).stats(), [], longest(ocular.load(path).stats())), path
+    # Rows of files under a prefix left out, natively: the rest as they were, the longest time of them all.
+    rows = ocular.load(LOOPS).stats()
+    some = sorted({x["file"] for x in rows})[0]
+    kept, warnings, most = stats_rows_many([str(LOOPS)], leave_out=(some[:len(some) - 1], "/nowhere/"))[0]
+    assert kept == [x for x in rows if x["file"] != some] and len(kept) < len(rows) and warnings == []
+    assert most == longest(rows) > 0
+
+
+def longest(rows):
+    return max(x["inclusive_ms"] for x in rows)
 
 
 def test_a_table_reads_the_same_each_time():

@@ -298,6 +298,11 @@ fn skip_code_leaves_code_objects_and_snapshots_out_but_still_checks_their_chunks
     assert!(!full.code.is_empty() && !full.snapshots.is_empty(), "the sample has both");
     let skip = ReadOptions { skip_events: true, skip_code: true, ..Default::default() };
     let mut r = Reader::new(Cursor::new(&bytes), "mem.ocl", skip).unwrap();
+    // The header comes whole but for its opcode tables, which only code objects need.
+    let mut whole = Reader::new(Cursor::new(&bytes), "mem.ocl", ReadOptions::default()).unwrap().header().clone();
+    assert!(!whole.opcodes.names.is_empty() && !whole.opcodes.base.is_empty());
+    whole.opcodes = Default::default();
+    assert_eq!(r.header(), &whole);
     let (mut code_chunks, mut snapshot_chunks, mut trailer) = (0, 0, false);
     while let Some(c) = r.next_chunk().unwrap() {
         match c.body {
