@@ -17,7 +17,8 @@ use pyo3::exceptions::{PyMemoryError, PyOSError, PyValueError};
 use pyo3::prelude::*;
 use pyo3::types::PyCapsule;
 use std::path::{Path, PathBuf};
-use std::sync::Arc;
+use std::sync::atomic::Ordering;
+use std::sync::{Arc, Condvar, Mutex};
 
 fn os_err(e: impl std::fmt::Display) -> PyErr {
     PyOSError::new_err(e.to_string())
@@ -189,6 +190,47 @@ pub(super) fn stats(
     Ok((json(py, &out)?, warnings))
 }
 
+/// A trace's rows for a summary over many: `stats(path)`'s, those of files under a `leave_out` prefix left
+/// out, with the largest inclusive time of all the rows (theirs included).
+type ManyRead = ocular_format::Result<(Stats, Vec<String>, f64)>;
+
+fn read_for_many(path: &Path, leave_out: &[String]) -> ManyRead {
+    stats_of(path, false, ReadOptions::default()).map(|(mut stats, warnings)| {
+        let mut longest = 0.0f64;
+        if let Stats::Rows(rows) = &mut stats {
+            longest = rows.iter().map(|r| r.inclusive_ms).fold(0.0, f64::max);
+            rows.retain(|r| !leave_out.iter().any(|p| r.file.starts_with(p.as_str())));
+        }
+        (stats, warnings, longest)
+    })
+}
+
+/// [`read_for_many`] of each path, on every core at once, in the order given.
+fn read_many(paths: &[&Path], leave_out: &[String]) -> Vec<ManyRead> {
+    let workers = std::thread::available_parallelism().map_or(1, |n| n.get()).min(paths.len()).max(1);
+    let next = std::sync::atomic::AtomicUsize::new(0);
+    let mut out: Vec<Option<ManyRead>> = (0..paths.len()).map(|_| None).collect();
+    let done = Mutex::new(&mut out);
+    std::thread::scope(|s| {
+        for _ in 0..workers {
+            s.spawn(|| loop {
+                let i = next.fetch_add(1, Ordering::Relaxed);
+                let Some(path) = paths.get(i) else { break };
+                let r = read_for_many(path, leave_out);
+                done.lock().unwrap_or_else(|e| e.into_inner())[i] = Some(r);
+            });
+        }
+    });
+    out.into_iter().map(|r| r.expect("every path was read")).collect()
+}
+
+fn many_to_py(py: Python<'_>, r: ManyRead) -> PyResult<Py<PyAny>> {
+    match r {
+        Ok((out, warnings, longest)) => Ok((json(py, &out)?, warnings, longest).into_pyobject(py)?.into_any().unbind()),
+        Err(e) => Ok(trace_err(e).into_value(py).into_any()),
+    }
+}
+
 /// `stats_many(paths, leave_out=()) -> list[tuple]`: `stats(path)` of each trace, as `(rows, warnings,
 /// longest_ms)` or, for one that could not be read, the error it raises; the traces read on every core at
 /// once (the pytest plugin's summary reads one per test). Rows whose file begins with one of `leave_out`
@@ -197,41 +239,110 @@ pub(super) fn stats(
 #[pyfunction]
 #[pyo3(signature = (paths, leave_out=Vec::new()))]
 pub(super) fn stats_many(py: Python<'_>, paths: Vec<PathBuf>, leave_out: Vec<String>) -> PyResult<Vec<Py<PyAny>>> {
-    let opts = ReadOptions::default();
-    let results = py.detach(|| {
-        let workers = std::thread::available_parallelism().map_or(1, |n| n.get()).min(paths.len()).max(1);
-        let next = std::sync::atomic::AtomicUsize::new(0);
-        let mut out: Vec<Option<ocular_format::Result<(Stats, Vec<String>, f64)>>> =
-            (0..paths.len()).map(|_| None).collect();
-        let done = std::sync::Mutex::new(&mut out);
-        std::thread::scope(|s| {
-            for _ in 0..workers {
-                s.spawn(|| loop {
-                    let i = next.fetch_add(1, std::sync::atomic::Ordering::Relaxed);
-                    let Some(path) = paths.get(i) else { break };
-                    let r = stats_of(path, false, opts).map(|(mut stats, warnings)| {
-                        let mut longest = 0.0f64;
-                        if let Stats::Rows(rows) = &mut stats {
-                            longest = rows.iter().map(|r| r.inclusive_ms).fold(0.0, f64::max);
-                            rows.retain(|r| !leave_out.iter().any(|p| r.file.starts_with(p.as_str())));
-                        }
-                        (stats, warnings, longest)
-                    });
-                    done.lock().unwrap_or_else(|e| e.into_inner())[i] = Some(r);
-                });
+    let refs: Vec<&Path> = paths.iter().map(PathBuf::as_path).collect();
+    let results = py.detach(|| read_many(&refs, &leave_out));
+    results.into_iter().map(|r| many_to_py(py, r)).collect()
+}
+
+/// `StatsQueue(leave_out)`: [`stats_many`] read ahead. Each trace `push`ed is read on a thread of its own at
+/// the lowest priority (`SCHED_IDLE`: it runs only on a core nothing else wants, so it takes no time from
+/// the program, whose next test runs meanwhile); `take(paths)` stops it and gives `stats_many(paths,
+/// leave_out)`, reading on every core whatever it had not read yet. The pytest plugin pushes each test's
+/// trace as the test ends, and its summary at the end of the session has little left to read.
+#[pyclass(module = "ocular._ocular", name = "StatsQueue")]
+pub(super) struct StatsQueue {
+    leave_out: Arc<Vec<String>>,
+    shared: Arc<QueueShared>,
+    thread: Mutex<Option<std::thread::JoinHandle<()>>>,
+}
+
+#[derive(Default)]
+struct QueueShared {
+    /// Paths pushed and not read yet; `None` once taken (the thread ends).
+    todo: Mutex<Option<std::collections::VecDeque<PathBuf>>>,
+    more: Condvar,
+    read: Mutex<std::collections::HashMap<PathBuf, ManyRead>>,
+}
+
+#[pymethods]
+impl StatsQueue {
+    #[new]
+    fn new(leave_out: Vec<String>) -> Self {
+        let shared = Arc::new(QueueShared { todo: Mutex::new(Some(Default::default())), ..Default::default() });
+        StatsQueue { leave_out: Arc::new(leave_out), shared, thread: Mutex::new(None) }
+    }
+
+    /// Reads `path` in the background (it must be complete: its recording stopped).
+    fn push(&self, path: PathBuf) {
+        let mut thread = self.thread.lock().unwrap_or_else(|e| e.into_inner());
+        if let Some(todo) = self.shared.todo.lock().unwrap_or_else(|e| e.into_inner()).as_mut() {
+            todo.push_back(path);
+            self.shared.more.notify_one();
+        } else {
+            return;
+        }
+        if thread.is_none() {
+            let (shared, leave_out) = (self.shared.clone(), self.leave_out.clone());
+            *thread = std::thread::Builder::new()
+                .name("ocular-summary".into())
+                .spawn(move || {
+                    idle_priority();
+                    loop {
+                        let next = {
+                            let mut todo = shared.todo.lock().unwrap_or_else(|e| e.into_inner());
+                            loop {
+                                match todo.as_mut() {
+                                    None => return,
+                                    Some(q) => match q.pop_front() {
+                                        Some(p) => break p,
+                                        None => todo = shared.more.wait(todo).unwrap_or_else(|e| e.into_inner()),
+                                    },
+                                }
+                            }
+                        };
+                        let r = read_for_many(&next, &leave_out);
+                        shared.read.lock().unwrap_or_else(|e| e.into_inner()).insert(next, r);
+                    }
+                })
+                .ok();
+        }
+    }
+
+    /// `stats_many(paths, leave_out)`, from what was read ahead; the queue takes no more paths after.
+    fn take(&self, py: Python<'_>, paths: Vec<PathBuf>) -> PyResult<Vec<Py<PyAny>>> {
+        let leave_out = self.leave_out.clone();
+        let shared = self.shared.clone();
+        let thread = self.thread.lock().unwrap_or_else(|e| e.into_inner()).take();
+        let results = py.detach(move || {
+            // The path being read is finished; the rest are read below, on every core.
+            *shared.todo.lock().unwrap_or_else(|e| e.into_inner()) = None;
+            shared.more.notify_all();
+            if let Some(t) = thread {
+                let _ = t.join();
             }
+            let mut read = std::mem::take(&mut *shared.read.lock().unwrap_or_else(|e| e.into_inner()));
+            let missing: Vec<&Path> =
+                paths.iter().filter(|p| !read.contains_key(p.as_path())).map(PathBuf::as_path).collect();
+            let rest = read_many(&missing, &leave_out);
+            for (p, r) in missing.iter().zip(rest) {
+                read.insert(p.to_path_buf(), r);
+            }
+            // A path given twice is read again for its second place (a result moves out once).
+            paths.iter().map(|p| read.remove(p).unwrap_or_else(|| read_for_many(p, &leave_out))).collect::<Vec<_>>()
         });
-        out
-    });
-    results
-        .into_iter()
-        .map(|r| match r.expect("every path was read") {
-            Ok((out, warnings, longest)) => {
-                Ok((json(py, &out)?, warnings, longest).into_pyobject(py)?.into_any().unbind())
-            }
-            Err(e) => Ok(trace_err(e).into_value(py).into_any()),
-        })
-        .collect()
+        results.into_iter().map(|r| many_to_py(py, r)).collect()
+    }
+}
+
+/// The calling thread runs only when a core would otherwise be idle (Linux's `SCHED_IDLE`); elsewhere, or
+/// if refused, at its normal priority.
+fn idle_priority() {
+    #[cfg(target_os = "linux")]
+    {
+        let param = libc::sched_param { sched_priority: 0 };
+        // SAFETY: pid 0 is the calling thread; param is a valid sched_param for SCHED_IDLE (priority 0).
+        unsafe { libc::sched_setscheduler(0, libc::SCHED_IDLE, &param) };
+    }
 }
 
 /// `export_chrome(path, out) -> int`: the Chrome Trace Event JSON (what `perfetto=True` writes); returns

@@ -1212,6 +1212,7 @@ fn _ocular(m: &Bound<'_, PyModule>) -> PyResult<()> {
     m.add_function(wrap_pyfunction!(cli::record_option_specs, m)?)?;
     m.add_function(wrap_pyfunction!(analyze::table, m)?)?;
     m.add_class::<analyze::ArrowTable>()?;
+    m.add_class::<analyze::StatsQueue>()?;
     m.add_function(wrap_pyfunction!(live::attach, m)?)?;
     m.add_class::<live::LiveCursor>()?;
     m.add("callbacks", callbacks::callbacks(m.py())?)?;

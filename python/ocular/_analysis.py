@@ -287,10 +287,28 @@ def stats_rows_many(paths: list[str], leave_out: tuple[str, ...] = ()
     every core at once: per path, (rows, the reader's warnings as messages, the largest inclusive ms of any
     row) or the error reading it raised. Rows whose file begins with one of ``leave_out`` are left out (but
     count for the largest inclusive time). For the pytest plugin's summary, which reads one per test."""
-    out: list[tuple[list[dict[str, Any]], list[str], float] | Exception] = [
-        FileNotFoundError(f"no such trace: {p}") for p in paths]
+    return _many(paths, lambda there: _ext().stats_many(there, list(leave_out)))
+
+
+class StatsReadAhead:
+    """``stats_rows_many(paths, leave_out)``, each trace read as soon as it is ``push``ed, by a native
+    thread at the lowest priority (it takes only time a core would leave idle); ``take(paths)`` reads what
+    is left on every core. The pytest plugin pushes each test's trace as the test ends."""
+
+    def __init__(self, leave_out: tuple[str, ...] = ()) -> None:
+        self._queue = _ext().StatsQueue(list(leave_out))
+
+    def push(self, path: str) -> None:
+        self._queue.push(os.fspath(path))
+
+    def take(self, paths: list[str]) -> list[tuple[list[dict[str, Any]], list[str], float] | Exception]:
+        return _many(paths, self._queue.take)
+
+
+def _many(paths: list[str], read: "Callable[[list[str]], list[Any]]") -> list[Any]:
+    out: list[Any] = [FileNotFoundError(f"no such trace: {p}") for p in paths]
     there = [i for i, p in enumerate(paths) if os.path.exists(p)]
-    for i, r in zip(there, _ext().stats_many([os.fspath(paths[i]) for i in there], list(leave_out))):
+    for i, r in zip(there, read([os.fspath(paths[i]) for i in there])):
         out[i] = from_native(r) if isinstance(r, OSError) else r
     return out
 

@@ -9,7 +9,7 @@ _F = TypeVar("_F", bound=Callable[..., Any])
 __all__ = ["ticks", "ticks_per_second", "clock_point", "start", "stop", "dump", "ring_path", "runtime_dir", "compile_script", "counter_errors",
            "abandon_after_fork", "finish_unmapping", "is_recording", "start_windows", "span_begin", "span_end", "span_setup",
            "span_rules", "span_current", "span", "SpanDone", "due_stacks_usable", "read",
-           "file_events", "own_sigterm", "complete_trace", "info", "hot", "stats", "stats_many", "stats_within", "export_chrome", "cli", "parse_run", "record_options",
+           "file_events", "own_sigterm", "complete_trace", "info", "hot", "stats", "stats_many", "StatsQueue", "stats_within", "export_chrome", "cli", "parse_run", "record_options",
            "record_option_specs", "table",
            "ArrowTable", "attach", "LiveCursor", "callbacks", "callbacks_gapless", "bench_callbacks", "TSC",
            "FAST_INTS", "FRAME_FIELD"]
@@ -135,6 +135,14 @@ def table(
     start_ns: int | None = None,
     end_ns: int | None = None,
 ) -> tuple[ArrowTable, list[str]]: ...
+
+@final
+class StatsQueue:
+    def __new__(cls, leave_out: list[str]) -> StatsQueue: ...
+    def push(self, path: str | PathLike[str]) -> None: ...
+    def take(
+        self, paths: list[str | PathLike[str]]
+    ) -> list[tuple[list[dict[str, Any]], list[str], float] | OSError | ValueError]: ...
 
 @final
 class ArrowTable:

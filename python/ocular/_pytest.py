@@ -130,6 +130,7 @@ class OcularPlugin:
         self.session_notes: list[str] = []
         self.session_error: str | None = None
         self.results: list[dict[str, Any]] = []  # per test: nodeid, path, error, notes
+        self.read_ahead: Any = None  # each test's trace read for the summary while the next tests run
 
     @property
     def records_here(self) -> bool:
@@ -225,6 +226,14 @@ class OcularPlugin:
         result["notes"] += notes
         if result["error"] is None and not os.path.exists(result["path"]):
             result["error"] = "the recording stopped but wrote no file"
+        if result["error"] is None and self.worker is None:
+            # Read for the summary now, on a core the tests leave idle (an xdist worker's traces are read
+            # by the controller, which gets only their paths).
+            if self.read_ahead is None:
+                from ._analysis import StatsReadAhead
+
+                self.read_ahead = StatsReadAhead(leave_out=_FRAMEWORK)
+            self.read_ahead.push(result["path"])
 
     def _stop(self, rec: Recording) -> tuple[str | None, list[str]]:
         """(the error that spoilt the trace, or None; what the stop warned about)."""
@@ -261,7 +270,10 @@ class OcularPlugin:
         per_test = []
         # The test's time: its outermost recorded call (pytest's, around the test), the recorder's cost
         # subtracted. Not the trace's duration, which holds the recording's own start and stop.
-        for r, got in zip(recorded, stats_rows_many([r["path"] for r in recorded], leave_out=_FRAMEWORK)):
+        paths = [r["path"] for r in recorded]
+        read = self.read_ahead.take(paths) if self.read_ahead is not None else stats_rows_many(
+            paths, leave_out=_FRAMEWORK)
+        for r, got in zip(recorded, read):
             if isinstance(got, Exception):  # one unreadable file does not hide the others
                 r["error"] = f"reading {r['path']}: {type(got).__name__}: {got}"
                 continue

@@ -159,6 +159,37 @@ def test_many_traces_read_at_once_give_each_its_own_rows_or_error(tmp_path):
     assert most == longest(rows) > 0
 
 
+def test_traces_read_ahead_give_what_reading_them_at_the_end_gives(tmp_path):
+    # The pytest plugin pushes each test's trace as the test ends, to a native thread that reads it while
+    # the next tests run; the summary takes them all, those never pushed and those given twice included.
+    import shutil
+
+    from ocular._analysis import StatsReadAhead, stats_rows_many
+
+    paths = []
+    for i in range(6):
+        paths.append(str(tmp_path / f"t{i}.ocl"))
+        shutil.copy(LOOPS, paths[-1])
+    foreign = tmp_path / "foreign.ocl"
+    foreign.write_bytes(b"PK\x03\x04 not a trace at all")
+    leave_out = ("/nowhere/",)
+    ahead = StatsReadAhead(leave_out)
+    for p in paths[:4] + [str(foreign)]:
+        ahead.push(p)
+    wanted = [paths[0], str(foreign), *paths[2:], str(tmp_path / "missing.ocl"), paths[0]]
+    got = ahead.take(wanted)
+    expected = stats_rows_many(wanted, leave_out)
+    assert len(got) == len(wanted) == len(expected)
+    for g, e in zip(got, expected):
+        if isinstance(e, Exception):
+            assert type(g) is type(e) and str(g) == str(e)
+        else:
+            assert g == e and g[0] and e[2] > 0
+    # Taken: later pushes are not read, and the queue gives nothing twice that it read once.
+    ahead.push(paths[5])
+    assert ahead.take([paths[5]]) == stats_rows_many([paths[5]], leave_out)
+
+
 def longest(rows):
     return max(x["inclusive_ms"] for x in rows)
 
