@@ -296,12 +296,18 @@ class StatsReadAhead:
     is left on every core. The pytest plugin pushes each test's trace as the test ends."""
 
     def __init__(self, leave_out: tuple[str, ...] = ()) -> None:
+        self._leave_out = leave_out
         self._queue = _ext().StatsQueue(list(leave_out))
+        # A forked child (pytest-forked runs each test in one) has a copy of the queue but not its thread.
+        self._pid = os.getpid()
 
     def push(self, path: str) -> None:
-        self._queue.push(os.fspath(path))
+        if os.getpid() == self._pid:
+            self._queue.push(os.fspath(path))
 
     def take(self, paths: list[str]) -> list[tuple[list[dict[str, Any]], list[str], float] | Exception]:
+        if os.getpid() != self._pid:
+            return stats_rows_many(paths, self._leave_out)
         return _many(paths, self._queue.take)
 
 

@@ -7,6 +7,7 @@ import os
 import subprocess
 import sys
 import textwrap
+import warnings
 
 import pytest
 
@@ -188,6 +189,21 @@ def test_traces_read_ahead_give_what_reading_them_at_the_end_gives(tmp_path):
     # Taken: later pushes are not read, and the queue gives nothing twice that it read once.
     ahead.push(paths[5])
     assert ahead.take([paths[5]]) == stats_rows_many([paths[5]], leave_out)
+    # In a forked child, which has the queue but not its thread, it reads at take.
+    child = StatsReadAhead(leave_out)
+    child.push(paths[1])
+    r, w = os.pipe()
+    with warnings.catch_warnings():  # forking with the queue's thread alive is what is tested
+        warnings.simplefilter("ignore", DeprecationWarning)
+        pid = os.fork()
+    if pid == 0:
+        child.push(paths[2])
+        same = child.take([paths[1], paths[2]]) == stats_rows_many([paths[1], paths[2]], leave_out)
+        os.write(w, b"1" if same else b"0")
+        os._exit(0)
+    os.waitpid(pid, 0)
+    assert os.read(r, 1) == b"1"
+    assert child.take([paths[1]]) == stats_rows_many([paths[1]], leave_out)
 
 
 def longest(rows):
