@@ -87,6 +87,8 @@ pub struct Writer<W: Write> {
     tee: Option<Vec<u8>>,
     /// Chunks made but not written (seq 0): see [`Writer::events_chunks`].
     divert: Option<Vec<Vec<u8>>>,
+    /// Chunks go into `out`'s buffer without a flush each: see [`Writer::unflushed`].
+    hold_flush: bool,
 }
 
 /// Code objects added but not yet written. Their framed records build up in the writer's own `raw`, and
@@ -138,6 +140,7 @@ impl<W: Write> Writer<W> {
             code: PendingCode::default(),
             tee: None,
             divert: None,
+            hold_flush: false,
         })
     }
 
@@ -190,6 +193,16 @@ impl<W: Write> Writer<W> {
             self.events += part.len() as u64;
         }
         Ok(())
+    }
+
+    /// What `f` writes, its chunks left in the output's buffer (whole, as every chunk is) until the next
+    /// [`Writer::flush`] or the next chunk written otherwise: a recorder writes several threads' last,
+    /// short buffers and their names with one `write` instead of one each.
+    pub fn unflushed<T>(&mut self, f: impl FnOnce(&mut Self) -> Result<T>) -> Result<T> {
+        self.hold_flush = true;
+        let r = f(self);
+        self.hold_flush = false;
+        r
     }
 
     /// One thread's events as whole chunks (header and payload, `seq` 0), not written: a flight recorder
@@ -501,7 +514,9 @@ impl<W: Write> Writer<W> {
     /// Writes `self.frame` (a whole chunk with this file's sequence number) and counts it.
     fn emit_frame(&mut self) -> Result<()> {
         self.out.write_all(&self.frame).map_err(|e| io_err(&self.path, e))?;
-        self.out.flush().map_err(|e| io_err(&self.path, e))?;
+        if !self.hold_flush {
+            self.out.flush().map_err(|e| io_err(&self.path, e))?;
+        }
         if let Some(t) = self.tee.as_mut() {
             t.extend_from_slice(&self.frame);
         }

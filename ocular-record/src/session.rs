@@ -799,6 +799,22 @@ struct WriterJob {
     /// slower per buffer, so that tests of what a slow writer does (recorder pauses, waiting, losing)
     /// get one on any machine instead of hoping for it.
     delay: Option<std::time::Duration>,
+    /// Ring-slot buffers whose events are in the file's buffer, not yet flushed ([`WriterJob::settle`]).
+    unflushed: Vec<Unflushed>,
+    /// When the first of them (or of `held_chunks`) was written.
+    unflushed_since: Option<std::time::Instant>,
+    /// Other chunks are in the file's buffer, not yet flushed (threads' names, also in the ring).
+    held_chunks: bool,
+}
+
+/// A buffer written into the file's buffer whose ring slot waits for the flush.
+struct Unflushed {
+    buf: Buffer,
+    full: bool,
+    thread_id: u64,
+    len: usize,
+    first: u64,
+    last: u64,
 }
 
 /// What a flight recorder's writer needs to write dumps.
@@ -836,8 +852,48 @@ impl WriterJob {
         }
     }
 
+    /// Hands the events written since the last flush to the kernel, then frees their ring slots and gives
+    /// their buffers back: at a full buffer, once [`LAST_BATCH`] are waiting or the first has waited
+    /// [`LAST_LATENCY`], when nothing came for that long, and before a message that needs the file or the
+    /// ring settled. A thread per request ends a buffer or two per request, and a flush each made a
+    /// `write` each, most of the writer's system time in a server.
+    fn settle(&mut self) {
+        self.unflushed_since = None;
+        if self.unflushed.is_empty() && !std::mem::take(&mut self.held_chunks) {
+            return;
+        }
+        self.held_chunks = false;
+        let flushed = self.write(|w| w.flush());
+        for u in std::mem::take(&mut self.unflushed) {
+            if !flushed {
+                // Counted as written when they went into the buffer: they never reached the file.
+                self.out.events -= u.len as u64;
+                self.out.lost += u.len as u64;
+                self.unwritten_add(u.thread_id, u.len as u64, u.first, u.last);
+            }
+            if let (Some(slot), Some(ring)) = (u.buf.slot(), self.pool.ring()) {
+                ring.free(slot);
+            }
+            self.pool.recycle(u.buf, u.full);
+        }
+    }
+
     /// Handles one message; true when the session is finished.
     fn handle(&mut self, msg: Msg) -> bool {
+        if !matches!(
+            msg,
+            Msg::Events { .. }
+                | Msg::Code(_)
+                | Msg::CFunctions(_)
+                | Msg::Thread(_)
+                | Msg::Lost(_)
+                | Msg::Snapshots(_)
+                | Msg::Calibration(_)
+                | Msg::Counters(_)
+        ) {
+            // A dump reads the ring, the end closes the file: both after the buffers written so far.
+            self.settle();
+        }
         match msg {
             // Compressed as they come, off the program's critical path; the writer puts the CODE chunk
             // before the next chunk that could refer to them.
@@ -846,6 +902,13 @@ impl WriterJob {
             }
             Msg::CFunctions(f) => {
                 self.write(|w| w.c_functions(&f));
+            }
+            // A thread's name is in the ring too (`Sink::thread`): flushed with the next events.
+            Msg::Thread(t) if self.pool.ring().is_some() && self.flight.is_none() => {
+                if self.write(|w| w.unflushed(|w| w.thread(&t))) {
+                    self.unflushed_since.get_or_insert_with(std::time::Instant::now);
+                    self.held_chunks = true;
+                }
             }
             Msg::Thread(t) => {
                 self.write(|w| w.thread(&t));
@@ -893,21 +956,16 @@ impl WriterJob {
                 if let Some(d) = self.delay {
                     std::thread::sleep(d);
                 }
+                let full = len >= buf.len();
                 if len > 0 {
-                    // A ring slot is freed only once its events are in the kernel's hands (flushed), so
-                    // a process killed at any moment has each event in the file or in the ring; a flight
-                    // recorder's go into the ring's chunk region instead.
-                    let flush = buf.slot().is_some();
+                    // A flight recorder's events go into the ring's chunk region.
                     let written = if self.flight.is_some() {
                         self.ring_events(thread_id, &buf[..len])
+                    } else if buf.slot().is_some() {
+                        // Flushed at `settle`, before its slot is freed.
+                        self.write(|w| w.unflushed(|w| w.events(thread_id, &buf[..len])))
                     } else {
-                        self.write(|w| {
-                            w.events(thread_id, &buf[..len])?;
-                            if flush {
-                                w.flush()?;
-                            }
-                            Ok(())
-                        })
+                        self.write(|w| w.events(thread_id, &buf[..len]))
                     };
                     if written {
                         self.out.events += len as u64;
@@ -916,11 +974,23 @@ impl WriterJob {
                         let (first, last) = (buf[0].ticks.get(), buf[len - 1].ticks.get());
                         self.unwritten_add(thread_id, len as u64, first, last);
                     }
+                    if written && self.flight.is_none() && buf.slot().is_some() {
+                        // A ring slot is freed only once its events are in the kernel's hands, so that a
+                        // process killed at any moment has each event in the file or in the ring. A full
+                        // buffer is flushed now (with any before it); a thread's last, partial one waits
+                        // for a few more, as the sink holds them back (`submit_last`), to share a flush.
+                        let (first, last) = (buf[0].ticks.get(), buf[len - 1].ticks.get());
+                        self.unflushed_since.get_or_insert_with(std::time::Instant::now);
+                        self.unflushed.push(Unflushed { buf, full, thread_id, len, first, last });
+                        if full || self.pool.cfg.max_buffers < 4 * LAST_BATCH {
+                            self.settle();
+                        }
+                        return false;
+                    }
                 }
                 if let (Some(slot), Some(ring)) = (buf.slot(), self.pool.ring()) {
                     ring.free(slot);
                 }
-                let full = len >= buf.len();
                 self.pool.recycle(buf, full);
             }
             Msg::Lost(l) => {
@@ -1396,6 +1466,9 @@ impl Session {
             clock: (header.start_ticks, header.ticks_per_second),
             unwritten: std::collections::HashMap::new(),
             delay,
+            unflushed: Vec::new(),
+            unflushed_since: None,
+            held_chunks: false,
         };
         let handle = crate::threads::spawn("ocular-writer", move || {
             // Two more, beside the program, for its first two switches of buffers (or more threads): the
@@ -1431,6 +1504,11 @@ impl Session {
                         if job.handle(msg) {
                             break;
                         }
+                        if job.unflushed.len() >= LAST_BATCH
+                            || job.unflushed_since.is_some_and(|t| t.elapsed() >= LAST_LATENCY)
+                        {
+                            job.settle();
+                        }
                     }
                     Err(std::sync::mpsc::RecvTimeoutError::Timeout) => {
                         // Only event buffers are held back: none of them ends the session.
@@ -1438,10 +1516,12 @@ impl Session {
                         for (thread_id, buf, len) in batch {
                             job.handle(Msg::Events { thread_id, buf, len });
                         }
+                        job.settle();
                     }
                     Err(std::sync::mpsc::RecvTimeoutError::Disconnected) => break,
                 }
             }
+            job.settle();
             if let Some(h) = sweep {
                 let _ = h.join();
             }

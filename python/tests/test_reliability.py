@@ -522,6 +522,27 @@ def test_a_killed_recording_keeps_every_call_made_before_the_kill(tmp_path, mode
     assert len(c.filter(c["function"] == "f")) == calls
 
 
+def test_a_killed_recording_of_many_short_threads_keeps_every_call_and_every_thread_name(tmp_path):
+    # A thread's last buffer and its name are flushed to the file with those of the threads after it (one
+    # write for several), their ring slots freed only then: a kill just after the threads ended, before that
+    # write, still finds each call and each name in the ring.
+    script = tmp_path / "w.py"
+    script.write_text("import os, signal, threading\ndef f():\n    return 1\n"
+                      "def work():\n    for _ in range(50):\n        f()\n"
+                      "for i in range(30):\n    t = threading.Thread(target=work, name=f'req-{i}')\n"
+                      "    t.start()\n    t.join()\n"
+                      "os.kill(os.getpid(), signal.SIGKILL)\n")
+    out = tmp_path / "t.ocl"
+    r = _python(["-m", "ocular", "run", "-q", "--mode", "calls", "-o", str(out), str(script)], tmp_path)
+    assert r.returncode == -signal.SIGKILL, r.stderr
+    with pytest.warns(UserWarning, match=r"did not end \(killed or crashed\)"):
+        trace = ocular.load(out)
+        c = trace.calls()
+    assert len(c.filter(c["function"] == "f")) == 30 * 50
+    names = {t["name"] for t in trace.info()["threads"]}
+    assert {f"req-{i}" for i in range(30)} <= names, names
+
+
 def test_a_killed_recordings_ring_goes_into_its_trace_before_later_recordings_remove_it(tmp_path, monkeypatch):
     # Rings of dead recordings are bounded (the newest 8 stay). Before, the 9th later kill deleted the first
     # recording's ring, and its trace read only what the writer had written (here: nothing of its 5,000
