@@ -1064,7 +1064,13 @@ unsafe fn name_thread(ts: *mut ThreadState) {
     // SAFETY: the interpreter holds the GIL while calling a monitoring callback.
     let py = unsafe { Python::assume_attached() };
     let f = rec.thread_name.clone_ref(py);
-    let name = windows::in_own_python(|| f.call0(py).and_then(|n| n.extract::<String>(py)));
+    let name = windows::in_own_python(|| {
+        // SAFETY: GIL held, in the callback of the frame read.
+        match unsafe { boot_name(py) } {
+            Some(name) => Ok(name),
+            None => f.call0(py).and_then(|n| n.extract::<String>(py)),
+        }
+    });
     // SAFETY: GIL held; no Python call while `st` is alive.
     let st = unsafe { state() };
     if st.generation != generation {
@@ -1085,6 +1091,31 @@ unsafe fn name_thread(ts: *mut ThreadState) {
                 rec.errors.push(format!("cannot name a thread: {e}"));
             }
         }
+    }
+}
+
+/// The starting thread's name, `self._name` of the `Thread._bootstrap` frame whose PY_START callback is
+/// running (the frame on top), read without running Python; `None` if any of it is not there (then the
+/// recording's `thread_name` function, which reads `self.name`, is asked). A new thread's naming was a
+/// twentieth of a thread-per-request program's time, most of it that function's frame and `f_locals`.
+///
+/// # Safety
+/// GIL held, in a monitoring callback.
+unsafe fn boot_name(py: Python<'_>) -> Option<String> {
+    // SAFETY: GIL held; the frame is borrowed, `self` and the name are new references owned below.
+    unsafe {
+        let frame = ffi::PyEval_GetFrame();
+        if frame.is_null() {
+            return None;
+        }
+        let this = ffi::PyFrame_GetVarString(frame, c"self".as_ptr().cast_mut());
+        if this.is_null() {
+            ffi::PyErr_Clear();
+            return None;
+        }
+        let this = Bound::from_owned_ptr(py, this);
+        let name = this.getattr(pyo3::intern!(py, "_name")).ok()?;
+        name.extract::<String>().ok()
     }
 }
 
