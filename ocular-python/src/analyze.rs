@@ -315,12 +315,16 @@ impl StatsQueue {
         let thread = self.thread.lock().unwrap_or_else(|e| e.into_inner()).take();
         let results = py.detach(move || {
             // The path being read is finished; the rest are read below, on every core.
-            *shared.todo.lock().unwrap_or_else(|e| e.into_inner()) = None;
+            let pending = shared.todo.lock().unwrap_or_else(|e| e.into_inner()).take().unwrap_or_default();
             shared.more.notify_all();
             if let Some(t) = thread {
                 let _ = t.join();
             }
             let mut read = std::mem::take(&mut *shared.read.lock().unwrap_or_else(|e| e.into_inner()));
+            // A path pushed again after it was read (a test run again writes the same trace) is read anew.
+            for p in &pending {
+                read.remove(p);
+            }
             let missing: Vec<&Path> =
                 paths.iter().filter(|p| !read.contains_key(p.as_path())).map(PathBuf::as_path).collect();
             let rest = read_many(&missing, &leave_out);
