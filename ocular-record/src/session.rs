@@ -743,6 +743,25 @@ enum Msg {
     Finish(Trailer),
 }
 
+impl Msg {
+    /// Whether the writer must settle before handling it: a dump reads the ring and the end closes the
+    /// file, both after the buffers written so far. Every other message only adds to the file's buffer.
+    fn needs_settled(&self) -> bool {
+        // No wildcard: a new kind of message must say which it is.
+        match self {
+            Msg::Dump { .. } | Msg::Finish(_) => true,
+            Msg::Events { .. }
+            | Msg::Code(_)
+            | Msg::CFunctions(_)
+            | Msg::Thread(_)
+            | Msg::Lost(_)
+            | Msg::Snapshots(_)
+            | Msg::Calibration(_)
+            | Msg::Counters(_) => false,
+        }
+    }
+}
+
 /// What a dump wrote (or why it could not).
 #[derive(Clone, Debug, Default, PartialEq)]
 pub struct DumpOutcome {
@@ -859,10 +878,9 @@ impl WriterJob {
     /// `write` each, most of the writer's system time in a server.
     fn settle(&mut self) {
         self.unflushed_since = None;
-        if self.unflushed.is_empty() && !std::mem::take(&mut self.held_chunks) {
+        if !std::mem::take(&mut self.held_chunks) && self.unflushed.is_empty() {
             return;
         }
-        self.held_chunks = false;
         let flushed = self.write(|w| w.flush());
         for u in std::mem::take(&mut self.unflushed) {
             if !flushed {
@@ -880,18 +898,7 @@ impl WriterJob {
 
     /// Handles one message; true when the session is finished.
     fn handle(&mut self, msg: Msg) -> bool {
-        if !matches!(
-            msg,
-            Msg::Events { .. }
-                | Msg::Code(_)
-                | Msg::CFunctions(_)
-                | Msg::Thread(_)
-                | Msg::Lost(_)
-                | Msg::Snapshots(_)
-                | Msg::Calibration(_)
-                | Msg::Counters(_)
-        ) {
-            // A dump reads the ring, the end closes the file: both after the buffers written so far.
+        if msg.needs_settled() {
             self.settle();
         }
         match msg {
