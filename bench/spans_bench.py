@@ -1,6 +1,7 @@
 """What spans cost: one span, a service's throughput, and a thread per request.
 
-    make bench-spans        (or: PYTHON bench/spans_bench.py [--repeats N] [--requests N] [--threads N])
+    make bench-spans        (or: PYTHON bench/spans_bench.py [--repeats N] [--requests N] [--threads N]
+                             [--against DIR])
 
 Table 1: the cost of one span, in a fresh process per cell: `with ocular.span("op"):` around an empty body,
 less the same loop without the span, per span; while recording (default mode) and while not. The OpenTelemetry
@@ -11,7 +12,10 @@ least of each taken; the median over repeats.
 Table 2: a service's throughput: the standard library's threading HTTP server on loopback, each request in
 a span (`ocular.span`), served in a process of its own (recorded or not), under a client in another process
 that sends requests one after another for a fixed number; requests per second, each kind of server
-alternating with the others, median over repeats, and its ratio to the unrecorded server.
+alternating with the others, median over repeats, and its ratio to the unrecorded server; and the server
+process's CPU time (all its threads, the recorder's writer included, start-up and stop too) over the requests
+it served, the median over repeats: what recording costs a server whose cores are busy, which a throughput
+ratio on an idle core does not show.
 
 Table 3: what a thread per request costs: 3,000 threads, each started, running a short loop and joined,
 one after another, recorded (default mode, --sampled) or not; microseconds per thread, median over repeats.
@@ -27,7 +31,9 @@ import subprocess
 import sys
 import tempfile
 import time
-from typing import Callable
+from typing import Callable, TypeVar
+
+T = TypeVar("T")
 
 SPAN_CHILD = r"""
 import json, sys, time
@@ -132,13 +138,22 @@ print(json.dumps((time.perf_counter() - t) / n * 1e6))
 
 
 def command(kind: str, trace: str) -> list[str]:
-    """Python, under `ocular run` (default mode or --sampled) unless `kind` is "untraced"."""
+    """Python, under `ocular run` (default mode or --sampled) unless `kind` is "untraced"; a kind ending in
+    "-against" runs another build's `ocular` ([`env`])."""
     cmd = [sys.executable]
     if kind != "untraced":
         cmd += ["-m", "ocular", "run", "-q", "-o", trace]
-        if kind == "sampled":
+        if kind.startswith("sampled"):
             cmd += ["--sampled"]
     return cmd
+
+
+def env(kind: str) -> dict[str, str] | None:
+    """The environment of a run of `kind`: `--against DIR`'s build first on the path for a kind ending in
+    "-against"."""
+    if not kind.endswith("-against"):
+        return None
+    return dict(os.environ, PYTHONPATH=os.pathsep.join(filter(None, (AGAINST, os.environ.get("PYTHONPATH")))))
 
 
 def thread_cost(kind: str, tmp: str, n: int) -> float:
@@ -147,7 +162,7 @@ def thread_cost(kind: str, tmp: str, n: int) -> float:
         with open(path, "w") as f:
             f.write(THREADS_CHILD)
     out = subprocess.run(command(kind, os.path.join(tmp, f"threads-{kind}.ocl")) + [path, str(n)], check=True,
-                         capture_output=True, text=True, timeout=600)
+                         capture_output=True, text=True, timeout=600, env=env(kind))
     return float(out.stdout.strip().splitlines()[-1])
 
 
@@ -157,18 +172,24 @@ def span_cost(kind: str, tmp: str) -> float:
     return float(out.stdout.strip().splitlines()[-1])
 
 
-def throughput(kind: str, tmp: str, requests: int) -> float:
+def throughput(kind: str, tmp: str, requests: int) -> tuple[float, float]:
+    """Requests per second, and the server process's CPU microseconds per request it served."""
     server = subprocess.Popen(command(kind, os.path.join(tmp, f"server-{kind}.ocl")) + [_script(tmp)],
-                              stdin=subprocess.PIPE, stdout=subprocess.PIPE, text=True)
+                              stdin=subprocess.PIPE, stdout=subprocess.PIPE, text=True, env=env(kind))
+    rps = float("nan")
     try:
         port = int(server.stdout.readline())
         out = subprocess.run([sys.executable, "-c", CLIENT_CHILD, str(port), str(requests)], check=True,
                              capture_output=True, text=True, timeout=600)
-        return float(out.stdout)
+        rps = float(out.stdout)
     finally:
         server.stdin.write("\n")
         server.stdin.flush()
-        server.wait(timeout=600)
+        # The server's own resource use, reaped here (Popen.wait would reap it without it).
+        _, status, usage = os.wait4(server.pid, 0)
+        server.returncode = os.waitstatus_to_exitcode(status)
+    # The client's 20 warm-up requests are served too.
+    return rps, (usage.ru_utime + usage.ru_stime) / (requests + 20) * 1e6
 
 
 def _script(tmp: str) -> str:
@@ -184,7 +205,13 @@ def main() -> None:
     ap.add_argument("--repeats", type=int, default=5)
     ap.add_argument("--requests", type=int, default=2000)
     ap.add_argument("--threads", type=int, default=3000)
+    ap.add_argument("--against", metavar="DIR", help="another build's python/ directory (its ocular package with "
+                    "its extension): its default mode is run too, beside this build's, in tables 2 and 3")
     args = ap.parse_args()
+    global AGAINST
+    if args.against:
+        AGAINST = os.path.abspath(args.against)
+        KINDS.append(("default-against", "recorded, default mode, --against"))
     print(f"CPython {platform.python_version()}, {os.cpu_count()} CPUs; {args.repeats} repeats")
     with tempfile.TemporaryDirectory() as tmp:
         costs: dict[str, list[float]] = {"recorded": [], "not recording": [], "otel": []}
@@ -201,10 +228,12 @@ def main() -> None:
         if have_otel:
             print(f"{'ocular.otel.SpanProcessor on an SDK span':<48} {statistics.median(costs['otel']):>8.0f}")
 
-        rps, lost = by_kind(args.repeats, lambda k: throughput(k, tmp, args.requests),
-                            lambda k: os.path.join(tmp, f"server-{k}.ocl"))
+        both, lost = by_kind(args.repeats, lambda k: throughput(k, tmp, args.requests),
+                             lambda k: os.path.join(tmp, f"server-{k}.ocl"))
+        rps = {k: [r for r, _ in v] for k, v in both.items()}
+        cpu = {k: [c for _, c in v] for k, v in both.items()}
         print(f"\nTable 2: a threading HTTP server, a span per request; {args.requests} requests one after another")
-        print_by_kind("server", "req/s", rps, lost)
+        print_by_kind("server", "req/s", rps, lost, extra=("CPU us/req", cpu))
         us, lost = by_kind(args.repeats, lambda k: thread_cost(k, tmp, args.threads),
                            lambda k: os.path.join(tmp, f"threads-{k}.ocl"))
         print(f"\nTable 3: a thread per request: {args.threads:,} short threads started and joined one after another")
@@ -212,14 +241,16 @@ def main() -> None:
 
 
 KINDS = [("untraced", "not recorded"), ("default", "recorded, default mode"), ("sampled", "recorded, --sampled")]
+# `--against DIR`: the other build's python/ directory.
+AGAINST: str | None = None
 
 
-def by_kind(repeats: int, measure: Callable[[str], float],
-            trace: Callable[[str], str]) -> tuple[dict[str, list[float]], dict[str, list[int]]]:
+def by_kind(repeats: int, measure: Callable[[str], T],
+            trace: Callable[[str], str]) -> tuple[dict[str, list[T]], dict[str, list[int]]]:
     """`measure` of each kind of run, the kinds alternating, `repeats` times; and the events each recorded
     run lost (read from its trace, `trace(kind)`): a recorder that drops events is cheaper than one that
     keeps them, so a ratio means nothing without it."""
-    out: dict[str, list[float]] = {k: [] for k, _ in KINDS}
+    out: dict[str, list[T]] = {k: [] for k, _ in KINDS}
     lost: dict[str, list[int]] = {k: [] for k, _ in KINDS}
     for _ in range(repeats):
         for k, _ in KINDS:
@@ -235,15 +266,19 @@ def lost_events(trace: str) -> int:
     return int(ocular.load(trace).info()["lost_events"])
 
 
-def print_by_kind(what: str, unit: str, values: dict[str, list[float]], lost: dict[str, list[int]]) -> None:
-    """Each kind's median and its ratio to the unrecorded run's, and how many runs lost events."""
+def print_by_kind(what: str, unit: str, values: dict[str, list[float]], lost: dict[str, list[int]],
+                  extra: tuple[str, dict[str, list[float]]] | None = None) -> None:
+    """Each kind's median and its ratio to the unrecorded run's, `extra`'s median (a column of its own), and how
+    many runs lost events."""
     base = statistics.median(values["untraced"])
-    print(f"{what:<40} {unit:>9} {'ratio':>7}  {'runs that lost events'}")
+    more = f" {extra[0]:>11}" if extra else ""
+    print(f"{what:<40} {unit:>9} {'ratio':>7}{more}  {'runs that lost events'}")
     for k, label in KINDS:
         m = statistics.median(values[k])
         n = [x for x in lost[k] if x]
         said = "" if k == "untraced" else f"{len(n)} of {len(lost[k])}" + (f" ({sum(n):,} events)" if n else "")
-        print(f"{label:<40} {m:>9.0f} {m / base:>6.2f}x  {said}")
+        more = f" {statistics.median(extra[1][k]):>11.0f}" if extra else ""
+        print(f"{label:<40} {m:>9.0f} {m / base:>6.2f}x{more}  {said}")
 
 if __name__ == "__main__":
     t = time.perf_counter()
