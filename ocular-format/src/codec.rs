@@ -388,13 +388,7 @@ mod tests {
         // Every size up to half the table's largest, with few locations (most events a repeat) and with
         // every event a new one (probing runs over many taken slots), flags set on some (the v2 column):
         // the same bytes either way, and they decode back.
-        let mut rng = 0x2545_f491_4f6c_dd1du64;
-        let mut next = move || {
-            rng ^= rng << 13;
-            rng ^= rng >> 7;
-            rng ^= rng << 17;
-            rng
-        };
+        let mut next = crate::testing::xorshift(0x2545_f491_4f6c_dd1d);
         let (mut a, mut b, mut out) = (Vec::new(), Vec::new(), Vec::new());
         let mut enc = Encoder::default();
         for n in (1..=RECENT / 2).step_by(7).chain([RECENT / 2 - 1, RECENT / 2, RECENT / 2 + 1]) {

@@ -74,6 +74,17 @@ pub fn read_all_for_fuzzing(data: &[u8]) {
 pub mod testing {
     use crate::*;
 
+    /// A pseudo-random sequence (xorshift64) from `seed` (not 0): the same in every run, for tests that
+    /// want inputs of every shape without a dependency.
+    pub fn xorshift(mut seed: u64) -> impl FnMut() -> u64 {
+        move || {
+            seed ^= seed << 13;
+            seed ^= seed >> 7;
+            seed ^= seed << 17;
+            seed
+        }
+    }
+
     /// A header as a CPython 3.12 recording in adaptive mode would have it, with a tiny opcode table.
     pub fn header() -> Header {
         let mut names = vec![String::new(); 256];

@@ -879,13 +879,7 @@ mod tests {
         cache_entries[250] = 9;
         // Pseudo-random bytecode of every shape: snapshots longer, shorter and as long as their base, odd
         // lengths, cache units running past the end, and opcodes that index past a short table.
-        let mut seed = 0x2545_f491_4f6c_dd1du64;
-        let mut next = move || {
-            seed ^= seed << 13;
-            seed ^= seed >> 7;
-            seed ^= seed << 17;
-            seed
-        };
+        let mut next = crate::testing::xorshift(0x2545_f491_4f6c_dd1d);
         let opcodes = [93u8, 94, 250, 1, 151, 255];
         for case in 0..2000 {
             let len = (next() % 40) as usize;
