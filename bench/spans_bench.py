@@ -12,10 +12,11 @@ least of each taken; the median over repeats.
 Table 2: a service's throughput: the standard library's threading HTTP server on loopback, each request in
 a span (`ocular.span`), served in a process of its own (recorded or not), under a client in another process
 that sends requests one after another for a fixed number; requests per second, each kind of server
-alternating with the others, median over repeats, and its ratio to the unrecorded server; and the server
-process's CPU time (all its threads, the recorder's writer included, start-up and stop too) over the requests
-it served, the median over repeats: what recording costs a server whose cores are busy, which a throughput
-ratio on an idle core does not show.
+alternating with the others, median over repeats, and its ratio to the unrecorded server (of the medians,
+and paired: the median of each repeat's ratio to the unrecorded server of the same repeat, and their range);
+and the server process's CPU time (all its threads, the recorder's writer included, start-up and stop too)
+over the requests it served, the median over repeats: what recording costs a server whose cores are busy,
+which a throughput ratio on an idle core does not show.
 
 Table 3: what a thread per request costs: 3,000 threads, each started, running a short loop and joined,
 one after another, recorded (default mode, --sampled) or not; microseconds per thread, median over repeats.
@@ -247,13 +248,14 @@ AGAINST: str | None = None
 
 def by_kind(repeats: int, measure: Callable[[str], T],
             trace: Callable[[str], str]) -> tuple[dict[str, list[T]], dict[str, list[int]]]:
-    """`measure` of each kind of run, the kinds alternating, `repeats` times; and the events each recorded
-    run lost (read from its trace, `trace(kind)`): a recorder that drops events is cheaper than one that
-    keeps them, so a ratio means nothing without it."""
+    """`measure` of each kind of run, the kinds alternating (in turn one way, then the other: none always
+    follows another), `repeats` times; and the events each recorded run lost (read from its trace,
+    `trace(kind)`): a recorder that drops events is cheaper than one that keeps them, so a ratio means nothing
+    without it."""
     out: dict[str, list[T]] = {k: [] for k, _ in KINDS}
     lost: dict[str, list[int]] = {k: [] for k, _ in KINDS}
-    for _ in range(repeats):
-        for k, _ in KINDS:
+    for r in range(repeats):
+        for k, _ in KINDS if r % 2 == 0 else KINDS[::-1]:
             out[k].append(measure(k))
             if k != "untraced":
                 lost[k].append(lost_events(trace(k)))
@@ -268,17 +270,21 @@ def lost_events(trace: str) -> int:
 
 def print_by_kind(what: str, unit: str, values: dict[str, list[float]], lost: dict[str, list[int]],
                   extra: tuple[str, dict[str, list[float]]] | None = None) -> None:
-    """Each kind's median and its ratio to the unrecorded run's, `extra`'s median (a column of its own), and how
+    """Each kind's median and its ratio to the unrecorded run's median; the ratio paired instead, each repeat's
+    run over the unrecorded one of the same repeat, as its median and range over the repeats (the host's speed
+    drifts within a run: a pair is taken a few seconds apart); `extra`'s median (a column of its own); and how
     many runs lost events."""
     base = statistics.median(values["untraced"])
     more = f" {extra[0]:>11}" if extra else ""
-    print(f"{what:<40} {unit:>9} {'ratio':>7}{more}  {'runs that lost events'}")
+    print(f"{what:<40} {unit:>9} {'ratio':>7} {'paired':>7} {'range':>12}{more}  {'runs that lost events'}")
     for k, label in KINDS:
         m = statistics.median(values[k])
+        pairs = [v / u for v, u in zip(values[k], values["untraced"])]
+        spread = f"{min(pairs):.2f}-{max(pairs):.2f}x"
         n = [x for x in lost[k] if x]
         said = "" if k == "untraced" else f"{len(n)} of {len(lost[k])}" + (f" ({sum(n):,} events)" if n else "")
         more = f" {statistics.median(extra[1][k]):>11.0f}" if extra else ""
-        print(f"{label:<40} {m:>9.0f} {m / base:>6.2f}x{more}  {said}")
+        print(f"{label:<40} {m:>9.0f} {m / base:>6.2f}x {statistics.median(pairs):>6.2f}x {spread:>12}{more}  {said}")
 
 if __name__ == "__main__":
     t = time.perf_counter()
