@@ -136,10 +136,12 @@ unsafe fn event<const KIND: u8, const DEST: bool, const LOCATION: bool, const CA
     }
 }
 
-/// Code objects are 16-byte aligned and a few hundred bytes apart: bits 4.. spread them.
+/// The address hashed (Fibonacci hashing: one multiply), not its low bits: code objects of a module lie
+/// near each other and those of different modules far apart, and bits 4.. of their addresses put
+/// sqlglot's hot functions in 512 slots so unevenly that 7% of its events missed, against 3.4% hashed.
 #[inline(always)]
 fn slot(code: usize) -> usize {
-    (code >> 4) % CODE_CACHE
+    ((code as u64).wrapping_mul(0x9e37_79b9_7f4a_7c15) >> (64 - CODE_CACHE.trailing_zeros())) as usize
 }
 
 /// The boundary flags (FORMAT.md 5.5) of the code object at `code`, from the thread's first-level cache
@@ -233,7 +235,7 @@ unsafe fn resolve<
     }
 }
 
-/// The second level's slot: the same bits as [`slot`]'s and more, so that code objects that share a
+/// The second level's slot: the address's bits 4.., not [`slot`]'s hash, so that code objects that share a
 /// first-level slot mostly do not share this one.
 #[inline(always)]
 fn slot2(code: usize) -> usize {

@@ -7,6 +7,7 @@ import signal
 import subprocess
 import sys
 import textwrap
+import time
 
 import pytest
 
@@ -244,6 +245,48 @@ def test_a_thread_state_taken_again_keeps_its_caches_only_within_one_recording(t
         assert funcs[work.__name__]["calls"] == 30, (i, funcs.keys())
         assert funcs["shared"]["calls"] == 30 * calls, (i, funcs["shared"])
         assert ({"first", "second"} - {work.__name__}).isdisjoint(funcs), (i, funcs.keys())
+
+
+def test_a_thread_state_taken_again_keeps_its_second_level_cache_only_within_one_recording(tmp_path):
+    # Past the first level's 512 slots, a thread's code cache has a second level, which the state of an
+    # exited thread keeps for the next thread to take it. The same code objects in a later recording have
+    # new ids and states: an entry kept from the one before would give its calls to another function (with
+    # the entries kept, 306 of these 1,500 counts read wrong).
+    import threading
+
+    n = 1500
+    space = {}
+    exec(compile("\n".join(f"def g{i}(x):\n    return x\n" for i in range(n)), "<many>", "exec"), space)
+    fs = list(enumerate(space[f"g{i}"] for i in range(n)))
+
+    def work(barrier, order):
+        # g{j} called j % 4 + 1 times: not the count of the function an entry kept would name.
+        for j, f in order:
+            for _ in range(j % 4 + 1):
+                f(0)
+        barrier.wait()
+
+    for i in range(3):
+        path = tmp_path / f"r{i}.ocl"
+        # Every other recording runs them in the reverse order: its ids differ from the one before's, and
+        # a second-level slot's first use is by the function last written there before.
+        order = fs if i % 2 == 0 else fs[::-1]
+        with ocular.record(path, mode="calls") as rec:
+            for _, f in order:
+                f(0)
+            # Three threads at once, then one: its start frees the three's states, and two of them stay
+            # free, caches and all, until threads of the next recording take them.
+            for batch in (3, 1):
+                barrier = threading.Barrier(batch)
+                ts = [threading.Thread(target=work, args=(barrier, order)) for _ in range(batch)]
+                for t in ts:
+                    t.start()
+                for t in ts:
+                    t.join()
+                time.sleep(0.1)  # join returns before the thread's exit hands its state back
+        assert rec.lost == 0
+        calls = {f["function"]: f["calls"] for f in ocular.load(path).stats() if f["function"].startswith("g")}
+        assert calls == {f"g{j}": 1 + 4 * (j % 4 + 1) for j in range(n)}, (i, sorted(calls.items())[:5])
 
 
 def test_a_full_pool_can_make_the_program_wait_instead_of_dropping(ocl):
