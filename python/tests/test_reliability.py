@@ -1,4 +1,4 @@
-"""Reliability: a recording gets out of the program's way (tool ids, recursion, SIGTERM); issue 15."""
+"""Reliability: a recording gets out of the program's way (tool ids, recursion, SIGTERM)."""
 
 import json
 import os
