@@ -181,7 +181,10 @@ def test_times_c_functions_out_of_their_caller(program, ocl):
     assert srt["inclusive_ms"] >= srt["exclusive_ms"] + neg["inclusive_ms"] * 1000 / 1500 * 0.8, (srt, neg)
     # sorted of 300,000 items dominates work's own time, and is no longer in it
     assert srt["exclusive_ms"] > work["exclusive_ms"]
-    assert work["inclusive_ms"] >= srt["inclusive_ms"] + work["exclusive_ms"] * 0.99
+    # work's other callees (~20,000 C calls) hold what is left of their time once the recorder's cost is
+    # taken out, which can sum slightly below zero when the cost measured at the start read high on a busy
+    # machine (-0.05 ms once, where it is +0.3-0.5 ms): held within the interval the analyzer gives work's time.
+    assert work["inclusive_ms"] + work["inclusive_ci95_ms"] >= srt["inclusive_ms"] + work["exclusive_ms"]
     assert rows["builtins.list"]["inclusive_ms"] >= rows["builtins.map"]["inclusive_ms"]
     # AND without c_calls, work's exclusive time holds sorted's
     with ocular.record(ocl, mode="calls"):
