@@ -248,9 +248,8 @@ impl Cached {
 }
 
 /// The second level, read when the first misses, before the recorder's map (48 KiB): a program whose hot
-/// part runs hundreds of functions misses the first level often. sqlglot transpiling its test fixture
-/// (3,200 code objects) missed 64 entries at 17% of its events, 2,048 at 0.5% (simulated on its trace);
-/// with the map behind the first level its recording cost ~1.8x the floor's per event. Allocated once a
+/// part runs hundreds of functions still misses the first level now and then (sqlglot transpiling its test
+/// fixture, at 3.4% of its events), and the map behind it costs several times a slot's compare. Allocated once a
 /// thread has missed the first level `CODE_CACHE2_AFTER` times, and kept when the thread ends only by the
 /// first `WARM_STATES` free states: thread states are never freed, and a program that once ran thousands of
 /// threads at a time keeps no 48 KiB of each.
