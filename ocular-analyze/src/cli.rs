@@ -214,7 +214,8 @@ enum Command {
     /// It follows the recording's ring file in the user's runtime directory, from another process,
     /// without slowing it: events it cannot read in time are counted as missed. Record with `--live`
     /// (python -m ocular run --live ...) so that it misses nothing; a flight recorder (--ring) can be
-    /// watched too. Default-mode recordings record calls in windows: calls/s are scaled up and marked ~.
+    /// watched too. --sampled recordings record calls in windows: calls/s are scaled up, marked ~, and
+    /// given the range the windows allow (from recording costing them nothing to three times its cost).
     /// Times include the recorder's own cost (~25 ns per event).
     ///
     /// Examples:

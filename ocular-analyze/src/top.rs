@@ -113,6 +113,15 @@ pub struct FuncRow {
     pub line: u32,
     /// Calls per second.
     pub calls_per_s: f64,
+    /// Where windows sampled the calls (`--sampled`), the lowest rate they allow: as if recording had cost
+    /// the windows nothing, so that all of their length was the program's; `calls_per_s` where every call
+    /// was read.
+    pub calls_per_s_low: f64,
+    /// The highest: as if recording had cost the windows as much as `stats` allows for
+    /// ([`crate::analysis::cost_far_end`], three times the cost measured at the start);
+    /// `null` where that much would have taken 90% of them or more (call-dense code: the windows then
+    /// bound the rate from below only).
+    pub calls_per_s_high: Option<f64>,
     /// Share of the recorded threads' time spent in it (not in its callees).
     pub exclusive_share: f64,
 }
@@ -288,11 +297,30 @@ impl Top {
         // The default mode: calls are recorded in windows covering a share of the time; scale them up, by
         // the part of the windows the program ran (their length less the recorder's cost of their events,
         // as stats weighs them: without, call-dense code's rate read low by what recording it cost).
-        let ran = covered as f64 - window_cost.clamp(0.0, 0.9 * covered as f64);
-        let mut scale = if self.windowed && covered > 0 { (secs * self.tps / ran).max(1.0) } else { 1.0 };
+        let windows = self.windowed && covered > 0;
+        let scale_over = |cost: f64| {
+            let ran = covered as f64 - cost.clamp(0.0, 0.9 * covered as f64);
+            if windows {
+                (secs * self.tps / ran).max(1.0)
+            } else {
+                1.0
+            }
+        };
+        // How sure the scale is. The cost per event is measured once, at the start, on a small loop, and a
+        // window of real code can cost more (as `stats` allows for: `cost_far_end`); on this project's
+        // 2-CPU virtual machines a window of one-line calls on CPython 3.14 also loses 10-40% of its length
+        // to stalls of the whole virtual CPU that nothing in it records, and read 0.2-0.6 of the program's
+        // own rate. Nothing the windows hold tells such time from the program's, so the rate is given
+        // between what it is if recording cost nothing and what it is at the far end of its cost.
+        let (mut scale, mut scale_low) = (scale_over(window_cost), scale_over(0.0));
+        let far = crate::analysis::cost_far_end(1.0) * window_cost;
+        let mut scale_high = (!windows || far < 0.9 * covered as f64).then(|| scale_over(far));
         // Events the cursor missed are of the same functions, in the same mix as far as it can tell.
         if missed > 0 && events > 0 {
-            scale *= (events + missed) as f64 / events as f64;
+            let m = (events + missed) as f64 / events as f64;
+            scale *= m;
+            scale_low *= m;
+            scale_high = scale_high.map(|h| h * m);
         }
         let total_excl: u64 = funcs.values().map(|f| f.excl).sum();
         let code = &self.cursor.code;
@@ -312,6 +340,8 @@ impl Top {
                     file,
                     line,
                     calls_per_s: f.calls as f64 * scale / secs,
+                    calls_per_s_low: f.calls as f64 * scale_low / secs,
+                    calls_per_s_high: scale_high.map(|h| f.calls as f64 * h / secs),
                     exclusive_share: if total_excl > 0 { f.excl as f64 / total_excl as f64 } else { 0.0 },
                 }
             })
@@ -377,6 +407,11 @@ fn step(
             let flags = e.offset.get();
             if flags & CALLS_FROM_DUE != 0 && flags & MISSED == 0 && due.len > 0 {
                 due.calls_until = due.at + due.len;
+            }
+            // The opening's own time (non-zero for the thread that opened the window only): the recorder's,
+            // inside the window, as `stats` takes it out (FORMAT.md 5.7).
+            if *windowed {
+                b.window_cost += f64::from(code);
             }
             return;
         }
@@ -494,13 +529,22 @@ impl std::fmt::Display for Snapshot {
             .collect();
         writeln!(f, "threads: {}", if names.is_empty() { "none yet".into() } else { names.join(", ") })?;
         let est = if self.estimated { "~" } else { "" };
-        writeln!(f, "{:>14}  {:>7}  function  file:line", "calls/s", "excl %")?;
+        // The range where windows sampled the calls: what they allow, from no recording cost to its far end.
+        let ranged = self.functions.iter().any(|r| r.calls_per_s_high != Some(r.calls_per_s_low));
+        let range = |r: &FuncRow| match r.calls_per_s_high {
+            _ if !ranged => String::new(),
+            Some(h) => format!("  {:>15}", format!("{}-{}", rate(r.calls_per_s_low), rate(h))),
+            None => format!("  {:>15}", format!(">= {}", rate(r.calls_per_s_low))),
+        };
+        let head = if ranged { format!("  {:>15}", "range") } else { String::new() };
+        writeln!(f, "{:>14}{head}  {:>7}  function  file:line", "calls/s", "excl %")?;
         for r in &self.functions {
             let thread = if r.thread_id != 0 { format!(" [{}]", r.thread_id) } else { String::new() };
             writeln!(
                 f,
-                "{:>14}  {:>6.1}%  {}{thread}  {}:{}",
+                "{:>14}{}  {:>6.1}%  {}{thread}  {}:{}",
                 format!("{est}{:.0}", r.calls_per_s),
+                range(r),
                 r.exclusive_share * 100.0,
                 r.function,
                 r.file,
@@ -520,11 +564,23 @@ impl std::fmt::Display for Snapshot {
                 if self.missed > 0 {
                     "the events read (the reader missed some: record with --live, or it is too slow for this rate)"
                 } else {
-                    "the default mode's windows, where calls are recorded"
+                    "the windows of --sampled, where calls are recorded; the range is what they allow, from \
+                     recording costing them nothing to three times its cost measured at the start (>=: \
+                     call-dense code, where recording took most of them; record without --sampled for exact \
+                     counts)"
                 }
             )?;
         }
         Ok(())
+    }
+}
+
+/// A rate for the range column: 3 significant figures, with k or M.
+fn rate(x: f64) -> String {
+    match x {
+        x if x >= 1e6 => format!("{:.3}M", x / 1e6),
+        x if x >= 1e3 => format!("{:.3}k", x / 1e3),
+        x => format!("{x:.0}"),
     }
 }
 
