@@ -1606,7 +1606,7 @@ fn step(
         }
     }
     // A recorder pause (FORMAT.md 5.6) is the recorder's time, taken out as the events' own cost is.
-    let mut c = cost[e.kind as usize];
+    let mut c = walk.cost(e, cost);
     let paused = walk.paused();
     if paused != 0 {
         c += ticks_f64(paused);

@@ -331,7 +331,7 @@ fn step(th: &mut Thread, e: &ocular_format::RawEvent, cost: &[f64; 256], pass: &
     if step == Step::Unknown {
         return;
     }
-    th.cost += cost[e.kind as usize];
+    th.cost += th.walk.cost(e, cost);
     let now = th.cost;
     let gap = th.walk.gap();
     match step {

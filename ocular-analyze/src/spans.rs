@@ -826,7 +826,7 @@ fn second_pass(
                     }
                     // The interval that ends at this event, less the recorder's cost and pauses in it, to the
                     // spans open in it, in the stack before the event moved it (what ran until it).
-                    let c_ticks = cost[e.kind as usize] + th.walk.paused() as f64;
+                    let c_ticks = th.walk.cost(e, &cost) + th.walk.paused() as f64;
                     if let Some(last) = th.last {
                         if measuring && t >= last {
                             give(th, tid, spans, last, t, c_ticks, sinks, &mut seen, &mut stamp);

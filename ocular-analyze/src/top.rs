@@ -459,7 +459,7 @@ fn step(
     // Outside a window (default mode), function boundaries are not recorded: time is not attributed.
     let in_window = !*windowed || t < *window_end;
     if *windowed && in_window {
-        b.window_cost += cost.0[e.kind as usize];
+        b.window_cost += ts.walk.cost(e, &cost.0);
     }
     let back_jump = matches!(step, Step::Location { kind: EventKind::JUMP, .. }) && e.arg.get() < e.offset.get();
     if *windowed && !in_window {
