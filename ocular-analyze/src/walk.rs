@@ -129,7 +129,7 @@ pub struct Walk {
     /// The tick of the thread's last event if it was a `PY_START` or `PY_RETURN` (0: it was not).
     boundary_at: u64,
     /// The fewest ticks seen between two such events in a row ([`Walk::cost`]).
-    spacing: u64,
+    spacing: f64,
 }
 
 impl Walk {
@@ -144,7 +144,7 @@ impl Walk {
             sync: None,
             ticks_per_us: ticks_per_second / 1e6,
             boundary_at: 0,
-            spacing: u64::MAX,
+            spacing: f64::INFINITY,
         }
     }
 
@@ -156,14 +156,25 @@ impl Walk {
     /// is measured once, on a small loop, and scaled by the machine's speed at the stop; where that read
     /// the machine slow (0.67x on CPython 3.14), 41.7 ns an event was taken out of one-line calls 30 ns
     /// apart, their function read no time at all, and windows of them stood for 2.5x their calls.
+    ///
+    /// Call it for every event of the thread that the pass takes the cost of: it keeps the bound. (An
+    /// event it is not called for, a note or a pause, can only make an interval it spans longer.)
     #[inline(always)]
-    pub fn cost(&self, e: &RawEvent, table: &[f64; 256]) -> f64 {
+    pub fn cost(&mut self, e: &RawEvent, table: &[f64; 256]) -> f64 {
         let c = table[e.kind as usize];
-        if e.kind == EventKind::PY_START as u8 || e.kind == EventKind::PY_RETURN as u8 {
-            c.min(self.spacing as f64)
-        } else {
-            c
+        let boundary = (e.kind == EventKind::PY_START as u8) | (e.kind == EventKind::PY_RETURN as u8);
+        let (t, before) = (e.ticks.get(), self.boundary_at);
+        self.boundary_at = if boundary { t } else { 0 };
+        if !boundary {
+            return c;
         }
+        if before != 0 && t > before {
+            let d = (t - before) as f64;
+            if d < self.spacing {
+                self.spacing = d;
+            }
+        }
+        c.min(self.spacing)
     }
 
     /// Whether the last event fell between windows.
@@ -209,15 +220,6 @@ impl Walk {
             return Some(Step::Pause);
         }
         self.paused = self.pauses.take();
-        let t = e.ticks.get();
-        if e.kind == EventKind::PY_START as u8 || e.kind == EventKind::PY_RETURN as u8 {
-            if self.boundary_at != 0 && t > self.boundary_at {
-                self.spacing = self.spacing.min(t - self.boundary_at);
-            }
-            self.boundary_at = t;
-        } else {
-            self.boundary_at = 0;
-        }
         let Some(kind) = e.event_kind() else { return Some(Step::Unknown) };
         if kind.is_recorder_note() {
             if kind == EventKind::DUE && e.offset.get() & ocular_format::event::due::MISSED != 0 {
@@ -476,5 +478,28 @@ mod tests {
         assert_eq!(w.paused(), 40);
         apply(&mut log, &mut w, ev(EventKind::JUMP, 70, 1, 0));
         assert_eq!(w.paused(), 0);
+    }
+
+    #[test]
+    fn a_call_events_cost_is_never_more_than_the_fewest_ticks_between_two_in_a_row() {
+        let mut w = Walk::new(1e9);
+        let mut table = [0.0; 256];
+        table[EventKind::PY_START as usize] = 50.0;
+        table[EventKind::PY_RETURN as usize] = 50.0;
+        table[EventKind::JUMP as usize] = 50.0;
+        let cost = |w: &mut Walk, kind, t| w.cost(&ev(kind, t, 1, 0), &table);
+        // Nothing seen yet: the table's cost.
+        assert_eq!(cost(&mut w, EventKind::PY_START, 1_000), 50.0);
+        // 30 ticks after a start: a callback cannot have cost more.
+        assert_eq!(cost(&mut w, EventKind::PY_RETURN, 1_030), 30.0);
+        // The bound holds for what follows, and a wider interval does not loosen it.
+        assert_eq!(cost(&mut w, EventKind::PY_START, 1_200), 30.0);
+        // Another kind in between: the interval after it is not between two call events, and its own
+        // cost is the table's.
+        assert_eq!(cost(&mut w, EventKind::JUMP, 1_210), 50.0);
+        assert_eq!(cost(&mut w, EventKind::PY_RETURN, 1_215), 30.0);
+        // Two events at one tick (a clock that did not move) say nothing.
+        assert_eq!(cost(&mut w, EventKind::PY_START, 1_215), 30.0);
+        assert_eq!(cost(&mut w, EventKind::PY_RETURN, 1_235), 20.0);
     }
 }
