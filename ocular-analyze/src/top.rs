@@ -29,7 +29,7 @@ struct Bucket {
     loops: HashMap<(u32, u32), u64>,
     events: u64,
     missed: u64,
-    /// Ticks of function-boundary recording in this bucket (windows: the default mode's calls).
+    /// Ticks of function-boundary recording in this bucket (the windows of --sampled).
     covered: u64,
     /// The recorder's cost of the events recorded in windows, ticks: time of `covered` the program did not
     /// run, as `stats` takes it out of each window.
@@ -73,7 +73,7 @@ pub struct Top {
     tps: f64,
     threads: HashMap<u64, ThreadState>,
     buckets: VecDeque<Bucket>,
-    /// The default mode records calls in windows only: until when the current one records them.
+    /// --sampled records calls in windows only: until when the current one records them.
     window_end: u64,
     windowed: bool,
     /// The current window's due moment and length, ticks, and until when its calls count (FORMAT.md 5.7).
@@ -154,7 +154,7 @@ pub struct Snapshot {
     pub events_per_s: f64,
     /// Events the cursor could not read in time (the recording reused their memory), in that span.
     pub missed: u64,
-    /// Whether call figures are estimates (the default mode records calls in windows; events were missed).
+    /// Whether call figures are estimates (--sampled records calls in windows; events were missed).
     pub estimated: bool,
     /// `null`, `"stopped"` or `"killed"`.
     pub ended: Option<&'static str>,
@@ -294,7 +294,7 @@ impl Top {
             covered += b.covered;
             window_cost += b.window_cost;
         }
-        // The default mode: calls are recorded in windows covering a share of the time; scale them up, by
+        // With --sampled, calls are recorded in windows covering a share of the time; scale them up, by
         // the part of the windows the program ran (their length less the recorder's cost of their events,
         // as stats weighs them: without, call-dense code's rate read low by what recording it cost).
         let windows = self.windowed && covered > 0;
@@ -456,7 +456,7 @@ fn step(
         }
         _ => {}
     }
-    // Outside a window (default mode), function boundaries are not recorded: time is not attributed.
+    // Outside a window (--sampled), function boundaries are not recorded: time is not attributed.
     let in_window = !*windowed || t < *window_end;
     if *windowed && in_window {
         b.window_cost += ts.walk.cost(e, &cost.0);
@@ -575,7 +575,7 @@ impl std::fmt::Display for Snapshot {
     }
 }
 
-/// A rate for the range column: 3 significant figures, with k or M.
+/// A rate for the range column: in thousands or millions with three decimals, or whole.
 fn rate(x: f64) -> String {
     match x {
         x if x >= 1e6 => format!("{:.3}M", x / 1e6),
