@@ -128,8 +128,45 @@ pub struct Walk {
     ticks_per_us: f64,
     /// The tick of the thread's last event if it was a `PY_START` or `PY_RETURN` (0: it was not).
     boundary_at: u64,
-    /// The fewest ticks seen between two such events in a row ([`Walk::cost`]).
-    spacing: f64,
+    /// The intervals from such an event to a start, and to a return, in a row ([`Walk::cost`]): how many
+    /// were counted, their histogram (while it is kept), and the bound it gives each kind's cost.
+    seen: [u32; 2],
+    spacing: Option<Box<Spacing>>,
+    bound: [f64; 2],
+}
+
+/// How long the intervals that end at a start, and at a return, were: a histogram each, and the cost bound
+/// it gives ([`Walk::cost`]).
+#[derive(Debug)]
+struct Spacing {
+    bins: [[u32; SPACING_BINS]; 2],
+}
+
+/// Intervals are counted in bins of this many ticks, the last for anything longer.
+const SPACING_BIN: u64 = 8;
+const SPACING_BINS: usize = 128;
+/// The share of the intervals before its events that a cost may make negative ([`Walk::cost`]).
+const SPACING_SHARE: f64 = 0.1;
+/// The bound is read again from the histogram every this many intervals, from the first time there, up to
+/// the last it counts: a thread's first 65,536 intervals of each kind say what its calls cost (a sampled
+/// recording's first window holds its first 50,000 calls), and counting them all cost `stats` 14% of its
+/// speed.
+const SPACING_EVERY: u32 = 1024;
+const SPACING_LAST: u32 = 65_536;
+
+impl Spacing {
+    /// The interval below which `SPACING_SHARE` of those of kind `which` lie (the lower edge of its bin).
+    fn bound(&self, which: usize, seen: u32) -> f64 {
+        let want = (f64::from(seen) * SPACING_SHARE).ceil() as u64;
+        let mut below = 0u64;
+        for (i, &n) in self.bins[which].iter().enumerate() {
+            below += u64::from(n);
+            if below >= want && i + 1 < SPACING_BINS {
+                return (i as u64 * SPACING_BIN) as f64;
+            }
+        }
+        f64::INFINITY
+    }
 }
 
 impl Walk {
@@ -144,37 +181,57 @@ impl Walk {
             sync: None,
             ticks_per_us: ticks_per_second / 1e6,
             boundary_at: 0,
-            spacing: f64::INFINITY,
+            seen: [0; 2],
+            spacing: None,
+            bound: [f64::INFINITY; 2],
         }
     }
 
     /// What the recorder's event `e` cost the program, in ticks: `table`'s cost of its kind, except that a
-    /// `PY_START`'s or `PY_RETURN`'s is never more than the fewest ticks seen so far between two of them in
-    /// a row in this thread. Each such interval holds a whole callback (the end of the one that read the
-    /// first tick, the start of the one that read the second) and some of the program, so the cost of one
-    /// cannot be more: taking out more makes the program's time between such events negative. The cost
-    /// is measured once, on a small loop, and scaled by the machine's speed at the stop; where that read
-    /// the machine slow (0.67x on CPython 3.14), 41.7 ns an event was taken out of one-line calls 30 ns
-    /// apart, their function read no time at all, and windows of them stood for 2.5x their calls.
+    /// `PY_START`'s or a `PY_RETURN`'s is never more than the interval below which a tenth of those that
+    /// end at its kind lie, in this thread (from a start or a return to it, in a row). A pass takes an
+    /// event's cost out of the interval that ends at it, the time of the function that ran then: a cost
+    /// that makes more than a tenth of them negative is not what the recording cost. (Some can be: the cost
+    /// is a mean, and an interval where the machine ran at its fastest held less.) The cost is measured
+    /// once, on a small loop, and scaled by the machine's speed at the stop; where that read the machine
+    /// slow (0.67x on CPython 3.14), 41.7 ns an event was taken out of one-line calls 30 ns apart, their
+    /// function read no time at all, and windows of them stood for 2.5x their calls. The bound is read
+    /// from the intervals seen so far, once 1,024 of them were, and fixed after 65,536.
     ///
-    /// Call it for every event of the thread that the pass takes the cost of: it keeps the bound. (An
+    /// Call it for every event of the thread that the pass takes the cost of: it keeps the bounds. (An
     /// event it is not called for, a note or a pause, can only make an interval it spans longer.)
     #[inline(always)]
     pub fn cost(&mut self, e: &RawEvent, table: &[f64; 256]) -> f64 {
         let c = table[e.kind as usize];
-        let boundary = (e.kind == EventKind::PY_START as u8) | (e.kind == EventKind::PY_RETURN as u8);
-        let (t, before) = (e.ticks.get(), self.boundary_at);
-        self.boundary_at = if boundary { t } else { 0 };
-        if !boundary {
+        let which = if e.kind == EventKind::PY_START as u8 {
+            0
+        } else if e.kind == EventKind::PY_RETURN as u8 {
+            1
+        } else {
+            self.boundary_at = 0;
             return c;
+        };
+        let (t, before) = (e.ticks.get(), self.boundary_at);
+        self.boundary_at = t;
+        if self.seen[which] < SPACING_LAST && before != 0 && t > before {
+            self.count_interval(which, t - before);
         }
-        if before != 0 && t > before {
-            let d = (t - before) as f64;
-            if d < self.spacing {
-                self.spacing = d;
-            }
+        c.min(self.bound[which])
+    }
+
+    /// Counts an interval that ends at an event of kind `which` ([`Walk::cost`]).
+    #[cold]
+    fn count_interval(&mut self, which: usize, ticks: u64) {
+        let s = self.spacing.get_or_insert_with(|| Box::new(Spacing { bins: [[0; SPACING_BINS]; 2] }));
+        s.bins[which][((ticks / SPACING_BIN) as usize).min(SPACING_BINS - 1)] += 1;
+        self.seen[which] += 1;
+        let seen = self.seen[which];
+        if seen % SPACING_EVERY == 0 {
+            self.bound[which] = s.bound(which, seen);
         }
-        c.min(self.spacing)
+        if self.seen.iter().all(|&n| n >= SPACING_LAST) {
+            self.spacing = None; // the bounds stay
+        }
     }
 
     /// Whether the last event fell between windows.
@@ -481,25 +538,40 @@ mod tests {
     }
 
     #[test]
-    fn a_call_events_cost_is_never_more_than_the_fewest_ticks_between_two_in_a_row() {
+    fn a_call_events_cost_is_never_more_than_a_tenth_of_the_intervals_before_its_kind_allow() {
         let mut w = Walk::new(1e9);
         let mut table = [0.0; 256];
-        table[EventKind::PY_START as usize] = 50.0;
-        table[EventKind::PY_RETURN as usize] = 50.0;
-        table[EventKind::JUMP as usize] = 50.0;
-        let cost = |w: &mut Walk, kind, t| w.cost(&ev(kind, t, 1, 0), &table);
-        // Nothing seen yet: the table's cost.
-        assert_eq!(cost(&mut w, EventKind::PY_START, 1_000), 50.0);
-        // 30 ticks after a start: a callback cannot have cost more.
-        assert_eq!(cost(&mut w, EventKind::PY_RETURN, 1_030), 30.0);
-        // The bound holds for what follows, and a wider interval does not loosen it.
-        assert_eq!(cost(&mut w, EventKind::PY_START, 1_200), 30.0);
-        // Another kind in between: the interval after it is not between two call events, and its own
-        // cost is the table's.
-        assert_eq!(cost(&mut w, EventKind::JUMP, 1_210), 50.0);
-        assert_eq!(cost(&mut w, EventKind::PY_RETURN, 1_215), 30.0);
-        // Two events at one tick (a clock that did not move) say nothing.
-        assert_eq!(cost(&mut w, EventKind::PY_START, 1_215), 30.0);
-        assert_eq!(cost(&mut w, EventKind::PY_RETURN, 1_235), 20.0);
+        table[EventKind::PY_START as usize] = 100.0;
+        table[EventKind::PY_RETURN as usize] = 100.0;
+        table[EventKind::JUMP as usize] = 100.0;
+        let cost = |w: &mut Walk, table: &[f64; 256], kind, t| w.cost(&ev(kind, t, 1, 0), table);
+        use EventKind::{JUMP, PY_RETURN as RET, PY_START as START};
+        // A thousand calls: 64 ticks from each start to its return, 200 from the return to the next start.
+        let mut t = 1_000;
+        for _ in 0..1_023 {
+            assert_eq!(cost(&mut w, &table, START, t), 100.0, "too few intervals seen to bound");
+            assert_eq!(cost(&mut w, &table, RET, t + 64), 100.0);
+            t += 264;
+        }
+        // The 1,024th interval before a return: the cost of a return is at most 64 ticks (the lower edge of
+        // their bin); starts keep the table's, 100 being below their 200.
+        assert_eq!(cost(&mut w, &table, START, t), 100.0);
+        assert_eq!(cost(&mut w, &table, RET, t + 64), 64.0);
+        // Another kind in between: its own cost is the table's, and the interval after it counts for none.
+        assert_eq!(cost(&mut w, &table, JUMP, t + 70), 100.0);
+        assert_eq!(cost(&mut w, &table, RET, t + 75), 64.0);
+        // A table's cost below the bound stands.
+        table[EventKind::PY_RETURN as usize] = 30.0;
+        assert_eq!(cost(&mut w, &table, RET, t + 500), 30.0);
+        // A few short intervals (under a tenth) do not lower it: a cost is a mean.
+        let mut w = Walk::new(1e9);
+        table[EventKind::PY_RETURN as usize] = 100.0;
+        let mut t = 1_000;
+        for i in 0..2_048 {
+            cost(&mut w, &table, START, t);
+            cost(&mut w, &table, RET, t + if i % 20 == 0 { 16 } else { 160 });
+            t += 400;
+        }
+        assert_eq!(cost(&mut w, &table, RET, t + 1), 100.0);
     }
 }
