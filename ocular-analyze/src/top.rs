@@ -34,6 +34,10 @@ struct Bucket {
     /// The recorder's cost of the events recorded in windows, ticks: time of `covered` the program did not
     /// run, as `stats` takes it out of each window.
     window_cost: f64,
+    /// Code objects called in windows, by id: how many windows called each, in each thread. A window
+    /// re-arms every code object (`sys.monitoring.restart_events`) and each is instrumented again at its
+    /// first call in it, on the window's time: costed at the snapshot, where code objects' sizes are known.
+    reinstrumented: HashMap<u32, u64>,
     /// The earliest and latest tick of the events read into this bucket (u64::MAX, 0: none): the span of
     /// the program they cover, which a reader that falls behind reads in more wall time than it took.
     first_tick: u64,
@@ -44,6 +48,8 @@ struct Bucket {
 struct ThreadState {
     stack: Vec<u32>,
     last: Option<u64>,
+    /// Code objects called (so instrumented again) in the thread's current window.
+    instrumented: std::collections::HashSet<u32>,
     /// Windows, their stacks and the recorder's pauses.
     walk: Walk,
 }
@@ -84,9 +90,13 @@ pub struct Top {
     cost: Costs,
 }
 
-/// The recorder's cost per event kind, in ticks.
+/// The recorder's cost per event kind, in ticks: the header's until the calibration is read, then the
+/// calibration's (FORMAT.md 6.6), as `stats` takes them out.
 #[derive(Debug)]
-struct Costs([f64; 256]);
+struct Costs {
+    kinds: [f64; 256],
+    calibrated: bool,
+}
 
 /// When the current window fell due, its length, and until when its calls count, ticks: from its opening
 /// for its length, or, where its `DUE` marker says calls count from the due moment, to the due moment plus
@@ -178,8 +188,8 @@ impl Top {
             .and_then(|r| r.header_record().and_then(|b| postcard::take_from_bytes::<Header>(b).ok()).map(|(h, _)| h));
         let (tps, _) = cursor.clock();
         let cost = ocular_format::cost_table(header.as_ref().map_or(0.0, |h| h.event_cost_ticks), None);
-        Ok(Top {
-            cost: Costs(cost),
+        let mut top = Top {
+            cost: Costs { kinds: cost, calibrated: false },
             cursor,
             header,
             tps: if tps > 0.0 { tps } else { 1e9 },
@@ -190,11 +200,22 @@ impl Top {
             due: Due::default(),
             ended: None,
             started: Instant::now(),
-        })
+        };
+        top.calibrate();
+        Ok(top)
+    }
+
+    /// Takes the costs the recording measured at its start, once the cursor has read them.
+    fn calibrate(&mut self) {
+        if let (false, Some(c)) = (self.cost.calibrated, &self.cursor.calibration) {
+            let default = self.header.as_ref().map_or(0.0, |h| h.event_cost_ticks);
+            self.cost = Costs { kinds: ocular_format::cost_table(default, Some(c)), calibrated: true };
+        }
     }
 
     /// Reads what the recording wrote since the last call.
     pub fn poll(&mut self) {
+        self.calibrate();
         let now = Instant::now();
         let fresh = match self.buckets.back().and_then(|b| b.at) {
             None => true,
@@ -216,6 +237,7 @@ impl Top {
                 let ts = threads.entry(tid).or_insert_with(|| ThreadState {
                     stack: Vec::new(),
                     last: None,
+                    instrumented: Default::default(),
                     walk: Walk::new(tps),
                 });
                 if gaps.borrow().contains(&tid) {
@@ -280,6 +302,7 @@ impl Top {
         let mut funcs: HashMap<(u64, u32), Func> = HashMap::new();
         let mut loops: HashMap<(u32, u32), u64> = HashMap::new();
         let (mut events, mut missed, mut covered, mut window_cost) = (0u64, 0u64, 0u64, 0.0);
+        let mut reinstrumented: HashMap<u32, u64> = HashMap::new();
         for b in &recent {
             for (&(tid, code), f) in &b.funcs {
                 let e = funcs.entry((if per_thread { tid } else { 0 }, code)).or_default();
@@ -293,6 +316,18 @@ impl Top {
             missed += b.missed;
             covered += b.covered;
             window_cost += b.window_cost;
+            for (&code, &n) in &b.reinstrumented {
+                *reinstrumented.entry(code).or_default() += n;
+            }
+        }
+        // Instrumenting each code object again at its first call in each window (FORMAT.md 6.6), as `stats`
+        // takes it out: on real packages' work, without it, a window's calls were scaled up as if the
+        // program had run all of it, and rates read 0.35-0.5 of the program's own.
+        if let Some((per_code, per_byte)) = self.cursor.calibration.as_ref().map(|c| c.instrument()) {
+            for (code, n) in reinstrumented {
+                let len = self.cursor.code.get(&code).map_or(0, |c| c.bytecode.len());
+                window_cost += n as f64 * (per_code + per_byte * len as f64);
+            }
         }
         // With --sampled, calls are recorded in windows covering a share of the time; scale them up, by
         // the part of the windows the program ran (their length less the recorder's cost of their events,
@@ -420,6 +455,7 @@ fn step(
         Step::Opened { len_us: len, .. } => {
             *windowed = true;
             ts.last = None;
+            ts.instrumented.clear();
             let end = if len == u32::MAX { u64::MAX } else { t + (len as f64 * tps / 1e6) as u64 };
             // A missed window's marker comes before the opened one's, at the same tick: the last one holds.
             *due = if len == u32::MAX {
@@ -444,6 +480,8 @@ fn step(
             return;
         }
         Step::Found { same, .. } => {
+            // Code running at the opening was instrumented by the opening itself (its cost is the opening's).
+            ts.instrumented.insert(code);
             if !same {
                 ts.stack.push(code);
             }
@@ -459,7 +497,7 @@ fn step(
     // Outside a window (--sampled), function boundaries are not recorded: time is not attributed.
     let in_window = !*windowed || t < *window_end;
     if *windowed && in_window {
-        b.window_cost += ts.walk.cost(e, &cost.0);
+        b.window_cost += ts.walk.cost(e, &cost.kinds);
     }
     let back_jump = matches!(step, Step::Location { kind: EventKind::JUMP, .. }) && e.arg.get() < e.offset.get();
     if *windowed && !in_window {
@@ -485,6 +523,9 @@ fn step(
         Step::Enter(kind) => {
             if kind == EventKind::PY_START && (!*windowed || t < due.calls_until) {
                 b.funcs.entry((tid, code)).or_default().calls += 1;
+            }
+            if *windowed && ts.instrumented.insert(code) {
+                *b.reinstrumented.entry(code).or_default() += 1;
             }
             ts.stack.push(code);
         }
@@ -564,11 +605,11 @@ impl std::fmt::Display for Snapshot {
                 if self.missed > 0 {
                     "the events read (the reader missed some: record with --live, or it is too slow for this rate)"
                 } else {
-                    "the windows of --sampled, where calls are recorded; the range allows for recording \
-                     costing them nothing to three times its cost measured at the start (>=: call-dense code, \
-                     where recording took most of them), not for instrumenting each function again in each \
-                     window: on real code these rates read low, 0.35-0.5 of the truth on sqlglot's work \
-                     (stats allows for it; record without --sampled for exact counts)"
+                    "the windows of --sampled, where calls are recorded, less what recording cost them (each \
+                     event, and instrumenting each function again at its first call in each window); the \
+                     range is what they allow, from recording costing them nothing to three times its cost \
+                     measured at the start (>=: where that would take most of them, as in call-dense code and \
+                     most real code; record without --sampled for exact counts)"
                 }
             )?;
         }
@@ -661,5 +702,90 @@ struct Restore;
 impl Drop for Restore {
     fn drop(&mut self) {
         ratatui::restore();
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use ocular_format::chunk::kind;
+    use ocular_format::ring::{Layout, RingWriter};
+    use ocular_format::{Calibration, CodeObject};
+
+    /// A ring file of one thread's sampled window: its stack (code 1), then calls of codes 2..=41, code 2
+    /// and code 1 once more; `calibrated`: with a calibration of 100 ticks a start or return, and 500 a
+    /// code object plus 5 a byte to instrument one again. `top`'s rate and its low end (recording costing
+    /// the windows nothing), read once the events are in.
+    fn window_rates(calibrated: bool) -> (f64, f64) {
+        let layout =
+            Layout { slot_events: 1024, max_slots: 4, meta_capacity: 1 << 16, chunks_capacity: 0, slot_ext: true };
+        let dir = tempfile::tempdir().unwrap();
+        let path = dir.path().join("top.ring");
+        let w = RingWriter::create(&path, std::process::id(), 1, 1e9, layout).unwrap();
+        if calibrated {
+            let c = Calibration {
+                costs: vec![
+                    (EventKind::PY_START as u8, 100.0),
+                    (EventKind::PY_RETURN as u8, 100.0),
+                    (Calibration::INSTRUMENT_CODE, 500.0),
+                    (Calibration::INSTRUMENT_BYTE, 5.0),
+                ],
+            };
+            assert!(w.append_meta(kind::CALIBRATION, &postcard::to_allocvec(&c).unwrap()));
+        }
+        for id in 1..=41 {
+            let co = CodeObject {
+                id,
+                name: format!("f{id}"),
+                qualname: format!("f{id}"),
+                filename: "/src/m.py".into(),
+                first_line: id,
+                flags: 3,
+                bytecode: vec![0; 100],
+                linetable: Vec::new(),
+                positions: Vec::new(),
+            };
+            let (mut one, mut framed) = (Vec::new(), Vec::new());
+            ocular_format::frame_code(&co, &mut one, &mut framed).unwrap();
+            assert!(w.append_meta(kind::CODE, &framed));
+        }
+        let mut top = Top::open(path.to_str().unwrap()).unwrap();
+        // A window of 100 us (100,000 ticks) at tick 1,000,000.
+        let t0 = 1_000_000u64;
+        let ev = |t: u64, code: u32, arg: u32, k: EventKind| RawEvent::new(t, code, 0, arg, k as u8);
+        let mut evs = vec![ev(t0, 0, 100, EventKind::WINDOW), ev(t0, 1, 0, EventKind::STACK)];
+        let mut t = t0;
+        for id in (2..=41).chain([2, 1]) {
+            t += 1_000;
+            evs.push(ev(t, id, 0, EventKind::PY_START));
+            t += 1_000;
+            evs.push(ev(t, id, 0, EventKind::PY_RETURN));
+        }
+        assert!(t < t0 + 100_000);
+        let p = w.prepare_slot(0).unwrap();
+        for (i, e) in evs.iter().enumerate() {
+            // SAFETY: within the slot's 1,024 events.
+            unsafe { p.add(i).write(*e) };
+        }
+        w.filling(0, 7, t0, 0);
+        w.full(0, evs.len() as u32);
+        top.poll();
+        std::thread::sleep(Duration::from_millis(20)); // the wall span, far longer than the window
+        let snap = top.snapshot(1.0, false, 100);
+        let f2 = snap.functions.iter().find(|f| f.function == "f2").expect("f2 read");
+        (f2.calls_per_s, f2.calls_per_s_low)
+    }
+
+    #[test]
+    fn a_sampled_rate_takes_out_each_events_cost_and_instrumenting_each_function_again_in_each_window() {
+        // 84 starts and returns at 100 ticks, and 40 code objects called (1 was on the stack at the opening,
+        // so instrumented by it; 2 is called twice) at 500 + 5 x 100 ticks each: 48,400 of the window's
+        // 100,000 ticks were the recorder's, and the rate is the low end's over the 51,600 left.
+        let (rate, low) = window_rates(true);
+        let want = 100_000.0 / (100_000.0 - 84.0 * 100.0 - 40.0 * 1_000.0);
+        assert!((rate / low - want).abs() < 1e-9, "{} against {want}", rate / low);
+        // Without a calibration the header's cost (none here) is all that is taken out.
+        let (rate, low) = window_rates(false);
+        assert_eq!(rate, low);
     }
 }

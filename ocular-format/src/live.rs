@@ -3,7 +3,7 @@
 //! missed because the recording reused a slot before the cursor read it.
 
 use crate::event::RawEvent;
-use crate::meta::{CodeObject, ThreadInfo};
+use crate::meta::{Calibration, CodeObject, ThreadInfo};
 use crate::ring::{state, RingFile, ENTRY_SIZE, EXT_SIZE, HEADER_SIZE};
 use std::collections::HashMap;
 use std::path::{Path, PathBuf};
@@ -56,6 +56,9 @@ pub struct Cursor {
     pub code: HashMap<u32, CodeObject>,
     /// Thread names so far, by native id.
     pub threads: HashMap<u64, String>,
+    /// What the recorder's events cost, measured at the recording's start (FORMAT.md 6.6), once it is
+    /// written (the one written at the stop, its speed only, is not kept).
+    pub calibration: Option<Calibration>,
     /// Events delivered since the cursor opened.
     pub delivered: u64,
     /// Events missed since the cursor opened.
@@ -90,6 +93,7 @@ impl Cursor {
             meta_at: 0,
             code: HashMap::new(),
             threads: HashMap::new(),
+            calibration: None,
             delivered: 0,
             missed: 0,
             ended: None,
@@ -194,7 +198,7 @@ impl Cursor {
         out
     }
 
-    /// New metadata records: code objects and thread names.
+    /// New metadata records: code objects, thread names and the calibration.
     fn read_meta(&mut self) {
         for (kind, payload) in self.ring.meta_from(&mut self.meta_at) {
             match kind {
@@ -206,6 +210,13 @@ impl Cursor {
                 crate::chunk::kind::THREAD => {
                     if let Ok((t, _)) = postcard::take_from_bytes::<ThreadInfo>(&payload) {
                         self.threads.insert(t.thread_id, t.name);
+                    }
+                }
+                crate::chunk::kind::CALIBRATION if self.calibration.is_none() => {
+                    if let Ok((c, _)) = postcard::take_from_bytes::<Calibration>(&payload) {
+                        if !c.is_stop() {
+                            self.calibration = Some(c);
+                        }
                     }
                 }
                 _ => {}
