@@ -147,6 +147,9 @@ pub struct LoopRow {
     pub line: i32,
     /// Iterations per second (backward jumps recorded).
     pub iterations_per_s: f64,
+    /// With a threshold (the default), a loop's backward jump is recorded for its first 2 x threshold
+    /// iterations only, then it runs unrecorded: the rate is a lower bound, and a loop past them reads 0.
+    pub iterations_lower_bound: bool,
 }
 
 /// What `top --json` prints, and what the view shows.
@@ -160,6 +163,9 @@ pub struct Snapshot {
     pub mode: String,
     /// Seconds the figures cover.
     pub seconds: f64,
+    /// The recording's threshold, if its ring file says (a loop's backward jump is recorded for its first
+    /// 2 x threshold iterations; 0: every one).
+    pub loop_threshold: Option<u32>,
     /// Events read per second.
     pub events_per_s: f64,
     /// Events the cursor could not read in time (the recording reused their memory), in that span.
@@ -391,9 +397,15 @@ impl Top {
                 let (function, file, first) = name(id);
                 let line =
                     code.get(&id).and_then(|c| c.positions.get(head as usize / 2)).map_or(first as i32, |p| p.line);
-                LoopRow { function, file, line, iterations_per_s: n as f64 / secs }
+                LoopRow { function, file, line, iterations_per_s: n as f64 / secs, iterations_lower_bound: true }
             })
             .collect();
+        // A loop's backward jump is recorded for its first 2 x threshold iterations only (the recorder
+        // switches it off then): with a threshold, what was read is a lower bound.
+        let threshold = self.header.as_ref().map_or(u32::MAX, |h| h.options.deinstrument_threshold);
+        for l in &mut lrows {
+            l.iterations_lower_bound = threshold > 0;
+        }
         lrows.sort_by(|a, b| b.iterations_per_s.total_cmp(&a.iterations_per_s));
         lrows.truncate(top.min(10));
         let mut threads: Vec<(u64, String)> =
@@ -404,6 +416,7 @@ impl Top {
             python_version: self.header.as_ref().map_or_else(String::new, |h| h.python_version.clone()),
             mode: self.header.as_ref().map_or_else(String::new, |h| h.options.mode.name().to_string()),
             seconds: secs,
+            loop_threshold: self.header.as_ref().map(|h| h.options.deinstrument_threshold),
             events_per_s: events as f64 / secs,
             missed,
             estimated: self.windowed || missed > 0,
@@ -595,8 +608,34 @@ impl std::fmt::Display for Snapshot {
         if !self.loops.is_empty() {
             writeln!(f, "{:>14}  loop", "iterations/s")?;
             for l in &self.loops {
-                writeln!(f, "{:>14.0}  {}  {}:{}", l.iterations_per_s, l.function, l.file, l.line)?;
+                let bound = if l.iterations_lower_bound { ">=" } else { "" };
+                writeln!(
+                    f,
+                    "{:>14}  {}  {}:{}",
+                    format!("{bound}{:.0}", l.iterations_per_s),
+                    l.function,
+                    l.file,
+                    l.line
+                )?;
             }
+        }
+        if self.mode == "adaptive" && self.loop_threshold != Some(0) {
+            // Said whether or not a loop is listed: a hot loop past its recorded iterations is not.
+            let limit =
+                self.loop_threshold.map_or_else(|| "2 x the threshold".into(), |n| format!("{}", 2 * u64::from(n)));
+            writeln!(
+                f,
+                "loops: each loop's iterations are recorded for its first {limit} only, then it runs unrecorded: \
+                 rates are lower bounds (>=), and a loop past them is not listed; record with --threshold 0 to \
+                 follow loops live"
+            )?;
+        }
+        if self.events_per_s == 0.0 && self.ended.is_none() {
+            writeln!(
+                f,
+                "no events in this span: the program made no call and ran no recorded loop iteration (a long \
+                 call, a loop past its recorded iterations, or waiting); where it is is not known to top"
+            )?;
         }
         if self.estimated {
             writeln!(

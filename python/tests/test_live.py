@@ -413,3 +413,62 @@ def test_top_gives_the_sampled_modes_call_rate_the_program_measures(tmp_path):
     if abs(top - own) > 0.35 * own:
         import warnings
         warnings.warn(f"top's sampled rate read {top / own:.2f} of the program's own, within its range: {leaf}")
+
+
+def _loops_under_top(tmp_path, threshold):
+    """(top's snapshot of a program that runs a loop at ~1 M iterations a second for 4 s, the program's
+    own iterations a second), recorded with `threshold`."""
+    prog = tmp_path / "loop_rate.py"
+    prog.write_text(textwrap.dedent("""
+        import os, sys, time
+        go, seconds, out = sys.argv[1], float(sys.argv[2]), sys.argv[3]
+        print(os.getpid(), flush=True)
+        while not os.path.exists(go):
+            time.sleep(0.005)
+        t0 = time.perf_counter()
+        iterations = n = 0
+        while time.perf_counter() - t0 < seconds:
+            for i in range(1000):
+                n += i & 7
+            iterations += 1000
+            time.sleep(0.001)  # ~1 M iterations a second: a reader keeps up with every one
+        with open(out, "w") as f:
+            f.write(str(iterations / (time.perf_counter() - t0)))
+        """))
+    go, rate = tmp_path / "go", tmp_path / "rate.txt"
+    go.unlink(missing_ok=True)
+    p = subprocess.Popen(
+        [sys.executable, "-m", "ocular", "run", "-q", "--live", "--threshold", str(threshold),
+         "-o", str(tmp_path / "r.ocl"), str(prog), str(go), "4", str(rate)],
+        stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, cwd=tmp_path)
+    try:
+        pid = int(p.stdout.readline())
+        go.write_text("")
+        time.sleep(1.0)  # past the loop's first 1,000 iterations
+        r = subprocess.run([ANALYZE, "top", str(pid), "--json", "--seconds", "2"], capture_output=True, text=True,
+                           timeout=60)
+        assert r.returncode == 0, r.stderr
+        p.communicate(timeout=60)
+        assert p.returncode == 0
+        return json.loads(r.stdout), float(rate.read_text())
+    finally:
+        if p.poll() is None:
+            p.kill()
+            p.communicate(timeout=60)
+
+
+def test_top_gives_a_loops_iteration_rate_whole_without_a_threshold_and_a_lower_bound_with_one(tmp_path):
+    # GIVEN a program that runs a loop at a steady rate for 4 s and measures that rate itself, recorded
+    # gapless (--threshold 0: every backward jump recorded), WHEN top watches 2 s of it, THEN the loop's
+    # iterations a second are the program's own, and not marked as a bound.
+    snap, own = _loops_under_top(tmp_path, threshold=0)
+    assert snap["loop_threshold"] == 0
+    loop = next(lp for lp in snap["loops"] if lp["function"] == "<module>")
+    assert not loop["iterations_lower_bound"], loop
+    assert abs(loop["iterations_per_s"] - own) <= 0.1 * own, (loop, own)
+    # WITH the default threshold (500), the loop's backward jump is recorded for its first 1,000 iterations
+    # only, all of them before top looks: the loop is not listed, or listed as a lower bound of its rate.
+    snap, own = _loops_under_top(tmp_path, threshold=500)
+    assert snap["loop_threshold"] == 500
+    for loop in snap["loops"]:
+        assert loop["iterations_lower_bound"] and loop["iterations_per_s"] <= 1.05 * own, (loop, own)
