@@ -216,12 +216,16 @@ enum Command {
     /// (python -m ocular run --live ...) so that it misses nothing; a flight recorder (--ring) can be
     /// watched too. --sampled recordings record calls in windows: calls/s are scaled up, marked ~, and
     /// given the range the windows allow (from recording costing them nothing to three times its cost).
-    /// Times include the recorder's own cost (~25 ns per event).
+    /// Times include the recorder's own cost (~25 ns per event). A function in a long call or a sleep
+    /// holds its time as it goes, if top saw it start, and from when top opened to its return otherwise.
+    /// Loops are read from their recorded iterations: with a threshold (the default) a loop's first
+    /// 2 x threshold only, so the rates are lower bounds (>=); --threshold 0 records every one.
     ///
     /// Examples:
     ///   ocular-analyze top 12345
     ///   ocular-analyze top 12345 --once --seconds 2
     ///   ocular-analyze top 12345 --json | jq '.functions[0]'
+    #[command(verbatim_doc_comment)]
     Top {
         /// The recording process's pid, or its ring file.
         target: String,

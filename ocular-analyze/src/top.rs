@@ -42,6 +42,11 @@ struct Bucket {
     /// the program they cover, which a reader that falls behind reads in more wall time than it took.
     first_tick: u64,
     last_tick: u64,
+    /// The tick when it began: its exclusive time is the program's from then to the next one's.
+    from_tick: u64,
+    /// Time read into this bucket that ran before it began: (thread, code, from, to), given to the buckets
+    /// it ran in once the poll is done ([`Top::poll`]).
+    spill: Vec<(u64, u32, u64, u64)>,
 }
 
 #[derive(Debug)]
@@ -88,6 +93,11 @@ pub struct Top {
     started: Instant,
     /// The recorder's cost per event kind, ticks (measured at the recording's start, FORMAT.md 6.6).
     cost: Costs,
+    /// The tick when the cursor opened: a thread's first event read ends an interval that began then.
+    opened_tick: u64,
+    /// The tick just before the last poll read: where the function a thread was last seen running in had run
+    /// to, as far as what was read says.
+    polled_tick: u64,
 }
 
 /// The recorder's cost per event kind, in ticks: the header's until the calibration is read, then the
@@ -194,7 +204,10 @@ impl Top {
             .and_then(|r| r.header_record().and_then(|b| postcard::take_from_bytes::<Header>(b).ok()).map(|(h, _)| h));
         let (tps, _) = cursor.clock();
         let cost = ocular_format::cost_table(header.as_ref().map_or(0.0, |h| h.event_cost_ticks), None);
+        let opened_tick = ocular_format::now_ticks();
         let mut top = Top {
+            opened_tick,
+            polled_tick: opened_tick,
             cost: Costs { kinds: cost, calibrated: false },
             cursor,
             header,
@@ -227,8 +240,9 @@ impl Top {
             None => true,
             Some(at) => now.duration_since(at) >= BUCKET,
         };
+        self.polled_tick = ocular_format::now_ticks();
         if fresh {
-            self.buckets.push_back(Bucket { at: Some(now), ..Bucket::default() });
+            self.buckets.push_back(Bucket { at: Some(now), from_tick: self.polled_tick, ..Bucket::default() });
         }
         while self.buckets.len() > 240 {
             self.buckets.pop_front();
@@ -236,13 +250,15 @@ impl Top {
         let bucket = self.buckets.back_mut().expect("pushed above");
         let threads = &mut self.threads;
         let (window_end, windowed, cost, due) = (&mut self.window_end, &mut self.windowed, &self.cost, &mut self.due);
-        let tps = self.tps;
+        let (tps, opened_tick) = (self.tps, self.opened_tick);
         let gaps = std::cell::RefCell::new(Vec::new());
         let p = self.cursor.poll_gaps(
             |tid, e| {
                 let ts = threads.entry(tid).or_insert_with(|| ThreadState {
                     stack: Vec::new(),
-                    last: None,
+                    // The thread ran from when the cursor opened to its first event read, in the function
+                    // that event shows running (unless it starts a call: its caller is not known).
+                    last: Some(opened_tick),
                     instrumented: Default::default(),
                     walk: Walk::new(tps),
                 });
@@ -263,6 +279,21 @@ impl Top {
         );
         bucket.events += p.events;
         bucket.missed += p.missed;
+        let spill = std::mem::take(&mut bucket.spill);
+        for (tid, code, from, mut to) in spill {
+            for b in self.buckets.iter_mut().rev().skip(1) {
+                let start = from.max(b.from_tick);
+                if start < to {
+                    b.funcs.entry((tid, code)).or_default().excl += to - start;
+                    b.first_tick = if b.first_tick == 0 { start } else { b.first_tick.min(start) };
+                    b.last_tick = b.last_tick.max(to);
+                    to = start;
+                }
+                if to <= from {
+                    break;
+                }
+            }
+        }
         if self.ended.is_none() {
             self.ended = p.ended;
         }
@@ -291,8 +322,26 @@ impl Top {
         // the reader still had its events to read (beside six busy processes on two cores, a debug build of
         // the reader took 14 s to read 4 s of a program, and read its rate at 0.2x over the wall span). With
         // windows the wall span stands, as the windows' scale is taken against it.
-        let first = recent.iter().map(|b| b.first_tick).filter(|&t| t > 0).min();
-        let last = recent.iter().map(|b| b.last_tick).max().unwrap_or(0);
+        // A thread in a function now, since its last event read (a long call, a sleep, a loop past its
+        // recorded iterations): that function's, up to the last poll. Without, a call that takes the whole
+        // span read no time at all until it returned. With windows the time since is the gap's.
+        let mut open = Vec::new();
+        let mut first = recent.iter().map(|b| b.first_tick).filter(|&t| t > 0).min();
+        let mut last = recent.iter().map(|b| b.last_tick).max().unwrap_or(0);
+        if !self.windowed && self.ended.is_none() {
+            let from = recent.first().map_or(0, |b| b.from_tick);
+            for (&tid, ts) in &self.threads {
+                if let (Some(since), Some(&r)) = (ts.last, ts.stack.last()) {
+                    let since = since.max(from);
+                    if since < self.polled_tick {
+                        open.push(((if per_thread { tid } else { 0 }, r), self.polled_tick - since));
+                        // The program's span read runs to the poll.
+                        first = Some(first.map_or(since, |f| f.min(since)));
+                        last = last.max(self.polled_tick);
+                    }
+                }
+            }
+        }
         let behind = self.ended.is_some() || recent.iter().any(|b| b.missed > 0);
         let secs = match first {
             Some(f) if !self.windowed && last > f => {
@@ -362,6 +411,9 @@ impl Top {
             scale *= m;
             scale_low *= m;
             scale_high = scale_high.map(|h| h * m);
+        }
+        for (key, d) in open {
+            funcs.entry(key).or_default().excl += d;
         }
         let total_excl: u64 = funcs.values().map(|f| f.excl).sum();
         let code = &self.cursor.code;
@@ -523,12 +575,25 @@ fn step(
     if let Some(last) = ts.last {
         let running = match (ts.stack.last(), step) {
             (Some(&top), _) => Some(top),
-            (None, Step::ExitUnknown(_)) => Some(code),
+            (None, Step::ExitUnknown(_) | Step::Location { enter: true, .. }) => Some(code),
             _ => None,
         };
         if let Some(r) = running {
-            // A recorder pause (FORMAT.md 5.6) is not the program's time.
-            b.funcs.entry((tid, r)).or_default().excl += t.saturating_sub(last).saturating_sub(paused);
+            // The part that ran before this bucket began is the earlier buckets' (a long call that returns
+            // now ran mostly before, and a span holds only its own part). A recorder pause (FORMAT.md 5.6)
+            // is not the program's time: taken from this bucket's part first.
+            let start = last.max(b.from_tick).min(t);
+            let (own, before) = (t - start, start.saturating_sub(last));
+            let here = own.saturating_sub(paused);
+            let before = before.saturating_sub(paused - (own - here));
+            b.funcs.entry((tid, r)).or_default().excl += here;
+            if here > 0 && start > 0 {
+                // The program's span read starts where the time it holds does.
+                b.first_tick = if b.first_tick == 0 { start } else { b.first_tick.min(start) };
+            }
+            if before > 0 {
+                b.spill.push((tid, r, last, last + before));
+            }
         }
     }
     ts.last = Some(t);

@@ -472,3 +472,93 @@ def test_top_gives_a_loops_iteration_rate_whole_without_a_threshold_and_a_lower_
     assert snap["loop_threshold"] == 500
     for loop in snap["loops"]:
         assert loop["iterations_lower_bound"] and loop["iterations_per_s"] <= 1.05 * own, (loop, own)
+
+
+LONG_WL = """
+import time
+
+def leaf(i):
+    return i + 1
+
+def busy_for(seconds):
+    t0 = time.perf_counter()
+    while time.perf_counter() - t0 < seconds:
+        for i in range(200):
+            leaf(i)
+        time.sleep(0.0005)  # a reader keeps up with every call
+
+def nap(seconds):
+    time.sleep(seconds)  # one long call: no event until it returns
+"""
+
+LONG_PROGRAM = """
+import json, os, sys, time
+import wl
+go, out, first, second = sys.argv[1], sys.argv[2], sys.argv[3], sys.argv[4]
+print(os.getpid(), flush=True)
+while not os.path.exists(go):
+    time.sleep(0.005)
+stamps = {}
+for name, (what, seconds) in (("first", first.split(":")), ("second", second.split(":"))):
+    t0 = time.perf_counter()
+    (wl.nap if what == "nap" else wl.busy_for)(float(seconds))
+    stamps[what] = (t0, time.perf_counter())
+with open(out, "w") as f:
+    json.dump(stamps, f)
+"""
+
+
+def _long_call_share(tmp_path, first, second, top_after_go, seconds):
+    """(nap's exclusive share as top gives it, the share it had of the span top read, by the program's own
+    clock): a program that runs `first` then `second` (nap:S or busy:S), with top opened `top_after_go`
+    seconds after the program starts them (negative: before) for `seconds`."""
+    (tmp_path / "wl.py").write_text(LONG_WL)
+    (tmp_path / "long.py").write_text(LONG_PROGRAM)
+    go, out = tmp_path / "go", tmp_path / "stamps.json"
+    p = subprocess.Popen(
+        [sys.executable, "-m", "ocular", "run", "-q", "--live", "--include", "wl.py", "-o", str(tmp_path / "r.ocl"),
+         str(tmp_path / "long.py"), str(go), str(out), first, second],
+        stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, cwd=tmp_path,
+        env={**os.environ, "PYTHONPATH": str(tmp_path)})
+    try:
+        pid = int(p.stdout.readline())
+        top = None
+        if top_after_go < 0:
+            top = subprocess.Popen([ANALYZE, "top", str(pid), "--json", "--seconds", str(seconds)],
+                                   stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+            time.sleep(-top_after_go)
+        go.write_text("")
+        if top is None:
+            time.sleep(top_after_go)
+            top = subprocess.Popen([ANALYZE, "top", str(pid), "--json", "--seconds", str(seconds)],
+                                   stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+        stdout, stderr = top.communicate(timeout=60)
+        end = time.perf_counter()  # the program's clock too (CLOCK_MONOTONIC)
+        assert top.returncode == 0, stderr
+        p.communicate(timeout=60)
+        assert p.returncode == 0
+        snap = json.loads(stdout)
+        stamps = json.loads(out.read_text())
+        # The span top read, by the program's clock: its length ends at the snapshot (a few ms before `end`).
+        start = end - snap["seconds"]
+        inside = {k: max(0.0, min(b, end) - max(a, start)) for k, (a, b) in stamps.items()}
+        want = inside["nap"] / (inside["nap"] + inside["busy"])
+        shares = {f["function"]: f["exclusive_share"] for f in snap["functions"]}
+        return shares.get("nap", 0.0), want, snap
+    finally:
+        if p.poll() is None:
+            p.kill()
+            p.communicate(timeout=60)
+
+
+def test_top_gives_a_long_call_its_part_of_the_span_before_it_returns_and_after_it_began_unseen(tmp_path):
+    # GIVEN a program that runs short calls for 0.6 s, then one call that sleeps for 3 s (no event until it
+    # returns), WHEN top watches 2 s from just before the short calls, THEN the sleeping function holds its
+    # part of what top read, by the program's own clock (~0.7), not nothing because it has not returned.
+    got, want, snap = _long_call_share(tmp_path, "busy:0.6", "nap:3", top_after_go=-0.4, seconds=2)
+    assert abs(got - want) <= 0.1, (got, want, snap)
+    # GIVEN the same call of 1.5 s first, then short calls for 2 s, WHEN top opens 0.6 s into the call and
+    # watches 1.5 s, THEN the call holds the part of it top saw (from the opening to its return), though
+    # its start was before top opened; none of its time before that.
+    got, want, snap = _long_call_share(tmp_path, "nap:1.5", "busy:2", top_after_go=0.6, seconds=1.5)
+    assert abs(got - want) <= 0.1, (got, want, snap)
