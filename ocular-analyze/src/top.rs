@@ -322,12 +322,13 @@ impl Top {
         // the reader still had its events to read (beside six busy processes on two cores, a debug build of
         // the reader took 14 s to read 4 s of a program, and read its rate at 0.2x over the wall span). With
         // windows the wall span stands, as the windows' scale is taken against it.
-        // A thread in a function now, since its last event read (a long call, a sleep, a loop past its
-        // recorded iterations): that function's, up to the last poll. Without, a call that takes the whole
-        // span read no time at all until it returned. With windows the time since is the gap's.
-        let mut open = Vec::new();
         let mut first = recent.iter().map(|b| b.first_tick).filter(|&t| t > 0).min();
         let mut last = recent.iter().map(|b| b.last_tick).max().unwrap_or(0);
+        // A thread in a function now, since its last event read (a long call, a sleep, a loop past its
+        // recorded iterations): that function's, up to the last poll, and the program's span read runs to
+        // the poll. Without, a call that takes the whole span read no time at all until it returned. With
+        // windows the time since is the gap's.
+        let mut open = Vec::new();
         if !self.windowed && self.ended.is_none() {
             let from = recent.first().map_or(0, |b| b.from_tick);
             for (&tid, ts) in &self.threads {
@@ -335,7 +336,6 @@ impl Top {
                     let since = since.max(from);
                     if since < self.polled_tick {
                         open.push(((if per_thread { tid } else { 0 }, r), self.polled_tick - since));
-                        // The program's span read runs to the poll.
                         first = Some(first.map_or(since, |f| f.min(since)));
                         last = last.max(self.polled_tick);
                     }
@@ -443,21 +443,18 @@ impl Top {
             b.exclusive_share.total_cmp(&a.exclusive_share).then(b.calls_per_s.total_cmp(&a.calls_per_s))
         });
         frows.truncate(top);
+        // A loop's backward jump is recorded for its first 2 x threshold iterations only (the recorder
+        // switches it off then): with a threshold, what was read is a lower bound.
+        let bounded = self.header.as_ref().map_or(true, |h| h.options.deinstrument_threshold > 0);
         let mut lrows: Vec<LoopRow> = loops
             .iter()
             .map(|(&(id, head), &n)| {
                 let (function, file, first) = name(id);
                 let line =
                     code.get(&id).and_then(|c| c.positions.get(head as usize / 2)).map_or(first as i32, |p| p.line);
-                LoopRow { function, file, line, iterations_per_s: n as f64 / secs, iterations_lower_bound: true }
+                LoopRow { function, file, line, iterations_per_s: n as f64 / secs, iterations_lower_bound: bounded }
             })
             .collect();
-        // A loop's backward jump is recorded for its first 2 x threshold iterations only (the recorder
-        // switches it off then): with a threshold, what was read is a lower bound.
-        let threshold = self.header.as_ref().map_or(u32::MAX, |h| h.options.deinstrument_threshold);
-        for l in &mut lrows {
-            l.iterations_lower_bound = threshold > 0;
-        }
         lrows.sort_by(|a, b| b.iterations_per_s.total_cmp(&a.iterations_per_s));
         lrows.truncate(top.min(10));
         let mut threads: Vec<(u64, String)> =
