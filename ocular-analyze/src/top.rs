@@ -49,6 +49,14 @@ struct Bucket {
     spill: Vec<(u64, u32, u64, u64)>,
 }
 
+impl Bucket {
+    /// The program's time from `from` to `to` was read into this bucket.
+    fn covers(&mut self, from: u64, to: u64) {
+        self.first_tick = if self.first_tick == 0 { from } else { self.first_tick.min(from) };
+        self.last_tick = self.last_tick.max(to);
+    }
+}
+
 #[derive(Debug)]
 struct ThreadState {
     stack: Vec<u32>,
@@ -270,8 +278,7 @@ impl Top {
                 }
                 let t = e.ticks.get();
                 if t > 0 {
-                    bucket.first_tick = if bucket.first_tick == 0 { t } else { bucket.first_tick.min(t) };
-                    bucket.last_tick = bucket.last_tick.max(t);
+                    bucket.covers(t, t);
                 }
                 step(ts, tid, e, bucket, (tps, cost), (window_end, due), windowed)
             },
@@ -285,8 +292,7 @@ impl Top {
                 let start = from.max(b.from_tick);
                 if start < to {
                     b.funcs.entry((tid, code)).or_default().excl += to - start;
-                    b.first_tick = if b.first_tick == 0 { start } else { b.first_tick.min(start) };
-                    b.last_tick = b.last_tick.max(to);
+                    b.covers(start, to);
                     to = start;
                 }
                 if to <= from {
@@ -586,7 +592,7 @@ fn step(
             b.funcs.entry((tid, r)).or_default().excl += here;
             if here > 0 && start > 0 {
                 // The program's span read starts where the time it holds does.
-                b.first_tick = if b.first_tick == 0 { start } else { b.first_tick.min(start) };
+                b.covers(start, t);
             }
             if before > 0 {
                 b.spill.push((tid, r, last, last + before));
