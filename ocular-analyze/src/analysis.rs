@@ -2021,7 +2021,11 @@ fn push_at(
     ts.active[stats] += 1;
     let outermost = ts.active[stats] == 1;
     let parent = ts.stack.last().map_or(ts.root, |f| f.node);
-    ts.stack.push(Frame {
+    // Written where it goes: `push` of a frame this size built it aside and copied it in (a `memcpy`
+    // call an event, depending on what the compiler inlined around it).
+    let len = ts.stack.len();
+    ts.stack.reserve(1);
+    ts.stack.spare_capacity_mut()[0].write(Frame {
         code: id,
         stats: stats as u32,
         c_site: None,
@@ -2036,6 +2040,8 @@ fn push_at(
         loops: Vec::new(),
         pending_tail: None,
     });
+    // SAFETY: the element at `len` was just written.
+    unsafe { ts.stack.set_len(len + 1) };
 }
 
 /// Counts a call at the node of the frame just pushed at tick `t`, where its function's calls are counted
@@ -2209,7 +2215,8 @@ fn pop_frame(
     lost: bool,
 ) {
     let now = ts.cost;
-    let Some(f) = ts.stack.pop() else { return };
+    // Read in place and dropped there: moving a frame out of the stack copied it.
+    let Some(f) = ts.stack.last() else { return };
     let end = match f.prev {
         Some((pt, pc, _)) if lost => (pt, pc),
         _ => (t, now),
@@ -2245,6 +2252,7 @@ fn pop_frame(
             w[1] += inclusive[1];
         }
     }
+    ts.stack.truncate(ts.stack.len() - 1);
     if let Some(parent) = ts.stack.last_mut() {
         for (c, x) in parent.child_e.iter_mut().zip(inclusive) {
             *c += x;
