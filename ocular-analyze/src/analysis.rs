@@ -588,8 +588,6 @@ struct ThreadState {
     window_len: u64,
     /// One over [`DENSE_BIN_S`] in ticks.
     dense_per_tick: f64,
-    /// Code objects already called (so instrumented again) in the current later window.
-    instrumented: CodeMap<()>,
 }
 
 impl ThreadState {
@@ -1611,14 +1609,10 @@ fn step(
     if paused != 0 {
         c += ticks_f64(paused);
     }
-    if ts.phase == Phase::Sampled
-        && matches!(e.event_kind(), Some(EventKind::PY_START | EventKind::PY_RESUME | EventKind::PY_THROW))
-        && ts.instrumented.insert(id, ())
-    {
-        // A window re-arms every code object (sys.monitoring.restart_events), and each is instrumented
-        // again at its first call in the window, before its first event: the caller's time, and the
-        // window's, hold that cost (0.1-9 us a code object; on real packages' work, windows that call
-        // hundreds of functions lost a third of their length to it, and counts read 0.5-0.7x).
+    if ts.phase == Phase::Sampled && walk.instruments_again(e) {
+        // The caller's time, and the window's, hold that cost: on real packages' work, windows that call
+        // hundreds of functions lost a third of their length to it, and counts read 0.5-0.7x. (The first
+        // window's is the first call's in any recording: a complete part has nothing to scale.)
         let len = tables.code_len.get(id).copied().unwrap_or(0);
         c += tables.instrument.0 + tables.instrument.1 * f64::from(len);
     }
@@ -1746,7 +1740,6 @@ fn step(
                 ts.window_missed = false;
                 ts.window_e1 = ts.e[1];
                 ts.calls_from_due = false;
-                ts.instrumented.clear();
             }
         }
         Step::Closed => {
@@ -1771,8 +1764,6 @@ fn step(
             ts.phase = Phase::Gap;
         }
         Step::Found { depth, same } => {
-            // Code running at the opening was instrumented by the opening itself (its cost is the opening's).
-            ts.instrumented.insert(id, ());
             let index = tables.indexes.get(tables.code_index(id) as usize);
             // At a RESUME: where a frame starts (the function's first), or goes on after a yield or an
             // await (a generator's or coroutine's resumption: no call).

@@ -61,8 +61,6 @@ impl Bucket {
 struct ThreadState {
     stack: Vec<u32>,
     last: Option<u64>,
-    /// Code objects called (so instrumented again) in the thread's current window.
-    instrumented: std::collections::HashSet<u32>,
     /// Windows, their stacks and the recorder's pauses.
     walk: Walk,
 }
@@ -267,7 +265,6 @@ impl Top {
                     // The thread ran from when the cursor opened to its first event read, in the function
                     // that event shows running (unless it starts a call: its caller is not known).
                     last: Some(opened_tick),
-                    instrumented: Default::default(),
                     walk: Walk::new(tps),
                 });
                 if gaps.borrow().contains(&tid) {
@@ -523,7 +520,6 @@ fn step(
         Step::Opened { len_us: len, .. } => {
             *windowed = true;
             ts.last = None;
-            ts.instrumented.clear();
             let end = if len == u32::MAX { u64::MAX } else { t + (len as f64 * tps / 1e6) as u64 };
             // A missed window's marker comes before the opened one's, at the same tick: the last one holds.
             *due = if len == u32::MAX {
@@ -548,8 +544,6 @@ fn step(
             return;
         }
         Step::Found { same, .. } => {
-            // Code running at the opening was instrumented by the opening itself (its cost is the opening's).
-            ts.instrumented.insert(code);
             if !same {
                 ts.stack.push(code);
             }
@@ -605,7 +599,7 @@ fn step(
             if kind == EventKind::PY_START && (!*windowed || t < due.calls_until) {
                 b.funcs.entry((tid, code)).or_default().calls += 1;
             }
-            if *windowed && ts.instrumented.insert(code) {
+            if *windowed && ts.walk.instruments_again(e) {
                 *b.reinstrumented.entry(code).or_default() += 1;
             }
             ts.stack.push(code);

@@ -15,9 +15,12 @@
 //!   first; an exit of code not on the stack (the recording started inside it) moves nothing.
 //! - A location event (a jump, a branch, an instruction) of code not on top: the frames above its
 //!   innermost frame have returned, or, not on the stack at all, it was called unrecorded.
+//! - A window re-arms every code object: each is instrumented again, on the program's time, at its first
+//!   start or resumption in the window, unless the opening's stack held it.
 //! - A coroutine's or asyncio loop function's boundary in the gap (recorded for the async view, 5.5) is
 //!   left out, as the boundaries around it there are not recorded.
 
+use crate::codemap::CodeMap;
 use ocular_format::event::flags;
 use ocular_format::{EventKind, Pauses, RawEvent};
 
@@ -133,6 +136,9 @@ pub struct Walk {
     seen: [u32; 2],
     spacing: Option<Box<Spacing>>,
     bound: [f64; 2],
+    /// Code objects instrumented in the current window: on the stack at its opening, or started since
+    /// ([`Walk::instruments_again`]).
+    instrumented: CodeMap<()>,
 }
 
 /// How long the intervals that end at a start, and at a return, were: a histogram each, and the cost bound
@@ -184,6 +190,7 @@ impl Walk {
             seen: [0; 2],
             spacing: None,
             bound: [f64::INFINITY; 2],
+            instrumented: CodeMap::default(),
         }
     }
 
@@ -217,6 +224,17 @@ impl Walk {
             self.count_interval(which, t - before);
         }
         c.min(self.bound[which])
+    }
+
+    /// Whether `e`, a start, resumption or throw, is its code object's first in the current window: a
+    /// window re-arms every code object (`sys.monitoring.restart_events`), and CPython instruments each
+    /// again at its first call in the window, before its first event, on the program's time (0.1-9 us a
+    /// code object). Code on the stack at the opening was instrumented by the opening itself, whose cost
+    /// is its own. A pass asks this of the events of the part of a window where it takes costs out.
+    #[inline]
+    pub fn instruments_again(&mut self, e: &RawEvent) -> bool {
+        matches!(e.event_kind(), Some(EventKind::PY_START | EventKind::PY_RESUME | EventKind::PY_THROW))
+            && self.instrumented.insert(e.code.get(), ())
     }
 
     /// Counts an interval that ends at an event of kind `which` ([`Walk::cost`]).
@@ -318,6 +336,7 @@ impl Walk {
                 };
                 self.windowed |= len_us != u32::MAX;
                 self.sync = Some(0);
+                self.instrumented.clear();
                 Step::Opened { len_us, end: self.window_end }
             }
             EventKind::WINDOW_END => {
@@ -333,6 +352,7 @@ impl Walk {
                     return Step::Unplaced; // a frame of code that is not recorded: on no stack
                 }
                 self.sync = Some(depth + 1);
+                self.instrumented.insert(id, ());
                 let same = depth < frames.depth() && frames.code(depth) == id;
                 if !same {
                     frames.lose_above(depth, t);
@@ -518,6 +538,32 @@ mod tests {
         apply(&mut log, &mut w, ev(EventKind::JUMP, 51, 2, 0));
         assert_eq!(log.stack, [1, 2]);
         assert!(log.lost.is_empty());
+    }
+
+    #[test]
+    fn a_code_object_is_instrumented_again_at_its_first_call_in_each_window_unless_the_opening_found_it() {
+        use EventKind::{PY_RESUME as RESUME, PY_RETURN as RET, PY_START as START, STACK, WINDOW};
+        let mut w = Walk::new(1e6);
+        let mut log = Log::default();
+        let again = |log: &mut Log, w: &mut Walk, kind, t, code| {
+            let e = ev(kind, t, code, 0);
+            apply(log, w, e);
+            w.instruments_again(&e)
+        };
+        apply(&mut log, &mut w, ev(START, 0, 1, 0));
+        // A window finds code 1 running: the opening instrumented it.
+        apply(&mut log, &mut w, ev(WINDOW, 10, 0, 100));
+        apply(&mut log, &mut w, ev(STACK, 10, 1, 0));
+        assert!(!again(&mut log, &mut w, START, 11, 1), "on the stack at the opening");
+        assert!(again(&mut log, &mut w, START, 12, 2), "its first call in the window");
+        assert!(!again(&mut log, &mut w, RET, 13, 2), "a return instruments nothing");
+        assert!(!again(&mut log, &mut w, START, 14, 2), "its second call");
+        assert!(again(&mut log, &mut w, RESUME, 15, 3), "a generator's first resumption in the window");
+        // The next window re-arms every code object again.
+        apply(&mut log, &mut w, ev(WINDOW, 200, 0, 100));
+        apply(&mut log, &mut w, ev(STACK, 200, 1, 0));
+        assert!(again(&mut log, &mut w, START, 201, 2));
+        assert!(!again(&mut log, &mut w, START, 202, 1));
     }
 
     #[test]
