@@ -459,8 +459,6 @@ struct Frame {
     /// A C call's frame (code id from [`c_code_id`]): its caller's code id and call offset, which its
     /// `C_RETURN` or `C_RAISE` carries too (FORMAT.md 5.4). `None` for a Python frame.
     c_site: Option<(u32, u32)>,
-    /// Position of the code object's [`CodeIndex`] in the pass's table (`u32::MAX`: unknown code).
-    index: u32,
     /// This activation's node in the call tree (its stack).
     node: u32,
     /// The thread's effective clocks ([`ThreadState::e`]) when the frame was entered.
@@ -1483,7 +1481,7 @@ fn due_frame(
     if !ts.stack.get(depth).is_some_and(|f| f.code == id) {
         let from = ts.window_from;
         truncate(ts, depth, from, tree, per, tables);
-        push(ts, per, id, from, 0, tables, tree);
+        push(ts, per, id, from, 0, tree);
         ts.stack.last_mut().expect("pushed").prev = None;
     }
     ts.due_sampling = Some(depth + 1);
@@ -1791,7 +1789,7 @@ fn step(
                 while ts.stack.len() > depth {
                     pop(ts, t, tree, per, tables);
                 }
-                push(ts, per, id, t, off, tables, tree);
+                push(ts, per, id, t, off, tree);
                 // CPython 3.12's INSTRUMENTED_RESUME fires PY_START before it runs signal handlers: a frame
                 // whose start was the thread's last event was counted then (a call read twice otherwise).
                 // That start is this call if it came after the window fell due, or if every start of the
@@ -1833,7 +1831,7 @@ fn step(
             }
             call_from_loop(ts, t, tables);
             let stats = if kind == EventKind::PY_START { started } else { per.position_or_insert(id) };
-            push_at(ts, per, stats, id, t, off, tables, tree);
+            push_at(ts, per, stats, id, t, off, tree);
             if kind == EventKind::PY_START {
                 count_call(ts, t, tree);
             }
@@ -1856,7 +1854,7 @@ fn step(
             let pos = per.position_or_insert(code);
             recorded_call(ts, per, pos, code, t);
             call_from_loop(ts, t, tables);
-            push(ts, per, code, t, off, tables, tree);
+            push(ts, per, code, t, off, tree);
             ts.stack.last_mut().expect("pushed").c_site = Some((id, off));
             count_call(ts, t, tree);
         }
@@ -1906,7 +1904,7 @@ fn step(
             if ts.phase != Phase::Gap && !ts.stack.last().is_some_and(|f| f.c_site.is_some()) => {}
         Step::Location { kind, enter } => {
             if enter {
-                push(ts, per, id, t, off, tables, tree);
+                push(ts, per, id, t, off, tree);
             }
             block(ts, t, off, precise, tables, true);
             let now = ts.cost;
@@ -1980,21 +1978,12 @@ fn step(
 }
 
 /// Pushes a frame of code `id` entered at tick `t` (a call, or a frame found on a window's stack).
-fn push(
-    ts: &mut ThreadState,
-    per: &mut CodeMap<FunctionStats>,
-    id: u32,
-    t: u64,
-    off: u32,
-    tables: &Tables,
-    tree: &mut CallTree,
-) {
+fn push(ts: &mut ThreadState, per: &mut CodeMap<FunctionStats>, id: u32, t: u64, off: u32, tree: &mut CallTree) {
     let stats = per.position_or_insert(id);
-    push_at(ts, per, stats, id, t, off, tables, tree);
+    push_at(ts, per, stats, id, t, off, tree);
 }
 
 /// [`push`], with the position of `id`'s figures in `per` known.
-#[allow(clippy::too_many_arguments)]
 #[inline(always)]
 fn push_at(
     ts: &mut ThreadState,
@@ -2003,7 +1992,6 @@ fn push_at(
     id: u32,
     t: u64,
     off: u32,
-    tables: &Tables,
     tree: &mut CallTree,
 ) {
     if ts.active.len() <= stats {
@@ -2020,7 +2008,6 @@ fn push_at(
         code: id,
         stats: stats as u32,
         c_site: None,
-        index: tables.code_index(id),
         node: tree.child(parent, id),
         entered_e: ts.e,
         child_e: [0.0; 2],
@@ -2049,12 +2036,17 @@ fn count_call(ts: &mut ThreadState, t: u64, tree: &mut CallTree) {
 /// A call from the top frame while its last event was inside one of its loops: the time from that event
 /// to the call is the loop's, either as part of an iteration (if the loop's backward jump follows) or as
 /// its unrecorded end (see `Frame::pending_tail`).
+#[inline(always)]
 fn call_from_loop(ts: &mut ThreadState, t: u64, tables: &Tables) {
+    if ts.stack.last().is_some_and(|top| !top.loops.is_empty() && top.pending_tail.is_none()) {
+        call_in_loop(ts, t, tables);
+    }
+}
+
+/// [`call_from_loop`], with the top frame in a loop and no call from it pending.
+fn call_in_loop(ts: &mut ThreadState, t: u64, tables: &Tables) {
     let now = ts.cost;
     let Some(top) = ts.stack.last_mut() else { return };
-    if top.loops.is_empty() || top.pending_tail.is_some() {
-        return;
-    }
     let Some((pt, pc, at)) = top.prev else { return };
     // The innermost loop that holds the last event's offset.
     let inner = top
@@ -2156,6 +2148,7 @@ fn block(ts: &mut ThreadState, t: u64, off: u32, precise: bool, tables: &mut Tab
     let Some((pt, pc, start)) = top.prev else { return };
     // The recorder's cost of this event and of every event in between (callees' included).
     let ticks = (ticks_f64(t.saturating_sub(pt)) - (now - pc)).max(0.0);
+    let index_pos = if precise { tables.code_index(top.code) } else { u32::MAX };
     let mut i = 0;
     while i < top.loops.len() {
         let (head, li, lt, lc, _, since) = top.loops[i];
@@ -2174,7 +2167,7 @@ fn block(ts: &mut ThreadState, t: u64, off: u32, precise: bool, tables: &mut Tab
         if precise {
             // The previous INSTRUCTION's offset is `start`: it took the whole delta.
             if costs && inside(start) {
-                let Some(index) = tables.indexes.get(top.index as usize) else { return };
+                let Some(index) = tables.indexes.get(index_pos as usize) else { return };
                 if let Some(p) = index.position(start) {
                     let slot = &mut stats.slots(&index.offsets)[p];
                     slot.0 += ticks;
