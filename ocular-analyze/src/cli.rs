@@ -217,7 +217,8 @@ enum Command {
     /// watched too. --sampled recordings record calls in windows: calls/s are scaled up, marked ~, and
     /// given the range the windows allow (from recording costing them nothing to three times its cost).
     /// Times include the recorder's own cost (~25 ns per event). A function in a long call or a sleep
-    /// holds its time as it goes, if top saw it start, and from when top opened to its return otherwise.
+    /// holds its time as it goes, from when top opened if it began before: top reads each thread's last
+    /// events in the ring when it opens, to know the calls it is in.
     /// Loops are read from their recorded iterations: with a threshold (the default) a loop's first
     /// 2 x threshold only, so the rates are lower bounds (>=); --threshold 0 records every one.
     ///

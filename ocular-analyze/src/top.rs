@@ -65,6 +65,17 @@ struct ThreadState {
     walk: Walk,
 }
 
+impl ThreadState {
+    fn new(tps: f64, last: Option<u64>) -> Self {
+        ThreadState { stack: Vec::new(), last, walk: Walk::new(tps) }
+    }
+}
+
+/// Events of each thread's past that `top` reads at its opening, at most (1.5 MiB): the calls a thread is
+/// in began after its last event that returned to below them, so its innermost frames, where its time
+/// goes, are among its last events; frames that began before these are not known, as before.
+const HISTORY_EVENTS: u64 = 1 << 16;
+
 /// A thread's stack as the walk moves it.
 struct Moves<'a>(&'a mut Vec<u32>);
 
@@ -227,7 +238,30 @@ impl Top {
             started: Instant::now(),
         };
         top.calibrate();
+        top.follow_history();
         Ok(top)
+    }
+
+    /// Each thread's stack at the opening, from the events the ring held then (their time is before the
+    /// span, and goes nowhere): a thread in a call that began before `top` opened, a sleep or a long C call,
+    /// has that call's time from the opening, though it records nothing until it returns. The windows'
+    /// state is taken from them too. A thread that has exited since keeps no stack.
+    fn follow_history(&mut self) {
+        let mut scratch = Bucket::default();
+        let (threads, cost, tps) = (&mut self.threads, &self.cost, self.tps);
+        let (window_end, due, windowed) = (&mut self.window_end, &mut self.due, &mut self.windowed);
+        self.cursor.history(HISTORY_EVENTS, |tid, e| {
+            let ts = threads.entry(tid).or_insert_with(|| ThreadState::new(tps, None));
+            step(ts, tid, e, &mut scratch, (tps, cost), (window_end, due), windowed);
+        });
+        let tasks = std::path::PathBuf::from(format!("/proc/{}/task", self.cursor.pid()));
+        let here = tasks.is_dir();
+        for (&tid, ts) in &mut self.threads {
+            ts.last = Some(self.opened_tick);
+            if here && !tasks.join(tid.to_string()).exists() {
+                ts.stack.clear();
+            }
+        }
     }
 
     /// Takes the costs the recording measured at its start, once the cursor has read them.
@@ -260,13 +294,9 @@ impl Top {
         let gaps = std::cell::RefCell::new(Vec::new());
         let p = self.cursor.poll_gaps(
             |tid, e| {
-                let ts = threads.entry(tid).or_insert_with(|| ThreadState {
-                    stack: Vec::new(),
-                    // The thread ran from when the cursor opened to its first event read, in the function
-                    // that event shows running (unless it starts a call: its caller is not known).
-                    last: Some(opened_tick),
-                    walk: Walk::new(tps),
-                });
+                // The thread ran from when the cursor opened to its first event read, in the function that
+                // event shows running (unless it starts a call: its caller is not known).
+                let ts = threads.entry(tid).or_insert_with(|| ThreadState::new(tps, Some(opened_tick)));
                 if gaps.borrow().contains(&tid) {
                     // Events were missed just before: the time across the gap and the stack are unknown.
                     gaps.borrow_mut().retain(|&t| t != tid);
@@ -696,7 +726,7 @@ impl std::fmt::Display for Snapshot {
             writeln!(
                 f,
                 "no events in this span: the program made no call and ran no recorded loop iteration (a long \
-                 call, a loop past its recorded iterations, or waiting); where it is is not known to top"
+                 call, a loop past its recorded iterations, or waiting), in no function top saw it enter"
             )?;
         }
         if self.estimated {

@@ -198,6 +198,48 @@ impl Cursor {
         out
     }
 
+    /// The events the ring held when the cursor opened that lead up to it: per thread, the stretch of its
+    /// stream in its slots that ends where the cursor starts (a slot taken again since is left out, with
+    /// the thread's older ones), its last `limit` events at most, handed to `f` in order, thread by
+    /// thread. A reader builds each thread's stack at the opening from them: a call that began before the
+    /// opening and runs still has its start there. Call it before the first poll; it moves no cursor.
+    pub fn history(&mut self, limit: u64, mut f: impl FnMut(u64, &RawEvent)) {
+        let mut by_thread: HashMap<u64, Vec<usize>> = HashMap::new();
+        for (i, s) in self.slots.iter().enumerate() {
+            if s.known && s.taken > 0 {
+                by_thread.entry(s.thread_id).or_default().push(i);
+            }
+        }
+        let mut threads: Vec<_> = by_thread.into_iter().collect();
+        threads.sort_unstable_by_key(|t| t.0);
+        for (tid, mut slots) in threads {
+            slots.sort_unstable_by_key(|&i| std::cmp::Reverse(self.slots[i].events_before));
+            // Newest first, while each slot ends where the one after it begins.
+            let (mut parts, mut begin, mut held) = (Vec::new(), None, 0u64);
+            for i in slots {
+                let s = self.slots[i];
+                let end = s.events_before + u64::from(s.taken);
+                if begin.is_some_and(|b| b != end) || held >= limit {
+                    break;
+                }
+                let from = u64::from(s.taken).saturating_sub(limit - held);
+                let evs = self.ring.live_events(i as u64, from, u64::from(s.taken));
+                let e = HEADER_SIZE + i as u64 * ENTRY_SIZE;
+                if self.ring.live_u64(e + 24) != s.generation {
+                    break; // taken again while read: it, and what came before it, are gone
+                }
+                held += evs.len() as u64;
+                begin = Some(s.events_before);
+                parts.push(evs);
+            }
+            for evs in parts.iter().rev() {
+                for e in evs {
+                    f(tid, e);
+                }
+            }
+        }
+    }
+
     /// New metadata records: code objects, thread names and the calibration.
     fn read_meta(&mut self) {
         for (kind, payload) in self.ring.meta_from(&mut self.meta_at) {
@@ -497,5 +539,53 @@ mod tests {
         got.clear();
         let p = c.poll(|_, e| got.push(e.ticks.get()));
         assert_eq!((p.missed, got), (6, vec![116, 117]));
+    }
+
+    #[test]
+    fn history_gives_each_thread_its_events_up_to_the_opening_in_order_and_polls_go_on_from_there() {
+        // GIVEN thread 5's stream in slots 2 (events 0-7, full) and 0 (events 8-10, filling), thread 6's in
+        // slot 1 (events 0-1), and an older slot 3 of thread 5 whose events 8 later (a gap before slot 2)
+        let layout = Layout { slot_events: 8, max_slots: 4, meta_capacity: 4096, chunks_capacity: 0, slot_ext: true };
+        let dir = tempfile::tempdir().unwrap();
+        let path = dir.path().join("live.ring");
+        let w = RingWriter::create(&path, std::process::id(), crate::now_ticks(), 1e9, layout).unwrap();
+        for slot in 0..4 {
+            w.prepare_slot(slot).unwrap();
+        }
+        w.filling(3, 5, 1, 0);
+        append(&w, 3, 0, 1..9);
+        w.full(3, 8);
+        w.free(3);
+        w.filling(2, 5, 200, 16);
+        append(&w, 2, 0, 200..208);
+        w.full(2, 8);
+        w.filling(0, 5, 208, 24);
+        append(&w, 0, 0, 208..211);
+        w.filling(1, 6, 300, 0);
+        append(&w, 1, 0, 300..302);
+        // WHEN a cursor opens and reads the history, the last 10 events of each thread at most
+        let mut c = Cursor::open(&path).unwrap();
+        let mut got = Vec::new();
+        c.history(10, |tid, e| got.push((tid, e.ticks.get())));
+        // THEN each thread's events come in order, from the newest slot back while its stream is contiguous
+        let want: Vec<(u64, u64)> = (201..211).map(|t| (5, t)).chain((300..302).map(|t| (6, t))).collect();
+        assert_eq!(got, want);
+        // AND without a limit that cuts it, thread 5's gap stops it at slot 2
+        got.clear();
+        c.history(100, |tid, e| got.push((tid, e.ticks.get())));
+        assert_eq!(got.iter().filter(|g| g.0 == 5).count(), 11);
+        // AND a poll delivers only what came after the opening
+        append(&w, 0, 3, 211..213);
+        got.clear();
+        assert_eq!(c.poll(|tid, e| got.push((tid, e.ticks.get()))).missed, 0);
+        assert_eq!(got, vec![(5, 211), (5, 212)]);
+        // AND a slot taken again since the opening is left out, with the thread's older ones
+        let mut c = Cursor::open(&path).unwrap();
+        w.full(0, 5);
+        w.free(0);
+        w.filling(0, 5, 213, 29);
+        got.clear();
+        c.history(100, |tid, e| got.push((tid, e.ticks.get())));
+        assert_eq!(got, vec![(6, 300), (6, 301)]);
     }
 }

@@ -562,3 +562,8 @@ def test_top_gives_a_long_call_its_part_of_the_span_before_it_returns_and_after_
     # its start was before top opened; none of its time before that.
     got, want, snap = _long_call_share(tmp_path, "nap:1.5", "busy:2", top_after_go=0.6, seconds=1.5)
     assert abs(got - want) <= 0.1, (got, want, snap)
+    # GIVEN a call of 3 s, WHEN top opens 0.6 s into it and watches 1.5 s, all of it inside the call (the
+    # program records nothing meanwhile), THEN the call holds the whole span: top found it running in the
+    # events the ring held when it opened. (Before, top read an empty span.)
+    got, want, snap = _long_call_share(tmp_path, "nap:3", "busy:1", top_after_go=0.6, seconds=1.5)
+    assert want == 1.0 and got >= 0.9, (got, want, snap)
