@@ -885,6 +885,9 @@ pub struct Analysis {
     /// Branch events per (code id, branch offset): each destination seen, with the event's kind
     /// (BRANCH up to CPython 3.13; BRANCH_LEFT or BRANCH_RIGHT from 3.14) and how many times.
     pub branches: HashMap<(u32, u32), Vec<BranchWay>>,
+    /// From the first event to the last, of any thread, by the chunks' headers (before
+    /// [`crate::stats::Span::to_the_stop`]).
+    pub span: crate::stats::Span,
 }
 
 /// One way a branch went: where to, as which event kind, how many times (recorded hits).
@@ -1225,6 +1228,7 @@ pub fn analyze(path: &Path, opts: ReadOptions) -> ocular_format::Result<Analysis
     let dense_bin = (DENSE_BIN_S * header.ticks_per_second).max(1.0);
     // The run's span, first to last event of any thread: no function runs longer than it on one thread.
     let (mut first_tick, mut last_tick) = (u64::MAX, 0u64);
+    let mut with_events: Vec<u64> = Vec::new();
     // Counter samples (FORMAT.md 6.9) come in their own chunks, anywhere in the file: gathered first, in a
     // pass over the metadata, to be attributed as each thread's events go by.
     let Samples { counters, by_thread: mut samples, lost, stop_calibration } = read_samples(path, opts, &header)?;
@@ -1241,6 +1245,9 @@ pub fn analyze(path: &Path, opts: ReadOptions) -> ocular_format::Result<Analysis
                 if c.info.count > 0 {
                     first_tick = first_tick.min(c.info.first_ts);
                     last_tick = last_tick.max(c.info.last_ts);
+                    if !with_events.contains(&tid) {
+                        with_events.push(tid);
+                    }
                 }
                 let th = threads.entry(tid).or_insert_with(|| Thread {
                     walk: Walk::new(header.ticks_per_second),
@@ -1360,6 +1367,7 @@ pub fn analyze(path: &Path, opts: ReadOptions) -> ocular_format::Result<Analysis
     // (the run's span), merged over threads at the span times the threads. The windows' scale can carry a
     // top-level frame a few percent past it (a window's length stands for the run's time around it, and
     // the last one is cut by the run's end).
+    a.span = crate::stats::Span::of_ticks(&header, first_tick, last_tick, with_events.len());
     // As `stats` counts the wall time: to the stop when the recording ended (frames open then end there).
     if log.end > last_tick && first_tick != u64::MAX {
         last_tick = log.end;

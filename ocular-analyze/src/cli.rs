@@ -407,7 +407,7 @@ fn run(cli: Cli) -> anyhow::Result<()> {
             let opts = ReadOptions::with_salvage(salvage);
             let run = open_run(&file, opts)?;
             let analyses = analyze_run(&run, opts)?;
-            let report = stats_report(&run, &analyses, opts, per_process, per_thread, sort, top)?;
+            let report = stats_report(&run, &analyses, per_process, per_thread, sort, top)?;
             print_report(json, &report, |out| write!(out, "{report}"))?;
         }
         Command::Export { file, parquet: true, output, salvage, .. } => {
@@ -516,7 +516,7 @@ fn run(cli: Cli) -> anyhow::Result<()> {
             for file in [&before, &after] {
                 let run = open_run(file, opts)?;
                 let analyses = analyze_run(&run, opts)?;
-                sides.push(crate::diff::Side::new(file, &run, &analyses, opts)?);
+                sides.push(crate::diff::Side::new(file, &run, &analyses)?);
             }
             let after_side = sides.pop().expect("two sides");
             let report = crate::diff::diff(sides.pop().expect("two sides"), after_side, top, force)?;
@@ -535,7 +535,7 @@ fn run(cli: Cli) -> anyhow::Result<()> {
                 serde_json::to_value(crate::info::summarize_run(&run, opts)?)?
             };
             let sort = crate::stats::SortBy::Exclusive;
-            let stats = stats_report(&run, &analyses, opts, false, false, sort, functions)?;
+            let stats = stats_report(&run, &analyses, false, false, sort, functions)?;
             let inputs = crate::report::Inputs {
                 title: file.display().to_string(),
                 run: &run,
@@ -646,18 +646,12 @@ fn hot_report(run: &crate::procs::Run, analyses: &[crate::analysis::Analysis], t
 fn stats_report(
     run: &crate::procs::Run,
     analyses: &[crate::analysis::Analysis],
-    opts: ReadOptions,
     per_process: bool,
     per_thread: bool,
     sort: crate::stats::SortBy,
     top: usize,
 ) -> anyhow::Result<crate::stats::Report> {
-    let spans = run
-        .processes
-        .iter()
-        .zip(analyses)
-        .map(|(p, a)| crate::stats::span(&p.path, opts).map(|s| s.to_the_stop(a)))
-        .collect::<Result<Vec<_>, _>>()?;
+    let spans: Vec<_> = analyses.iter().map(|a| a.span.to_the_stop(a)).collect();
     Ok(if run.single() {
         crate::stats::report(
             &analyses[0],

@@ -7,7 +7,7 @@
 //! let side = |p: &str| -> anyhow::Result<diff::Side> {
 //!     let (run, _) = procs::open(Path::new(p), Default::default())?;
 //!     let a = analyze(Path::new(p), Default::default())?;
-//!     diff::Side::new(Path::new(p), &run, &[a], Default::default())
+//!     diff::Side::new(Path::new(p), &run, &[a])
 //! };
 //! let d = diff::diff(side("before.ocl")?, side("after.ocl")?, 20, false)?;
 //! println!("{d}");
@@ -50,7 +50,7 @@
 use crate::analysis::{instructions, specialization, Analysis};
 use crate::procs::Run;
 use crate::stats::{self, SortBy};
-use ocular_format::{CodeObject, Header, Mode, ReadOptions};
+use ocular_format::{CodeObject, Header, Mode};
 use rustc_hash::FxHashMap as HashMap;
 use serde::Serialize;
 use std::fmt;
@@ -137,17 +137,17 @@ pub struct Side {
 
 impl Side {
     /// The side of `path`, which begins `run`, from its processes' `analyses` (in the run's order).
-    pub fn new(path: &Path, run: &Run, analyses: &[Analysis], opts: ReadOptions) -> anyhow::Result<Side> {
+    pub fn new(path: &Path, run: &Run, analyses: &[Analysis]) -> anyhow::Result<Side> {
         let header = analyses
             .first()
             .and_then(|a| a.header.as_ref())
             .ok_or_else(|| anyhow::anyhow!("{}: no header: not a trace this analyzer can compare", path.display()))?;
         // The rows `stats` shows, a run's processes merged as it merges them.
         let report = if run.single() {
-            let span = stats::span(path, opts)?;
+            let span = analyses[0].span;
             stats::report(&analyses[0], span, false, SortBy::Exclusive, usize::MAX)
         } else {
-            let spans = run.processes.iter().map(|p| stats::span(&p.path, opts)).collect::<Result<Vec<_>, _>>()?;
+            let spans: Vec<_> = analyses.iter().map(|a| a.span).collect();
             let parts: Vec<stats::Part<'_>> = run
                 .processes
                 .iter()

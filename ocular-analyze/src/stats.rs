@@ -6,11 +6,9 @@
 //! and the report starts with the wall time and the number of threads.
 
 use crate::analysis::{Analysis, FunctionStats};
-use ocular_format::{Body, ReadOptions, Reader};
-use rustc_hash::{FxHashMap as HashMap, FxHashSet as HashSet};
+use rustc_hash::FxHashMap as HashMap;
 use serde::{Serialize, Serializer};
 use std::fmt;
-use std::path::Path;
 
 /// How to order the rows.
 #[derive(Clone, Copy, Debug, PartialEq, Eq, clap::ValueEnum)]
@@ -174,25 +172,16 @@ impl Span {
     }
 }
 
-/// Reads the [`Span`] of `path` from its chunk headers: EVENTS chunks are checked but not decompressed,
-/// so this costs a small part of the analysis pass. (The analysis does not keep timestamps.)
-pub fn span(path: &Path, opts: ReadOptions) -> ocular_format::Result<Span> {
-    let mut r = Reader::open_with(path, ReadOptions { skip_events: true, ..opts })?;
-    let tps = r.header().ticks_per_second;
-    let (mut first, mut last) = (u64::MAX, 0u64);
-    let mut threads = HashSet::default();
-    while let Some(c) = r.next_chunk()? {
-        if matches!(c.body, Body::Events(_)) && c.info.count > 0 {
-            first = first.min(c.info.first_ts);
-            last = last.max(c.info.last_ts);
-            threads.insert(c.info.thread_id);
-        }
+impl Span {
+    /// The events from tick `first` to tick `last` of a recording with header `h` (`first` above `last`:
+    /// none), on `threads` threads.
+    pub fn of_ticks(h: &ocular_format::Header, first: u64, last: u64, threads: usize) -> Span {
+        let tps = h.ticks_per_second;
+        let wall_ms = if last > first && tps > 0.0 { (last - first) as f64 * 1e3 / tps } else { 0.0 };
+        let ns = |t: u64| h.start_monotonic_ns as f64 + (t as f64 - h.start_ticks as f64) * 1e9 / tps.max(1.0);
+        let (first_ns, last_ns) = if last >= first { (ns(first), ns(last)) } else { (0.0, 0.0) };
+        Span { wall_ms, threads, first_ns, last_ns }
     }
-    let wall_ms = if last > first && tps > 0.0 { (last - first) as f64 * 1e3 / tps } else { 0.0 };
-    let h = r.header();
-    let ns = |t: u64| h.start_monotonic_ns as f64 + (t as f64 - h.start_ticks as f64) * 1e9 / tps.max(1.0);
-    let (first_ns, last_ns) = if last >= first { (ns(first), ns(last)) } else { (0.0, 0.0) };
-    Ok(Span { wall_ms, threads: threads.len(), first_ns, last_ns })
 }
 
 /// A [`Row`] with what its inclusive time is a share of. In JSON, its fields follow the row's.

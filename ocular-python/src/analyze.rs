@@ -154,7 +154,7 @@ fn stats_of(path: &Path, per_thread: bool, opts: ReadOptions) -> StatsRead {
     let mut report = Vec::new();
     for p in &run.processes {
         let a = ocular_analyze::analysis::analyze(&p.path, opts)?;
-        let span = ocular_analyze::stats::span(&p.path, opts)?.to_the_stop(&a);
+        let span = a.span.to_the_stop(&a);
         warnings.extend(a.warnings.iter().cloned());
         report.push((a, span));
     }

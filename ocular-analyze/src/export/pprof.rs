@@ -397,7 +397,7 @@ pub fn export_run(run: &Run, analyses: &[Analysis], opts: ReadOptions, out: &mut
     let (mut first_ns, mut last_ns, mut start_unix) = (f64::MAX, 0.0f64, i64::MAX);
     for (p, a) in run.processes.iter().zip(analyses) {
         comments.extend(add_process(&mut b, a, p.pid, &p.path, opts)?);
-        let span = crate::stats::span(&p.path, opts)?;
+        let span = a.span;
         if span.last_ns > 0.0 {
             first_ns = first_ns.min(span.first_ns);
             last_ns = last_ns.max(span.last_ns);

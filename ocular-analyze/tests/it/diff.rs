@@ -127,7 +127,7 @@ fn pair(before: impl FnOnce(&mut Header), after: impl FnOnce(&mut Header)) -> (t
 fn side(path: &Path) -> diff::Side {
     let (run, _) = procs::open(path, Default::default()).unwrap();
     let a = analyze(path, Default::default()).unwrap();
-    diff::Side::new(path, &run, &[a], Default::default()).unwrap()
+    diff::Side::new(path, &run, &[a]).unwrap()
 }
 
 fn run(args: &[&Path]) -> Output {

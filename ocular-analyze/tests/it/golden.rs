@@ -75,7 +75,7 @@ fn loops_reports() {
     {
         let a = ocular_analyze::analysis::analyze(&testdata(fixture), Default::default()).unwrap();
         compare(fixture, &format!("expected/{name}.hot"), ocular_analyze::hot::report(&a, 10).to_string());
-        let span = ocular_analyze::stats::span(&testdata(fixture), Default::default()).unwrap();
+        let span = a.span;
         let stats = ocular_analyze::stats::report(&a, span, false, ocular_analyze::stats::SortBy::Exclusive, 50);
         compare(fixture, &format!("expected/{name}.stats"), stats.to_string());
     }
