@@ -2156,7 +2156,9 @@ fn block(ts: &mut ThreadState, t: u64, off: u32, precise: bool, tables: &mut Tab
     let Some((pt, pc, start)) = top.prev else { return };
     // The recorder's cost of this event and of every event in between (callees' included).
     let ticks = (ticks_f64(t.saturating_sub(pt)) - (now - pc)).max(0.0);
-    let index_pos = if precise { tables.code_index(top.code) } else { u32::MAX };
+    // Precise mode's loops time each instruction: their code's index, looked up once per block, and only
+    // where a loop runs.
+    let index_pos = if precise && !top.loops.is_empty() { tables.code_index(top.code) } else { u32::MAX };
     let mut i = 0;
     while i < top.loops.len() {
         let (head, li, lt, lc, _, since) = top.loops[i];
