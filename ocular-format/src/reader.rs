@@ -997,8 +997,16 @@ impl<R: Read + Seek> Reader<R> {
                 Attempt::Eof => return self.recover_next(),
                 Attempt::Partial(n) => {
                     // A length that runs to the end of the data is a truncated tail, unless a whole valid
-                    // chunk follows: then the length itself is damaged.
+                    // chunk follows: then the length itself is damaged, or the file is still being written
+                    // and its writer added the rest of this chunk and the next since this one was read (a
+                    // run's child finishing its trace while the run is read). Read again, it is whole.
                     if let Some(found) = self.resync(offset + 1)? {
+                        self.seek(offset)?;
+                        if let Attempt::Ok(_) = self.attempt()? {
+                            self.seek(offset)?;
+                            continue;
+                        }
+                        self.seek(found)?;
                         let why = format!("chunk length runs past a valid chunk at offset {found}");
                         if !self.opts.salvage {
                             return Err(self.corrupt(offset, why));

@@ -112,6 +112,58 @@ fn a_growing_file_is_followed_chunk_by_chunk() {
     assert!(r.report().clean(), "{:?}", r.report());
 }
 
+/// A file that a writer appends to while it is read: the first read that meets its end makes the rest
+/// of it appear, as the writer's next `write` does.
+struct Growing {
+    data: Vec<u8>,
+    visible: usize,
+    pos: usize,
+}
+
+impl std::io::Read for Growing {
+    fn read(&mut self, buf: &mut [u8]) -> std::io::Result<usize> {
+        if self.pos >= self.visible {
+            self.visible = self.data.len();
+            return Ok(0);
+        }
+        let n = buf.len().min(self.visible - self.pos);
+        buf[..n].copy_from_slice(&self.data[self.pos..self.pos + n]);
+        self.pos += n;
+        Ok(n)
+    }
+}
+
+impl std::io::Seek for Growing {
+    fn seek(&mut self, to: std::io::SeekFrom) -> std::io::Result<u64> {
+        self.pos = match to {
+            std::io::SeekFrom::Start(p) => p as usize,
+            std::io::SeekFrom::End(d) => (self.visible as i64 + d) as usize,
+            std::io::SeekFrom::Current(d) => (self.pos as i64 + d) as usize,
+        };
+        Ok(self.pos as u64)
+    }
+}
+
+#[test]
+fn a_chunk_whose_rest_is_written_while_it_is_read_is_read_whole_not_called_damaged() {
+    // The reader met the end inside a chunk, looked past it for a valid chunk (to tell a damaged length
+    // from a cut-off tail), and found one: the writer had written the rest and the next chunk meanwhile.
+    // It called the chunk's length damaged, and a command reading a run whose child was still writing
+    // its trace failed ("corrupt chunk ...: chunk length runs past a valid chunk").
+    let (bytes, sent) = sample_file(true);
+    let bounds = chunk_bounds(&bytes);
+    let src = Growing { visible: bounds[5].0 + 100, data: bytes, pos: 0 };
+    let mut r = Reader::new(src, "growing.ocl", ReadOptions::default()).unwrap();
+    let mut events = Vec::new();
+    while let Some(c) = r.next_chunk().unwrap() {
+        if let Body::Events(e) = c.body {
+            events.push((c.info.thread_id, e.to_vec()));
+        }
+    }
+    assert_eq!(events, sent);
+    assert!(r.report().clean(), "{:?}", r.report());
+}
+
 #[test]
 fn unknown_chunk_kinds_are_skipped_and_counted() {
     let (bytes, sent) = sample_file(true);
