@@ -62,12 +62,13 @@ pub struct Buffer {
     len: usize,
     /// The ring file's slot, or [`HEAP`].
     slot: u32,
+    /// A small buffer given out beyond the pool's limit ([`Config::overflow`]): a slot's first part, or on
+    /// the heap once the ring has no slot left.
+    overflow: bool,
 }
 
 /// [`Buffer::slot`] of a buffer on the heap.
 const HEAP: u32 = u32::MAX;
-/// [`Buffer::slot`] of a small heap buffer given out beyond the pool's limit ([`Config::overflow`]).
-const OVERFLOW: u32 = u32::MAX - 1;
 
 // SAFETY: a Buffer owns its memory (a heap allocation, or a ring slot no other Buffer points to); moving
 // it to another thread moves that ownership.
@@ -79,17 +80,17 @@ impl Buffer {
         let b: Box<[RawEvent]> = vec![RawEvent::ZERO; len.max(1)].into_boxed_slice();
         let len = b.len();
         let ptr = std::ptr::NonNull::new(Box::into_raw(b) as *mut RawEvent).expect("a box is never null");
-        Buffer { ptr, len, slot: HEAP }
+        Buffer { ptr, len, slot: HEAP, overflow: false }
     }
 
     /// The ring slot it is, if it is one.
     pub fn slot(&self) -> Option<u32> {
-        (self.slot < OVERFLOW).then_some(self.slot)
+        (self.slot != HEAP).then_some(self.slot)
     }
 
     /// Whether it is a small buffer given out beyond the pool's limit ([`Config::overflow`]).
     pub fn is_overflow(&self) -> bool {
-        self.slot == OVERFLOW
+        self.overflow
     }
 }
 
@@ -110,7 +111,7 @@ impl std::ops::DerefMut for Buffer {
 
 impl Drop for Buffer {
     fn drop(&mut self) {
-        if self.slot >= OVERFLOW {
+        if self.slot == HEAP {
             // SAFETY: a heap buffer's ptr and len came from Box::into_raw of a boxed slice of len events.
             drop(unsafe { Box::from_raw(std::ptr::slice_from_raw_parts_mut(self.ptr.as_ptr(), self.len)) });
         }
@@ -151,8 +152,10 @@ pub struct Config {
     /// empty, when it ends, so a limit counted in buffers lets the writer fall only `max_buffers` short
     /// threads behind (64 x ~3,000 events, 17 ms of such a program) where one long thread gets 64 x
     /// 65,536 events; the small ones add 256 such threads. None when a small buffer would hold fewer than
-    /// [`OVERFLOW_MIN_EVENTS`]. Heap buffers are not in the ring file: a crash while the writer is that
-    /// far behind loses what they hold, where without them the events were not recorded at all.
+    /// [`OVERFLOW_MIN_EVENTS`]. They are ring slots (a slot's first part, kept for the next overflow
+    /// when given back) while the ring has slots left; beyond that they are on the heap, and a crash
+    /// while the writer is that far behind loses what they hold, where without them the events were not
+    /// recorded at all.
     pub overflow: bool,
 }
 
@@ -216,8 +219,11 @@ pub struct Pool {
     allocated: AtomicUsize,
     /// Buffers a recording thread is filling: each thread may hold one beyond `max_buffers`.
     held: AtomicUsize,
-    /// Events the overflow buffers that exist can hold ([`Config::overflow`]).
+    /// Events the overflow buffers given out can hold ([`Config::overflow`]).
     overflow: AtomicUsize,
+    /// Overflow buffers in ring slots, given back: kept for the next, oldest first (a freed slot stays
+    /// readable to a live reader for as long as possible).
+    overflow_free: Mutex<std::collections::VecDeque<Buffer>>,
     /// The recording is stopping: buffers given back are not replaced by new spares.
     closing: std::sync::atomic::AtomicBool,
     cfg: Config,
@@ -235,6 +241,7 @@ impl Pool {
             allocated: AtomicUsize::new(0),
             held: AtomicUsize::new(0),
             overflow: AtomicUsize::new(0),
+            overflow_free: Mutex::new(std::collections::VecDeque::new()),
             closing: std::sync::atomic::AtomicBool::new(false),
             cfg,
         }
@@ -290,7 +297,10 @@ impl Pool {
         None
     }
 
-    /// A small heap buffer beyond the limit, if the overflow budget has room ([`Config::overflow`]).
+    /// A small buffer beyond the limit, if the overflow budget has room ([`Config::overflow`]): one given
+    /// back before, else the first part of a new ring slot, else on the heap. In the ring, a kill loses none
+    /// of its events: a pool worker killed while its writer lagged lost those of its heap buffers still
+    /// waiting to be written, and its trace, completed from the ring, did not show the gap.
     fn take_overflow(&self) -> Option<Buffer> {
         let (small, budget) = self.cfg.overflow_sizes();
         if small == 0 {
@@ -300,12 +310,26 @@ impl Pool {
             self.overflow.fetch_sub(small, Ordering::Relaxed);
             return None;
         }
+        if let Some(b) = self.overflow_free.lock().unwrap_or_else(|e| e.into_inner()).pop_front() {
+            return Some(b);
+        }
+        if let Some(ring) = &self.ring {
+            let slot = self.slots.fetch_add(1, Ordering::Relaxed);
+            if slot < ring.layout().max_slots as usize {
+                let bytes = (small * std::mem::size_of::<RawEvent>()).next_multiple_of(4096);
+                if let Ok(Some(ptr)) = ring.prepare_slot_part(slot as u32, 0, bytes, &|| false) {
+                    let ptr = std::ptr::NonNull::new(ptr).expect("a mapping is never at null");
+                    let len = small.min(ring.layout().slot_events as usize);
+                    return Some(Buffer { ptr, len, slot: slot as u32, overflow: true });
+                }
+            }
+        }
         let mut b = Buffer::heap(small);
-        b.slot = OVERFLOW;
+        b.overflow = true;
         Some(b)
     }
 
-    /// Events the overflow buffers that exist now can hold ([`Config::overflow`]).
+    /// Events the overflow buffers given out now can hold ([`Config::overflow`]).
     pub fn overflow_events(&self) -> usize {
         self.overflow.load(Ordering::Relaxed)
     }
@@ -344,7 +368,7 @@ impl Pool {
                     Ok(Some(ptr)) => {
                         let len = (ring.layout().slot_events as usize).min(bytes / std::mem::size_of::<RawEvent>());
                         let ptr = std::ptr::NonNull::new(ptr).expect("a mapping is never at null");
-                        return Some(Buffer { ptr, len, slot: slot as u32 });
+                        return Some(Buffer { ptr, len, slot: slot as u32, overflow: false });
                     }
                     // Given up: the slot stays unused (a ring's reader skips a slot no thread took).
                     Ok(None) => {
@@ -385,6 +409,10 @@ impl Pool {
     /// recording is stopping; a buffer given up on stays at its first part, which is all it holds then.
     fn complete(&self, b: &mut Buffer) {
         let (Some(slot), Some(ring)) = (b.slot(), &self.ring) else { return };
+        if b.is_overflow() {
+            // It stays small: its room is counted in the overflow budget.
+            return;
+        }
         let full = ring.layout().slot_events as usize;
         if b.len >= full {
             return;
@@ -447,10 +475,14 @@ impl Pool {
         }
     }
 
-    /// Returns a buffer for reuse; an overflow buffer is freed, its room back in the budget.
+    /// Returns a buffer for reuse; an overflow buffer's room goes back in the budget, and the buffer is
+    /// kept for the next overflow if it is a ring slot, else freed.
     pub fn give(&self, b: Buffer) {
         if b.is_overflow() {
             self.overflow.fetch_sub(b.len, Ordering::Relaxed);
+            if b.slot().is_some() {
+                self.overflow_free.lock().unwrap_or_else(|e| e.into_inner()).push_back(b);
+            }
             return;
         }
         self.free.lock().unwrap_or_else(|e| e.into_inner()).push_back(b);

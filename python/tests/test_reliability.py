@@ -565,6 +565,29 @@ def test_a_killed_recording_keeps_every_call_made_before_the_kill(tmp_path, mode
     assert len(c.filter(c["function"] == "f")) == calls
 
 
+def test_a_recording_killed_while_its_writer_lags_keeps_the_buffers_given_beyond_the_pools_limit(tmp_path):
+    # A writer far behind (a pool worker on a busy machine, killed by Pool.terminate() just after its
+    # last task) holds full buffers not yet written. Those beyond the pool's limit, the small ones a
+    # thread gets when no buffer is free, were on the heap: the kill lost them without a trace (a worker
+    # read 311,845 of its 320,000 calls, its trace completed from its ring and said nothing was lost).
+    script = tmp_path / "w.py"
+    script.write_text("import os, signal, ocular\ndef f():\n    return 1\n"
+                      "rec = ocular.record(os.environ['OUT'], mode='calls', buffer_events=4096, max_buffers=2,\n"
+                      "                    on_full='wait')\n"
+                      "rec.start()\nfor _ in range(60_000):\n    f()\n"
+                      "os.kill(os.getpid(), signal.SIGKILL)\n")
+    out = tmp_path / "t.ocl"
+    # Each buffer waits 5 ms at the writer: it falls behind by every buffer the pool allows, and more.
+    env = {**os.environ, "OUT": str(out), "OCULAR_TEST_WRITER_DELAY_US": "5000"}
+    r = subprocess.run([sys.executable, str(script)], capture_output=True, text=True, env=env, cwd=tmp_path)
+    assert r.returncode == -signal.SIGKILL, r.stderr
+    with pytest.warns(UserWarning, match=r"did not end \(killed or crashed\)"):
+        trace = ocular.load(out)
+        c = trace.calls()
+    assert len(c.filter(c["function"] == "f")) == 60_000
+    assert trace.info()["lost_events"] == 0
+
+
 def test_a_killed_recording_of_many_short_threads_keeps_every_call_and_every_thread_name(tmp_path):
     # A thread's last buffer and its name are flushed to the file with those of the threads after it (one
     # write for several), their ring slots freed only then: a kill just after the threads ended, before that
