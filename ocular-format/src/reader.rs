@@ -595,6 +595,7 @@ enum Pending {
     /// A whole chunk of a flight recorder's chunk region.
     Chunk(Vec<u8>),
     Dropped(Dropped),
+    Lost(Lost),
 }
 
 /// A code object from its 2.x record: positions decoded from the location table.
@@ -744,6 +745,14 @@ impl<R: Read + Seek> Reader<R> {
                 self.report.dropped.insert(d.thread_id, d.clone());
                 Body::Dropped(d)
             }
+            Pending::Lost(l) => {
+                info.kind = kind::LOST;
+                info.thread_id = l.thread_id;
+                info.first_ts = l.first_ticks;
+                info.last_ts = l.last_ticks;
+                self.report.add_loss(&l);
+                Body::Lost(l)
+            }
             Pending::Chunk(_) => unreachable!("handled above"),
             Pending::Events(tid, evs) => {
                 info.kind = kind::EVENTS;
@@ -853,11 +862,36 @@ impl<R: Read + Seek> Reader<R> {
             out.push_back(Pending::Chunk(r.chunk.to_vec()));
         }
         rec.events += rec.chunk_events;
+        // Where each thread's stream stands: its events in the file, then each slot's place in it (RING.md
+        // 3.2.1). A slot that starts beyond that follows events that are in neither (a buffer not in the
+        // ring that the writer had not written when the process died): a LOST record says how many, where
+        // the trace would otherwise read as whole. Not for a flight recorder, whose overwritten events the
+        // DROPPED records say, nor for a damaged file, whose damage is said.
+        let gaps = records.is_empty() && self.report.damage.is_empty();
+        let mut stream: HashMap<u64, (u64, u64)> = HashMap::new();
         for slot in ring.pending() {
             let first = slot.events[0].ticks.get();
+            let at = stream
+                .entry(slot.thread_id)
+                .or_insert_with(|| (self.report.thread_events.get(&slot.thread_id).copied().unwrap_or(0), first));
             if self.seen.firsts.contains(&(slot.thread_id, first)) || ring_firsts.contains(&(slot.thread_id, first)) {
+                if let Some(before) = slot.events_before {
+                    at.0 = at.0.max(before + slot.events.len() as u64);
+                }
+                at.1 = slot.events.last().map_or(first, |e| e.ticks.get());
                 continue;
             }
+            if let Some(before) = slot.events_before.filter(|&b| gaps && b > at.0) {
+                out.push_back(Pending::Lost(Lost {
+                    thread_id: slot.thread_id,
+                    count: before - at.0,
+                    first_ticks: at.1.min(first),
+                    last_ticks: first,
+                }));
+                at.0 = before;
+            }
+            at.0 += slot.events.len() as u64;
+            at.1 = slot.events.last().map_or(first, |e| e.ticks.get());
             rec.events += slot.events.len() as u64;
             threads.insert(slot.thread_id);
             out.push_back(Pending::Events(slot.thread_id, slot.events));

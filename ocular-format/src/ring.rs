@@ -1017,7 +1017,9 @@ unsafe fn scan_slots(base: *const u8, layout: Layout, slots_offset: u64, until: 
                 events.push(ev);
             }
             if !events.is_empty() {
-                out.push(PendingSlot { thread_id, start_ticks, full: st == state::FULL, events });
+                let events_before =
+                    layout.slot_ext.then(|| u64_at(layout.ext_offset() + i * EXT_SIZE + at!(SlotExt, events_before)));
+                out.push(PendingSlot { thread_id, start_ticks, full: st == state::FULL, events, events_before });
             }
         }
         out.sort_by_key(|s| (s.thread_id, s.start_ticks));
@@ -1056,6 +1058,8 @@ pub struct PendingSlot {
     pub full: bool,
     /// Its events.
     pub events: Vec<RawEvent>,
+    /// Events its thread recorded before its first (3.2.1), if the file has the slot extension table.
+    pub events_before: Option<u64>,
 }
 
 /// A ring file, read (RING.md 4). Every offset and size is checked against the file: a damaged or foreign

@@ -224,6 +224,57 @@ fn a_killed_recording_is_completed_from_its_ring_file() {
 }
 
 #[test]
+fn events_in_neither_the_trace_nor_its_ring_are_said_lost_where_they_were() {
+    // A thread's buffer that was not a ring slot (a heap buffer, when the ring has no slot left) and that
+    // the writer had not written when the process died is in neither file. The next slot's place in the
+    // thread's stream (RING.md 3.2.1) says how many events came before it: the gap is a LOST record, where
+    // the trace read as whole before.
+    let dir = tempfile::tempdir().unwrap();
+    let ocl = dir.path().join("run.ocl");
+    let ring_path = path_for(&ocl);
+    let mut header = testing::header();
+    header.pid = dead_pid();
+    let ring = RingWriter::create(&ring_path, header.pid, header.start_ticks, header.ticks_per_second, LAYOUT).unwrap();
+    ring.set_trace(&ocl);
+    let mut w =
+        Writer::new(std::fs::File::create(&ocl).unwrap(), "run.ocl", &header, WriterOptions::default()).unwrap();
+    w.ring(&RingInfo { path: ring_path.display().to_string() }).unwrap();
+    w.code_objects(&[code(1, "f")]).unwrap();
+    let written = [ev(2000, 1), ev(2010, 1)];
+    w.events(5, &written).unwrap();
+    drop(w); // no trailer: the process was killed
+             // Written, and still in its slot; then 700 events in a buffer that is nowhere; then a full slot and
+             // the one the thread was filling.
+    fill(&ring, 0, &written);
+    ring.filling(0, 5, 2000, 0);
+    ring.full(0, 2);
+    fill(&ring, 1, &[ev(3000, 1), ev(3005, 1), ev(3009, 1)]);
+    ring.filling(1, 5, 3000, 702);
+    ring.full(1, 3);
+    fill(&ring, 2, &[ev(4000, 1), ev(4001, 1)]);
+    ring.filling(2, 5, 4000, 705);
+    let mut r = Reader::open(&ocl).unwrap();
+    let (mut events, mut lost) = (Vec::new(), Vec::new());
+    while let Some(c) = r.next_chunk().unwrap() {
+        match c.body {
+            Body::Events(e) => events.extend(e.iter().map(|e| e.ticks.get())),
+            Body::Lost(l) => lost.push((l.thread_id, l.count, l.first_ticks, l.last_ticks)),
+            _ => {}
+        }
+    }
+    assert_eq!(events, [2000, 2010, 3000, 3005, 3009, 4000, 4001]);
+    assert_eq!(lost, [(5, 700, 2010, 3000)]);
+    assert_eq!(r.report().lost, 700);
+    // Completed, the trace keeps the record.
+    let done = ocular_format::complete::complete(&ocl).unwrap().unwrap();
+    assert_eq!((done.recovered, done.events), (5, 7));
+    let mut r = Reader::open(&ocl).unwrap();
+    while r.next_chunk().unwrap().is_some() {}
+    assert!(r.report().trailer.is_some());
+    assert_eq!(r.report().lost, 700);
+}
+
+#[test]
 fn a_ring_file_is_not_used_while_its_process_runs_nor_for_another_trace() {
     let dir = tempfile::tempdir().unwrap();
     // This process: the recording could still be writing; its trace is followed, not completed.
