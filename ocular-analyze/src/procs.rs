@@ -152,5 +152,44 @@ pub fn open(path: &Path, opts: ReadOptions) -> ocular_format::Result<(Run, Vec<S
             }
         }
     }
+    warnings.extend(wait_for_children(&run, opts, LATE_CHILDREN));
     Ok((run, warnings))
+}
+
+/// How long a run whose first process has ended waits for children still recording.
+const LATE_CHILDREN: std::time::Duration = std::time::Duration::from_secs(3);
+
+/// A run whose first process has ended can have children that still record: CPython 3.14's
+/// multiprocessing forkserver outlives the parent and writes its trace's last chunks after `ocular run`
+/// returned, and a trace read meanwhile was read in part. Waits up to `patience` for them to end, so that
+/// the run is read whole; a child still recording then is read as it stands, and said so. A run read while
+/// its first process records is read as it stands at once.
+fn wait_for_children(run: &Run, opts: ReadOptions, patience: std::time::Duration) -> Vec<String> {
+    let recording = |p: &Process| {
+        Reader::open_with(&p.path, ReadOptions { skip_events: true, skip_code: true, ..opts }).is_ok_and(|r| {
+            let h = r.header();
+            ocular_format::recording_alive(h.pid, h.start_ticks, h.ticks_per_second)
+        })
+    };
+    let Some((first, children)) = run.processes.split_first() else { return Vec::new() };
+    if children.is_empty() || recording(first) {
+        return Vec::new();
+    }
+    let deadline = std::time::Instant::now() + patience;
+    let mut left: Vec<&Process> = children.iter().filter(|p| recording(p)).collect();
+    while !left.is_empty() && std::time::Instant::now() < deadline {
+        std::thread::sleep(std::time::Duration::from_millis(10));
+        left.retain(|p| recording(p));
+    }
+    left.iter()
+        .map(|p| {
+            format!(
+                "{}: process {} still records {:.0} s after the run's first process ended: its trace is read as \
+                 it stands",
+                p.path.display(),
+                p.pid,
+                patience.as_secs_f64()
+            )
+        })
+        .collect()
 }

@@ -121,6 +121,27 @@ def test_a_python_subprocess_is_recorded_as_a_child(tmp_path):
     assert calls_per_process(out, "hello") == {child["pid"]: 321}
 
 
+def test_a_run_read_as_soon_as_it_ends_waits_for_a_child_that_still_records(tmp_path):
+    # CPython 3.14's multiprocessing forkserver outlives its parent and finishes its trace after `ocular
+    # run` returned: a run read at once read that trace in part (and once failed on its last chunk, half
+    # written). Here the child, once it records, outlives the parent by 0.5 s, then calls hello() 321 times.
+    (tmp_path / "child.py").write_text("import time\ndef hello():\n    return 1\nopen('started', 'w').close()\n"
+                                       "time.sleep(0.5)\nfor _ in range(321):\n    hello()\n")
+    (tmp_path / "prog.py").write_text("import os, subprocess, sys, time\n"
+                                      "subprocess.Popen([sys.executable, 'child.py'], stdout=subprocess.DEVNULL,\n"
+                                      "                 stderr=subprocess.DEVNULL)\n"
+                                      "while not os.path.exists('started'):\n    time.sleep(0.01)\n")
+    out = tmp_path / "run.ocl"
+    # -q: no summary, whose reading of the run would wait for the child before the command returns. (The
+    # child writes to no pipe of ours: reading the pipes to their end would wait for it too.)
+    r = subprocess.run([sys.executable, "-m", "ocular", "run", "-q", "-o", str(out), "--mode", "calls", "prog.py"],
+                       capture_output=True, text=True, cwd=tmp_path, timeout=120)
+    assert r.returncode == 0, r.stderr
+    procs = info(out)["processes"]
+    assert len(procs) == 2, procs
+    assert calls_per_process(out, "hello") == {procs[1]["pid"]: 321}
+
+
 def test_a_child_of_the_same_interpreter_takes_its_parent_s_calibration(tmp_path):
     # Measuring it again took ~1 ms of every child's start; the child's stop still times the speed probe.
     (tmp_path / "child.py").write_text("def hello():\n    return 1\nfor _ in range(321):\n    hello()\n")
