@@ -178,15 +178,20 @@ fn killed_trace_with(dir: &std::path::Path, pid: u32, header_record: bool) -> st
     }
     let t = ThreadInfo { thread_id: 6, name: "worker".into(), is_main: false };
     assert!(ring.append_meta(0x0004, &postcard::to_allocvec(&t).unwrap()));
-    fill(&ring, 0, &written);
-    ring.filling(0, 5, 2000, 0);
-    ring.full(0, 2);
-    fill(&ring, 1, &[ev(3000, 2), ev(3005, 2), ev(3009, 2)]);
-    ring.filling(1, 5, 3000, 0);
-    ring.full(1, 3);
-    fill(&ring, 2, &[ev(4000, 2), ev(4001, 1)]);
-    ring.filling(2, 6, 4000, 0);
+    slot(&ring, 0, 5, 0, &written, true);
+    slot(&ring, 1, 5, 0, &[ev(3000, 2), ev(3005, 2), ev(3009, 2)], true);
+    slot(&ring, 2, 6, 0, &[ev(4000, 2), ev(4001, 1)], false);
     ocl
+}
+
+/// Slot `i` taken by thread `thread` as its `events_before`-th event on, holding `events`, and handed to
+/// the writer if `full` (else the thread was still filling it).
+fn slot(ring: &RingWriter, i: u32, thread: u64, events_before: u64, events: &[RawEvent], full: bool) {
+    fill(ring, i, events);
+    ring.filling(i, thread, events[0].ticks.get(), events_before);
+    if full {
+        ring.full(i, events.len() as u32);
+    }
 }
 
 #[test]
@@ -223,14 +228,10 @@ fn a_killed_recording_is_completed_from_its_ring_file() {
     );
 }
 
-#[test]
-fn events_in_neither_the_trace_nor_its_ring_are_said_lost_where_they_were() {
-    // A thread's buffer that was not a ring slot (a heap buffer, when the ring has no slot left) and that
-    // the writer had not written when the process died is in neither file. The next slot's place in the
-    // thread's stream (RING.md 3.2.1) says how many events came before it: the gap is a LOST record, where
-    // the trace read as whole before.
-    let dir = tempfile::tempdir().unwrap();
-    let ocl = dir.path().join("run.ocl");
+/// The start of a killed recording in `dir`: `run.ocl` of a process that is gone, its ring file, and the
+/// trace's writer with the `RING` chunk and code object 1 (`f`) written, for a test to write the rest.
+fn dead_recording(dir: &std::path::Path) -> (std::path::PathBuf, RingWriter, Writer<std::fs::File>) {
+    let ocl = dir.join("run.ocl");
     let ring_path = path_for(&ocl);
     let mut header = testing::header();
     header.pid = dead_pid();
@@ -240,19 +241,25 @@ fn events_in_neither_the_trace_nor_its_ring_are_said_lost_where_they_were() {
         Writer::new(std::fs::File::create(&ocl).unwrap(), "run.ocl", &header, WriterOptions::default()).unwrap();
     w.ring(&RingInfo { path: ring_path.display().to_string() }).unwrap();
     w.code_objects(&[code(1, "f")]).unwrap();
+    (ocl, ring, w)
+}
+
+#[test]
+fn events_in_neither_the_trace_nor_its_ring_are_said_lost_where_they_were() {
+    // A thread's buffer that was not a ring slot (a heap buffer, when the ring has no slot left) and that
+    // the writer had not written when the process died is in neither file. The next slot's place in the
+    // thread's stream (RING.md 3.2.1) says how many events came before it: the gap is a LOST record, where
+    // the trace read as whole before.
+    let dir = tempfile::tempdir().unwrap();
+    let (ocl, ring, mut w) = dead_recording(dir.path());
     let written = [ev(2000, 1), ev(2010, 1)];
     w.events(5, &written).unwrap();
-    drop(w); // no trailer: the process was killed
-             // Written, and still in its slot; then 700 events in a buffer that is nowhere; then a full slot and
-             // the one the thread was filling.
-    fill(&ring, 0, &written);
-    ring.filling(0, 5, 2000, 0);
-    ring.full(0, 2);
-    fill(&ring, 1, &[ev(3000, 1), ev(3005, 1), ev(3009, 1)]);
-    ring.filling(1, 5, 3000, 702);
-    ring.full(1, 3);
-    fill(&ring, 2, &[ev(4000, 1), ev(4001, 1)]);
-    ring.filling(2, 5, 4000, 705);
+    // No trailer: the process was killed. Its first slot written, and still in the ring; then 700 events
+    // in a buffer that is nowhere; then a full slot and the one the thread was filling.
+    drop(w);
+    slot(&ring, 0, 5, 0, &written, true);
+    slot(&ring, 1, 5, 702, &[ev(3000, 1), ev(3005, 1), ev(3009, 1)], true);
+    slot(&ring, 2, 5, 705, &[ev(4000, 1), ev(4001, 1)], false);
     let mut r = Reader::open(&ocl).unwrap();
     let (mut events, mut lost) = (Vec::new(), Vec::new());
     while let Some(c) = r.next_chunk().unwrap() {
@@ -738,15 +745,7 @@ fn a_killed_recording_gets_its_c_functions_from_its_ring_file() {
     // GIVEN a trace whose CFUNC chunk names C callable 1, killed before it wrote callable 2, which its ring
     // file's metadata holds with callable 1 (RING.md 3.4, FORMAT.md 6.11)
     let dir = tempfile::tempdir().unwrap();
-    let ocl = dir.path().join("run.ocl");
-    let ring_path = path_for(&ocl);
-    let mut header = testing::header();
-    header.pid = dead_pid();
-    let ring = RingWriter::create(&ring_path, header.pid, header.start_ticks, header.ticks_per_second, LAYOUT).unwrap();
-    let mut w =
-        Writer::new(std::fs::File::create(&ocl).unwrap(), "run.ocl", &header, WriterOptions::default()).unwrap();
-    w.ring(&RingInfo { path: ring_path.display().to_string() }).unwrap();
-    w.code_objects(&[code(1, "f")]).unwrap();
+    let (ocl, ring, mut w) = dead_recording(dir.path());
     let f =
         |id: u32, q: &str| CFunction { id, qualname: q.into(), module: "builtins".into(), kind: CFunction::BUILTIN };
     w.c_functions(&[f(1, "len")]).unwrap();
