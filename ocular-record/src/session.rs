@@ -299,8 +299,8 @@ impl Pool {
 
     /// A small buffer beyond the limit, if the overflow budget has room ([`Config::overflow`]): one given
     /// back before, else the first part of a new ring slot, else on the heap. In the ring, a kill loses none
-    /// of its events: a pool worker killed while its writer lagged lost those of its heap buffers still
-    /// waiting to be written, and its trace, completed from the ring, did not show the gap.
+    /// of its events: `Pool.terminate()` kills a process pool's workers just after their last task, when a
+    /// busy worker's writer can still be tens of buffers behind.
     fn take_overflow(&self) -> Option<Buffer> {
         let (small, budget) = self.cfg.overflow_sizes();
         if small == 0 {
