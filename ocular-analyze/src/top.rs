@@ -477,8 +477,10 @@ impl Top {
         });
         frows.truncate(top);
         // A loop's backward jump is recorded for its first 2 x threshold iterations only (the recorder
-        // switches it off then): with a threshold, what was read is a lower bound.
-        let bounded = self.header.as_ref().map_or(true, |h| h.options.deinstrument_threshold > 0);
+        // switches it off then): with a threshold, what was read is a lower bound. So it is when the cursor
+        // missed events, which may hold iterations (a reader starved of CPU read 0.47 of a loop's rate, and
+        // did not say it was a bound).
+        let bounded = missed > 0 || self.header.as_ref().map_or(true, |h| h.options.deinstrument_threshold > 0);
         let mut lrows: Vec<LoopRow> = loops
             .iter()
             .map(|(&(id, head), &n)| {

@@ -416,30 +416,36 @@ def test_top_gives_the_sampled_modes_call_rate_the_program_measures(tmp_path):
 
 
 def _loops_under_top(tmp_path, threshold):
-    """(top's snapshot of a program that runs a loop at ~1 M iterations a second for 4 s, the program's
-    own iterations a second), recorded with `threshold`."""
+    """(top's snapshot of a program that runs a loop at ~1 M iterations a second until top is done, the
+    program's own iterations a second over the span top watched), recorded with `threshold`. The program
+    ran 4 s and gave its rate over all of them before: a top slow to open (a debug build on a busy machine)
+    watched past the program's end, and read 14% low of a rate that was not the one of its span."""
     prog = tmp_path / "loop_rate.py"
     prog.write_text(textwrap.dedent("""
-        import os, sys, time
-        go, seconds, out = sys.argv[1], float(sys.argv[2]), sys.argv[3]
+        import json, os, sys, time
+        go, stop, out = sys.argv[1], sys.argv[2], sys.argv[3]
         print(os.getpid(), flush=True)
         while not os.path.exists(go):
             time.sleep(0.005)
-        t0 = time.perf_counter()
+        t0 = time.monotonic()
         iterations = n = 0
-        while time.perf_counter() - t0 < seconds:
+        at = [(t0, 0)]
+        # Until top is done (however long it takes to open on a busy machine), 60 s at most.
+        while not os.path.exists(stop) and time.monotonic() - t0 < 60:
             for i in range(1000):
                 n += i & 7
             iterations += 1000
             time.sleep(0.001)  # ~1 M iterations a second: a reader keeps up with every one
+            at.append((time.monotonic(), iterations))
         with open(out, "w") as f:
-            f.write(str(iterations / (time.perf_counter() - t0)))
+            json.dump(at, f)
         """))
-    go, rate = tmp_path / "go", tmp_path / "rate.txt"
+    go, stop, rate = tmp_path / "go", tmp_path / "stop", tmp_path / "rate.txt"
     go.unlink(missing_ok=True)
+    stop.unlink(missing_ok=True)
     p = subprocess.Popen(
         [sys.executable, "-m", "ocular", "run", "-q", "--live", "--threshold", str(threshold),
-         "-o", str(tmp_path / "r.ocl"), str(prog), str(go), "4", str(rate)],
+         "-o", str(tmp_path / "r.ocl"), str(prog), str(go), str(stop), str(rate)],
         stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, cwd=tmp_path)
     try:
         pid = int(p.stdout.readline())
@@ -447,10 +453,17 @@ def _loops_under_top(tmp_path, threshold):
         time.sleep(1.0)  # past the loop's first 1,000 iterations
         r = subprocess.run([ANALYZE, "top", str(pid), "--json", "--seconds", "2"], capture_output=True, text=True,
                            timeout=60)
+        watched_until = time.monotonic()
+        stop.write_text("")
         assert r.returncode == 0, r.stderr
         p.communicate(timeout=60)
         assert p.returncode == 0
-        return json.loads(r.stdout), float(rate.read_text())
+        snap = json.loads(r.stdout)
+        # The program's own count over the span top watched, which ended as top printed (a few ms before
+        # it returned).
+        at = [(t, n) for t, n in json.loads(rate.read_text()) if watched_until - snap["seconds"] <= t <= watched_until]
+        assert len(at) >= 100, at
+        return snap, (at[-1][1] - at[0][1]) / (at[-1][0] - at[0][0])
     finally:
         if p.poll() is None:
             p.kill()
@@ -458,14 +471,20 @@ def _loops_under_top(tmp_path, threshold):
 
 
 def test_top_gives_a_loops_iteration_rate_whole_without_a_threshold_and_a_lower_bound_with_one(tmp_path):
-    # GIVEN a program that runs a loop at a steady rate for 4 s and measures that rate itself, recorded
+    # GIVEN a program that runs a loop at a steady rate until top is done and counts its iterations, recorded
     # gapless (--threshold 0: every backward jump recorded), WHEN top watches 2 s of it, THEN the loop's
     # iterations a second are the program's own, and not marked as a bound.
     snap, own = _loops_under_top(tmp_path, threshold=0)
     assert snap["loop_threshold"] == 0
     loop = next(lp for lp in snap["loops"] if lp["function"] == "<module>")
-    assert not loop["iterations_lower_bound"], loop
-    assert abs(loop["iterations_per_s"] - own) <= 0.1 * own, (loop, own)
+    said = {k: snap[k] for k in ("seconds", "events_per_s", "missed", "estimated")}
+    if snap["missed"]:
+        # A reader starved of CPU (one core shared with a busy process) misses events, and says so: what it
+        # read of the loop is then a lower bound of its rate.
+        assert loop["iterations_lower_bound"] and loop["iterations_per_s"] <= 1.05 * own, (loop, own, said)
+    else:
+        assert not loop["iterations_lower_bound"], loop
+        assert abs(loop["iterations_per_s"] - own) <= 0.1 * own, (loop, own, said)
     # WITH the default threshold (500), the loop's backward jump is recorded for its first 1,000 iterations
     # only, all of them before top looks: the loop is not listed, or listed as a lower bound of its rate.
     snap, own = _loops_under_top(tmp_path, threshold=500)
