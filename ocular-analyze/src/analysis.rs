@@ -1416,6 +1416,19 @@ pub fn analyze(path: &Path, opts: ReadOptions) -> ocular_format::Result<Analysis
     Ok(a)
 }
 
+/// Whether the thread is in the state where an event the walk calls plain ([`Walk::plain`]) means only
+/// a frame entered or exited: every call recorded (the complete part), no window's stack or opening
+/// pending, and for an exit the frame on top is the code's.
+#[inline(always)]
+fn plain(ts: &ThreadState, e: &RawEvent) -> bool {
+    let exit = e.kind == EventKind::PY_RETURN as u8 || e.kind == EventKind::PY_YIELD as u8;
+    ts.phase == Phase::Complete
+        && ts.due_sampling.is_none()
+        && ts.open_cost == 0.0
+        && ts.started_at_open.is_none()
+        && (!exit || ts.stack.last().is_some_and(|f| f.code == e.code.get()))
+}
+
 /// A call of `id` recorded at `t`: in the complete part, or in a window while its calls count.
 fn recorded_call(ts: &mut ThreadState, per: &mut CodeMap<FunctionStats>, pos: usize, id: u32, t: u64) {
     let s = per.at(pos);
@@ -1551,6 +1564,34 @@ fn step(
     let id = e.code.get();
     let off = e.offset.get();
     let Thread { walk, ts } = th;
+    if walk.plain(e) && plain(ts, e) {
+        // What the rest of this function does with such an event, without asking what it is not.
+        log.end = log.end.max(t);
+        let t = t.max(ts.last_ticks);
+        ts.lead_on_due = false;
+        ts.advance(t);
+        let c = walk.cost(e, cost);
+        ts.cost += c;
+        ts.e[0] -= c;
+        ts.ce += c;
+        ts.last_ticks = t;
+        ts.last_code = id;
+        ts.count += 1;
+        let kind = EventKind::from_u8(e.kind).expect("a boundary");
+        ts.started_last = (kind == EventKind::PY_START).then_some((id, t, false));
+        match kind {
+            EventKind::PY_START | EventKind::PY_RESUME => {
+                let mut started = usize::MAX;
+                if kind == EventKind::PY_START {
+                    started = per.position_or_insert(id);
+                    per.at(started).parts.starts += 1;
+                }
+                enter(ts, kind, started, e, t, (tables, tree, per));
+            }
+            _ => exit(ts, kind, e, t, precise, (tables, tree, per)),
+        }
+        return;
+    }
     // The walk interprets the recording's own structure (walk.rs); what is left here is what it means for
     // the figures. A note or an unknown kind moves no frame: `program` is false for them.
     let program = match walk.note(e) {
@@ -1833,29 +1874,7 @@ fn step(
                 }
             }
         }
-        Step::Enter(kind) => {
-            if kind == EventKind::PY_START {
-                recorded_call(ts, per, started, id, t);
-            }
-            call_from_loop(ts, t, tables);
-            let stats = if kind == EventKind::PY_START { started } else { per.position_or_insert(id) };
-            push_at(ts, per, stats, id, t, off, tree);
-            if kind == EventKind::PY_START {
-                count_call(ts, t, tree);
-            }
-            if kind == EventKind::PY_RESUME {
-                if let Some((mut loops, at, cost)) = ts.suspended.get_mut(id).and_then(Option::take) {
-                    // The loops' clocks stood still while the frame was suspended.
-                    let (away, away_cost) = (t.saturating_sub(at), ts.cost - cost);
-                    for l in &mut loops {
-                        l.2 = l.2.saturating_add(away);
-                        l.3 += away_cost;
-                        l.5 += loop_ticks_of(&mut ts.loop_ticks, l.1);
-                    }
-                    ts.stack.last_mut().expect("pushed").loops = loops;
-                }
-            }
-        }
+        Step::Enter(kind) => enter(ts, kind, started, e, t, (tables, tree, per)),
         Step::Other(EventKind::CALL) => {
             // A call of a C function (FORMAT.md 5.4): a frame under its Python caller, counted as a call.
             let Some(code) = c_code_id(e.arg.get()) else { return };
@@ -1888,20 +1907,7 @@ fn step(
         }
         // The exit of the frame on top (the walk ended those above it: events lost or filtered in
         // between); an exit without its entry (recording started inside the function) moves nothing.
-        Step::Exit(kind) => {
-            block(ts, t, off, precise, tables, true);
-            if kind == EventKind::PY_YIELD {
-                let top = ts.stack.last_mut().expect("the walk found it on top");
-                top.pending_tail = None;
-                let mut loops = std::mem::take(&mut top.loops);
-                // While suspended, what other frames count for the loop is not this run's: kept relative.
-                for l in &mut loops {
-                    l.5 -= loop_ticks_of(&mut ts.loop_ticks, l.1);
-                }
-                ts.suspended.insert(id, Some((loops, t, ts.cost)));
-            }
-            pop(ts, t, tree, per, tables);
-        }
+        Step::Exit(kind) => exit(ts, kind, e, t, precise, (tables, tree, per)),
         // A location in the frame on top: the walk ended the frames above the one it is in (they returned
         // unrecorded, between windows, or a C call's return was not recorded), or it was called since
         // (`enter`).
@@ -1983,6 +1989,65 @@ fn step(
         }
         _ => {}
     }
+}
+
+/// A frame entered (`Step::Enter`) by event `e` of kind `kind` at tick `t`; `started`, for a `PY_START`,
+/// the position of its code's figures (its start already counted there).
+#[inline(always)]
+fn enter(
+    ts: &mut ThreadState,
+    kind: EventKind,
+    started: usize,
+    e: &RawEvent,
+    t: u64,
+    (tables, tree, per): (&mut Tables, &mut CallTree, &mut CodeMap<FunctionStats>),
+) {
+    let (id, off) = (e.code.get(), e.offset.get());
+    if kind == EventKind::PY_START {
+        recorded_call(ts, per, started, id, t);
+    }
+    call_from_loop(ts, t, tables);
+    let stats = if kind == EventKind::PY_START { started } else { per.position_or_insert(id) };
+    push_at(ts, per, stats, id, t, off, tree);
+    if kind == EventKind::PY_START {
+        count_call(ts, t, tree);
+    }
+    if kind == EventKind::PY_RESUME {
+        if let Some((mut loops, at, cost)) = ts.suspended.get_mut(id).and_then(Option::take) {
+            // The loops' clocks stood still while the frame was suspended.
+            let (away, away_cost) = (t.saturating_sub(at), ts.cost - cost);
+            for l in &mut loops {
+                l.2 = l.2.saturating_add(away);
+                l.3 += away_cost;
+                l.5 += loop_ticks_of(&mut ts.loop_ticks, l.1);
+            }
+            ts.stack.last_mut().expect("pushed").loops = loops;
+        }
+    }
+}
+
+/// The frame on top exited (`Step::Exit`: a return, yield or unwind of its code) by event `e` at tick `t`.
+#[inline(always)]
+fn exit(
+    ts: &mut ThreadState,
+    kind: EventKind,
+    e: &RawEvent,
+    t: u64,
+    precise: bool,
+    (tables, tree, per): (&mut Tables, &mut CallTree, &mut CodeMap<FunctionStats>),
+) {
+    block(ts, t, e.offset.get(), precise, tables, true);
+    if kind == EventKind::PY_YIELD {
+        let top = ts.stack.last_mut().expect("the walk found it on top");
+        top.pending_tail = None;
+        let mut loops = std::mem::take(&mut top.loops);
+        // While suspended, what other frames count for the loop is not this run's: kept relative.
+        for l in &mut loops {
+            l.5 -= loop_ticks_of(&mut ts.loop_ticks, l.1);
+        }
+        *ts.suspended.entry(e.code.get()) = Some((loops, t, ts.cost));
+    }
+    pop(ts, t, tree, per, tables);
 }
 
 /// Pushes a frame of code `id` entered at tick `t` (a call, or a frame found on a window's stack).

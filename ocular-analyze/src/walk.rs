@@ -286,6 +286,24 @@ impl Walk {
         }
     }
 
+    /// Whether `e` is a function's start, resumption, return or yield that moves nothing in the walk: no
+    /// pause before it, no window's stack being read, inside a window (a recording of every call is one
+    /// window). For such an event [`Walk::note`] says `None` and [`Walk::moves`] says `Enter`, or `Exit`
+    /// where the frame on top is its code's (the caller checks that), so a pass may skip both; it still
+    /// calls [`Walk::cost`]. Most events of a recording of every call are such.
+    #[inline(always)]
+    pub fn plain(&mut self, e: &RawEvent) -> bool {
+        use EventKind as K;
+        let boundary = matches!(e.kind, k if k == K::PY_START as u8 || k == K::PY_RETURN as u8
+            || k == K::PY_RESUME as u8 || k == K::PY_YIELD as u8);
+        if boundary && self.sync.is_none() && !self.gap && e.ticks.get() < self.window_end && self.pauses.none_waiting()
+        {
+            self.paused = 0;
+            return true;
+        }
+        false
+    }
+
     /// The first half of [`Walk::step`], for a pass that does its own work between the halves: a pause, a
     /// kind this reader does not know or a recorder note (`Some`, and nothing more to do for the stack), or
     /// an event of the program (`None`: [`Walk::moves`] next).

@@ -126,7 +126,7 @@ macro_rules! event_kinds {
             pub const ALL: &'static [EventKind] = &[$(EventKind::$name,)*];
 
             /// The kind with this number, if known.
-            #[inline]
+            #[inline(always)]
             pub fn from_u8(v: u8) -> Option<Self> {
                 match v { $($value => Some(EventKind::$name),)* _ => None }
             }
@@ -229,6 +229,12 @@ impl Pauses {
             self.next += e.pause_ticks();
         }
         p
+    }
+
+    /// Whether no pause waits to be taken: [`Pauses::take`] would say 0, and leave it so.
+    #[inline(always)]
+    pub fn none_waiting(&self) -> bool {
+        self.next == 0 && self.armed == 0
     }
 
     /// For an event that is not a `PAUSE`, once each in order: the ticks of pauses between the thread's
