@@ -19,6 +19,7 @@ use ocular_format::ReadOptions;
 use prost::Message;
 use rustc_hash::FxHashSet as HashSet;
 use std::io::Write;
+use std::mem::MaybeUninit;
 use std::path::Path;
 
 #[derive(Clone, PartialEq, Message)]
@@ -286,7 +287,11 @@ impl<'a> Out<'a> {
             + te_len
             + 1
             + varint_len(flags);
-        let mut out = Bytes::default();
+        // Encoded where it goes, in the spare room of the bytes gathered: a packet built on the stack and
+        // copied there cost a `memcpy` call, and zeroing the stack buffer as much again.
+        self.pending.reserve(MAX_PACKET);
+        let len = self.pending.len();
+        let mut out = Bytes { b: &mut self.pending.spare_capacity_mut()[..MAX_PACKET], n: 0 };
         out.len_key(1, p_len);
         out.varint_field(8, delta);
         out.varint_field(10, u64::from(seq));
@@ -301,8 +306,16 @@ impl<'a> Out<'a> {
             out.varint_field(10, iid);
         }
         out.varint_field(13, flags);
+        let n = out.n;
+        // SAFETY: `out` wrote the first `n` bytes of the spare room (it writes them in order, and indexing
+        // past the room panics).
+        unsafe { self.pending.set_len(len + n) };
         self.packets += 1;
-        Self::put(self.w, &mut self.pending, out.as_slice())
+        if self.pending.len() >= PENDING {
+            self.w.write_all(&self.pending)?;
+            self.pending.clear();
+        }
+        Ok(())
     }
 }
 
@@ -312,28 +325,24 @@ fn varint_len(v: u64) -> usize {
     (70 - (v | 1).leading_zeros() as usize) / 7
 }
 
-/// A short protobuf message being encoded on the stack (a packet of [`Out::track_packet`] takes at most
-/// 99 bytes: two annotations of 24).
-struct Bytes {
-    b: [u8; 128],
+/// The most bytes a packet of [`Out::track_packet`] takes: 99, with two annotations of 24.
+const MAX_PACKET: usize = 128;
+
+/// A short protobuf message being encoded into room not yet initialized (`n` bytes of it written).
+struct Bytes<'a> {
+    b: &'a mut [MaybeUninit<u8>],
     n: usize,
 }
 
-impl Default for Bytes {
-    fn default() -> Self {
-        Bytes { b: [0; 128], n: 0 }
-    }
-}
-
-impl Bytes {
+impl Bytes<'_> {
     #[inline(always)]
     fn varint(&mut self, mut v: u64) {
         while v >= 0x80 {
-            self.b[self.n] = v as u8 | 0x80;
+            self.b[self.n] = MaybeUninit::new(v as u8 | 0x80);
             self.n += 1;
             v >>= 7;
         }
-        self.b[self.n] = v as u8;
+        self.b[self.n] = MaybeUninit::new(v as u8);
         self.n += 1;
     }
 
@@ -349,10 +358,6 @@ impl Bytes {
     fn len_key(&mut self, field: u32, len: usize) {
         self.varint(u64::from(field) << 3 | 2);
         self.varint(len as u64);
-    }
-
-    fn as_slice(&self) -> &[u8] {
-        &self.b[..self.n]
     }
 }
 
