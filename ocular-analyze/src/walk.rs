@@ -294,8 +294,9 @@ impl Walk {
     #[inline(always)]
     pub fn plain(&mut self, e: &RawEvent) -> bool {
         use EventKind as K;
-        let boundary = matches!(e.kind, k if k == K::PY_START as u8 || k == K::PY_RETURN as u8
-            || k == K::PY_RESUME as u8 || k == K::PY_YIELD as u8);
+        const BOUNDARIES: u64 =
+            1 << K::PY_START as u8 | 1 << K::PY_RETURN as u8 | 1 << K::PY_RESUME as u8 | 1 << K::PY_YIELD as u8;
+        let boundary = e.kind < 64 && BOUNDARIES & 1 << e.kind != 0;
         if boundary && self.sync.is_none() && !self.gap && e.ticks.get() < self.window_end && self.pauses.none_waiting()
         {
             self.paused = 0;
@@ -463,6 +464,52 @@ mod tests {
             _ => {}
         }
         s
+    }
+
+    #[test]
+    fn a_plain_event_is_one_the_whole_step_would_only_enter_or_exit_with() {
+        use EventKind as K;
+        let mut w = Walk::new(1e6); // a tick a microsecond
+        let mut log = Log::default();
+        let pause = RawEvent::new(30, 0, 0, 5, K::PAUSE as u8);
+        // (event, whether it is plain): every call recorded, a pause, a window with its stack, its gap.
+        let events = [
+            (ev(K::PY_START, 1, 1, 0), true),
+            (ev(K::PY_START, 2, 2, 0), true),
+            (ev(K::PY_YIELD, 3, 2, 0), true),
+            (ev(K::PY_RESUME, 4, 2, 0), true),
+            (ev(K::JUMP, 5, 2, 0), false),
+            (ev(K::PY_RETURN, 6, 2, 0), true),
+            (pause, false),
+            // A pause lies in the interval after the event that follows it: both take it.
+            (ev(K::PY_START, 31, 3, 0), false),
+            (ev(K::PY_RETURN, 32, 3, 0), false),
+            (ev(K::PY_START, 33, 3, 0), true),
+            // A return of code below the top (its callee's return was lost) is plain to the walk; the pass
+            // checks the top before it takes the short way.
+            (ev(K::PY_RETURN, 34, 1, 0), true),
+            (ev(K::PY_START, 40, 1, 0), true),
+            (ev(K::WINDOW, 100, 0, 10), false),
+            (ev(K::STACK, 100, 1, 0), false),
+            // The first event after a window's stack ends the frames it did not confirm: not plain.
+            (ev(K::PY_START, 101, 4, 0), false),
+            (ev(K::PY_RETURN, 102, 4, 0), true),
+            (ev(K::C_RETURN, 103, 1, 0), false),
+            // Past the window's length: the gap.
+            (ev(K::PY_START, 120, 5, 0), false),
+        ];
+        for (i, (e, want)) in events.into_iter().enumerate() {
+            let plain = w.plain(&e);
+            assert_eq!(plain, want, "event {i}: {e:?}");
+            let (lost, ended, top) = (log.lost.len(), log.ended.len(), log.stack.last().copied());
+            let step = apply(&mut log, &mut w, e);
+            if plain && (top == Some(e.code.get()) || e.kind != K::PY_RETURN as u8) {
+                let kind = e.event_kind().unwrap();
+                let enters = matches!(kind, K::PY_START | K::PY_RESUME);
+                assert_eq!(step, if enters { Step::Enter(kind) } else { Step::Exit(kind) }, "event {i}");
+                assert_eq!((log.lost.len(), log.ended.len(), w.paused()), (lost, ended, 0), "event {i}");
+            }
+        }
     }
 
     #[test]
