@@ -1601,7 +1601,7 @@ pub fn c_code_object(f: &ocular_format::CFunction) -> CodeObject {
 /// One event of a thread. `cost`: the recorder's cost per event kind, and how many times it may have been
 /// that ([`cost_far_end`]).
 #[allow(clippy::too_many_arguments)]
-#[inline]
+#[inline(always)]
 fn step(
     th: &mut Thread,
     e: &RawEvent,
