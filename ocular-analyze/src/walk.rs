@@ -503,9 +503,9 @@ mod tests {
             assert_eq!(plain, want, "event {i}: {e:?}");
             let (lost, ended, top) = (log.lost.len(), log.ended.len(), log.stack.last().copied());
             let step = apply(&mut log, &mut w, e);
-            if plain && (top == Some(e.code.get()) || e.kind != K::PY_RETURN as u8) {
-                let kind = e.event_kind().unwrap();
-                let enters = matches!(kind, K::PY_START | K::PY_RESUME);
+            let kind = e.event_kind().unwrap();
+            let enters = matches!(kind, K::PY_START | K::PY_RESUME);
+            if plain && (enters || top == Some(e.code.get())) {
                 assert_eq!(step, if enters { Step::Enter(kind) } else { Step::Exit(kind) }, "event {i}");
                 assert_eq!((log.lost.len(), log.ended.len(), w.paused()), (lost, ended, 0), "event {i}");
             }
