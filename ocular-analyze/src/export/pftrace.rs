@@ -258,7 +258,7 @@ impl<'a> Out<'a> {
     /// name_iid, debug_annotations }, .. }` with the sequence's flags (the same bytes: fields in the order of
     /// their numbers, as prost writes them), built directly: nearly every packet of a trace is one of these.
     /// `annotations`: debug annotations of interned names and unsigned values.
-    #[inline]
+    #[inline(always)]
     fn track_packet(
         &mut self,
         seq: u32,
