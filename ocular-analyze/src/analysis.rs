@@ -1463,6 +1463,9 @@ fn plain_step(
             }
             enter(ts, kind, started, e, t, (tables, tree, per));
         }
+        // A return from a frame without loops: `block` has nothing to do (no loop to end, and a pending
+        // tail is only ever a loop's), and `pop_frame` no loop to close.
+        EventKind::PY_RETURN if ts.stack.last().is_some_and(|f| f.loops.is_empty()) => pop_figures(ts, t, tree, per),
         _ => exit(ts, kind, e, t, precise, (tables, tree, per)),
     }
     true
@@ -1487,7 +1490,8 @@ fn recorded_call(ts: &mut ThreadState, per: &mut CodeMap<FunctionStats>, pos: us
     if ts.phase == Phase::Complete {
         s.parts.calls[0] += 1;
         // The stretch of the complete part this call falls in, by the program's own time.
-        let bin = (ts.e[0].max(0.0) * ts.dense_per_tick) as u64;
+        // Through i64 (one instruction, where f64 to u64 is a branchy sequence): the index is far below 2^63.
+        let bin = (ts.e[0].max(0.0) * ts.dense_per_tick) as i64 as u64;
         let d = &mut s.parts.dense_bin;
         *d = if d.0 == bin && d.1 > 0 { (bin, d.1 + 1) } else { (bin, 1) };
         s.parts.dense_max = s.parts.dense_max.max(d.1);
@@ -2297,18 +2301,26 @@ fn pop_frame(
     tables: &mut Tables,
     lost: bool,
 ) {
-    let now = ts.cost;
     // Read in place and dropped there: moving a frame out of the stack copied it.
     let Some(f) = ts.stack.last() else { return };
     let end = match f.prev {
         Some((pt, pc, _)) if lost => (pt, pc),
-        _ => (t, now),
+        _ => (t, ts.cost),
     };
     // Loops still running when their frame ends: their time up to here (or up to a call made from them).
     for &(_, li, lt, lc, _, since) in &f.loops {
         let (et, ec) = f.pending_tail.filter(|p| p.0 == li).map_or(end, |p| (p.1, p.2));
         tables.loops[li as usize].tail_ticks += loop_span(&mut ts.loop_ticks, li, since, (lt, lc), (et, ec)).0;
     }
+    pop_figures(ts, t, tree, per);
+}
+
+/// The figures of the frame on top as it ends at tick `t`, its loops' ended ([`pop_frame`]), and the frame
+/// popped: the whole of a return from a frame without loops, which the pass's short path takes inline.
+#[inline(always)]
+fn pop_figures(ts: &mut ThreadState, t: u64, tree: &mut CallTree, per: &mut CodeMap<FunctionStats>) {
+    let now = ts.cost;
+    let Some(f) = ts.stack.last() else { return };
     let d = &mut ts.active[f.stats as usize];
     *d = d.saturating_sub(1);
 
