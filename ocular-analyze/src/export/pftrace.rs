@@ -19,7 +19,6 @@ use ocular_format::ReadOptions;
 use prost::Message;
 use rustc_hash::FxHashSet as HashSet;
 use std::io::Write;
-use std::mem::MaybeUninit;
 use std::path::Path;
 
 #[derive(Clone, PartialEq, Message)]
@@ -221,7 +220,7 @@ const PENDING: usize = 64 << 10;
 
 impl<'a> Out<'a> {
     fn new(w: &'a mut dyn Write) -> Self {
-        Out { w, buf: Vec::new(), packets: 0, pending: Vec::with_capacity(PENDING + 128) }
+        Out { w, buf: Vec::new(), packets: 0, pending: Vec::with_capacity(PENDING + MAX_PACKET) }
     }
 
     /// Appends a packet's bytes, writing what is gathered once it reaches [`PENDING`].
@@ -291,7 +290,7 @@ impl<'a> Out<'a> {
         // copied there cost a `memcpy` call, and zeroing the stack buffer as much again.
         self.pending.reserve(MAX_PACKET);
         let len = self.pending.len();
-        let mut out = Bytes { b: &mut self.pending.spare_capacity_mut()[..MAX_PACKET], n: 0 };
+        let mut out = Bytes { b: self.pending.spare_capacity_mut()[..MAX_PACKET].as_mut_ptr().cast(), n: 0 };
         out.len_key(1, p_len);
         out.varint_field(8, delta);
         out.varint_field(10, u64::from(seq));
@@ -307,8 +306,8 @@ impl<'a> Out<'a> {
         }
         out.varint_field(13, flags);
         let n = out.n;
-        // SAFETY: `out` wrote the first `n` bytes of the spare room (it writes them in order, and indexing
-        // past the room panics).
+        debug_assert!(n <= MAX_PACKET);
+        // SAFETY: `out` wrote the first `n` bytes of the spare room, in order.
         unsafe { self.pending.set_len(len + n) };
         self.packets += 1;
         if self.pending.len() >= PENDING {
@@ -325,24 +324,32 @@ fn varint_len(v: u64) -> usize {
     (70 - (v | 1).leading_zeros() as usize) / 7
 }
 
-/// The most bytes a packet of [`Out::track_packet`] takes: 99, with two annotations of 24.
-const MAX_PACKET: usize = 128;
+/// The room reserved for a packet of [`Out::track_packet`]: whatever its values, it writes at most 26
+/// varints (a key and a value or length for each of the packet's seven fields, and for each of the three
+/// of each of its at most two annotations) of at most 10 bytes each. Its packets take 99 bytes at most.
+const MAX_PACKET: usize = 26 * 10;
 
-/// A short protobuf message being encoded into room not yet initialized (`n` bytes of it written).
-struct Bytes<'a> {
-    b: &'a mut [MaybeUninit<u8>],
+/// A short protobuf message being encoded into room not yet initialized (`n` bytes of it written), of
+/// [`MAX_PACKET`] bytes: writes that cannot pass its end, without a bounds check on each byte (a check per
+/// byte was a quarter of the encoder's instructions).
+struct Bytes {
+    b: *mut u8,
     n: usize,
 }
 
-impl Bytes<'_> {
+impl Bytes {
     #[inline(always)]
     fn varint(&mut self, mut v: u64) {
-        while v >= 0x80 {
-            self.b[self.n] = MaybeUninit::new(v as u8 | 0x80);
-            self.n += 1;
-            v >>= 7;
+        // SAFETY: `b` points to MAX_PACKET writable bytes, and what is written into them is bounded by the
+        // number of varints a packet has (see MAX_PACKET), each at most 10 bytes (a u64 in 7-bit groups).
+        unsafe {
+            while v >= 0x80 {
+                self.b.add(self.n).write(v as u8 | 0x80);
+                self.n += 1;
+                v >>= 7;
+            }
+            self.b.add(self.n).write(v as u8);
         }
-        self.b[self.n] = MaybeUninit::new(v as u8);
         self.n += 1;
     }
 
@@ -380,15 +387,35 @@ impl Sequence {
 }
 
 /// The threads' sequences, opened on a thread's first event.
+#[derive(Default)]
 struct Sequences {
-    by_tid: rustc_hash::FxHashMap<u64, Sequence>,
+    /// Each thread's position in `list`.
+    by_tid: rustc_hash::FxHashMap<u64, usize>,
+    list: Vec<Sequence>,
+    /// The thread of the last packet and its position: most packets follow one of the same thread, found
+    /// without hashing (a lookup per packet was a tenth of the export's instructions).
+    last: Option<(u64, usize)>,
 }
 
 impl Sequences {
+    /// Thread `tid`'s sequence, if it is open.
+    #[inline(always)]
+    fn open(&mut self, tid: u64) -> Option<&mut Sequence> {
+        let i = match self.last {
+            Some((t, i)) if t == tid => i,
+            _ => {
+                let i = *self.by_tid.get(&tid)?;
+                self.last = Some((tid, i));
+                i
+            }
+        };
+        self.list.get_mut(i)
+    }
+
     /// A slice's begin (`name`: its code id and qualified name) or end on thread `tid` at `ns`: written
     /// directly when the thread's sequence is open and the name interned on it, else as [`Sequences::event`]
     /// writes any track event.
-    #[inline]
+    #[inline(always)]
     fn slice(
         &mut self,
         o: &mut Out<'_>,
@@ -398,7 +425,7 @@ impl Sequences {
         name: Option<(u32, &dyn Fn() -> String)>,
     ) -> std::io::Result<()> {
         let iid = name.map(|(id, _)| u64::from(id) + 1);
-        if let Some(seq) = self.by_tid.get_mut(&tid) {
+        if let Some(seq) = self.open(tid) {
             if name.map_or(true, |(id, _)| seq.interned.contains(id)) {
                 let delta = seq.delta_to(ns);
                 return o.track_packet(seq.id, delta, kind, iid, &[]);
@@ -418,7 +445,7 @@ impl Sequences {
         name_iid: u64,
         annotations: &[(u64, u64)],
     ) -> std::io::Result<()> {
-        if let Some(seq) = self.by_tid.get_mut(&tid) {
+        if let Some(seq) = self.open(tid) {
             let delta = seq.delta_to(ns);
             return o.track_packet(seq.id, delta, INSTANT, Some(name_iid), annotations);
         }
@@ -437,9 +464,9 @@ impl Sequences {
         te: TrackEvent,
         name: Option<(u32, &dyn Fn() -> String)>,
     ) -> std::io::Result<()> {
-        let next = DESCRIPTORS + 1 + self.by_tid.len() as u32;
-        let seq = match self.by_tid.entry(tid) {
-            std::collections::hash_map::Entry::Occupied(e) => e.into_mut(),
+        let next = DESCRIPTORS + 1 + self.list.len() as u32;
+        let i = match self.by_tid.entry(tid) {
+            std::collections::hash_map::Entry::Occupied(e) => *e.get(),
             std::collections::hash_map::Entry::Vacant(v) => {
                 // Clear the sequence's state, anchor the delta clock at `ns`, and set the defaults.
                 o.packet(
@@ -470,9 +497,11 @@ impl Sequences {
                         ..Default::default()
                     },
                 )?;
-                v.insert(Sequence { id: next, last_ns: ns, interned: CodeMap::default() })
+                self.list.push(Sequence { id: next, last_ns: ns, interned: CodeMap::default() });
+                *v.insert(self.list.len() - 1)
             }
         };
+        let seq = &mut self.list[i];
         let delta = seq.delta_to(ns);
         let interned_data = match name {
             Some((id, qualname)) if seq.interned.insert(id, ()) => Some(InternedData {
@@ -489,7 +518,7 @@ impl Sequences {
 /// Streams `path` as a Perfetto protobuf trace; returns (packets written, events read) and warnings.
 pub fn export(path: &Path, opts: ReadOptions, out: &mut dyn Write) -> anyhow::Result<((u64, u64), Vec<String>)> {
     let mut o = Out::new(out);
-    let mut seqs = Sequences { by_tid: Default::default() };
+    let mut seqs = Sequences::default();
     let (read, warnings) = export_into(path, opts, &mut o, &mut seqs, 0, None)?;
     o.flush()?;
     Ok(((o.packets, read), warnings))
@@ -504,7 +533,7 @@ pub fn export_run(
     out: &mut dyn Write,
 ) -> anyhow::Result<((u64, u64), Vec<String>)> {
     let mut o = Out::new(out);
-    let mut seqs = Sequences { by_tid: Default::default() };
+    let mut seqs = Sequences::default();
     let (mut read, mut warnings) = (0, Vec::new());
     for (i, p) in run.processes.iter().enumerate() {
         let (r, w) = export_into(&p.path, opts, &mut o, &mut seqs, i as u64, Some(p))?;
