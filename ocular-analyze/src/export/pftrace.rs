@@ -330,8 +330,9 @@ fn varint_len(v: u64) -> usize {
 const MAX_PACKET: usize = 26 * 10;
 
 /// A short protobuf message being encoded into room not yet initialized (`n` bytes of it written), of
-/// [`MAX_PACKET`] bytes: writes that cannot pass its end, without a bounds check on each byte (a check per
-/// byte was a quarter of the encoder's instructions).
+/// [`MAX_PACKET`] bytes, without a bounds check on each byte (a check per byte was a quarter of the encoder's
+/// instructions): made only by [`Out::track_packet`], whose fixed sequence of fields cannot write past the
+/// room (checked in debug builds).
 struct Bytes {
     b: *mut u8,
     n: usize,
@@ -340,6 +341,7 @@ struct Bytes {
 impl Bytes {
     #[inline(always)]
     fn varint(&mut self, mut v: u64) {
+        debug_assert!(self.n + 10 <= MAX_PACKET, "a packet's room is sized for 26 varints");
         // SAFETY: `b` points to MAX_PACKET writable bytes, and what is written into them is bounded by the
         // number of varints a packet has (see MAX_PACKET), each at most 10 bytes (a u64 in 7-bit groups).
         unsafe {
