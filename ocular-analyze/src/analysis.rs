@@ -1474,9 +1474,6 @@ fn plain_step(
             }
             enter(ts, kind, started, e, t, (tables, tree, per));
         }
-        // A return from a frame without loops: `block` has nothing to do (no loop to end, and a pending
-        // tail is only ever a loop's), and `pop_frame` no loop to close.
-        EventKind::PY_RETURN if ts.stack.last().is_some_and(|f| f.loops.is_empty()) => pop_figures(ts, t, tree, per),
         _ => exit(ts, kind, e, t, precise, (tables, tree, per)),
     }
     true
@@ -2075,6 +2072,13 @@ fn exit(
     precise: bool,
     (tables, tree, per): (&mut Tables, &mut CallTree, &mut CodeMap<FunctionStats>),
 ) {
+    if kind != EventKind::PY_YIELD && ts.stack.last().is_some_and(|f| f.loops.is_empty()) {
+        // Most exits: `block` has no loop to end (a pending tail is only ever a loop's) and `pop_frame` no
+        // loop to close, so only the frame's figures remain, taken inline. (A yield, even without loops,
+        // keeps its suspended entry: a resumption of the same code takes its loops from there.)
+        pop_figures(ts, t, tree, per);
+        return;
+    }
     block(ts, t, e.offset.get(), precise, tables, true);
     if kind == EventKind::PY_YIELD {
         let top = ts.stack.last_mut().expect("the walk found it on top");
@@ -2328,7 +2332,7 @@ fn pop_frame(
 }
 
 /// The figures of the frame on top as it ends at tick `t`, its loops' ended ([`pop_frame`]), and the frame
-/// popped: the whole of a return from a frame without loops, which the pass's short path takes inline.
+/// popped: the whole of an exit from a frame without loops, which [`exit`] takes inline.
 #[inline(always)]
 fn pop_figures(ts: &mut ThreadState, t: u64, tree: &mut CallTree, per: &mut CodeMap<FunctionStats>) {
     let now = ts.cost;

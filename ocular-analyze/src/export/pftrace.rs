@@ -306,7 +306,6 @@ impl<'a> Out<'a> {
         }
         out.varint_field(13, flags);
         let n = out.n;
-        debug_assert!(n <= MAX_PACKET);
         // SAFETY: `out` wrote the first `n` bytes of the spare room, in order.
         unsafe { self.pending.set_len(len + n) };
         self.packets += 1;
